@@ -1,0 +1,74 @@
+"""procq's exceptions.
+
+The tree is small on purpose, and keeps "you closed it" apart from "it broke"::
+
+    Exception
+    ├── ProcQueueError            base of everything procq raises about the queue itself
+    │   ├── LaneFull              (also a TimeoutError) a push waited for room past its timeout
+    │   └── QueueClosed           a push after close(): you closed it, nothing broke
+    └── JobFailed                 a job ended in Failed; .key and .failure say which and why
+
+``JobFailed`` is deliberately not a ``ProcQueueError``: the queue is healthy, one
+job's work failed. Where the job raised an exception that could be unpickled in
+the supervisor, that exception is ``JobFailed.__cause__``, and the child's
+formatted traceback is in turn chained below it (as in ``concurrent.futures``).
+
+Bad arguments (unknown lane, a key that is not a str, an fn that is not
+callable, an argument that cannot be pickled) raise the built-in ``ValueError``
+or ``TypeError`` at once, with a message that names the problem.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from procq._values import Failure
+
+__all__ = ["JobFailed", "LaneFull", "ProcQueueError", "QueueClosed"]
+
+
+class ProcQueueError(Exception):
+    """Base class of the errors procq raises about the queue itself."""
+
+
+class LaneFull(ProcQueueError, TimeoutError):
+    """A push waited for room in a full lane longer than its ``timeout``.
+
+    The key is left exactly as it was before the push.
+    """
+
+
+class QueueClosed(ProcQueueError):
+    """The queue is closed (or closing) and takes no new pushes."""
+
+
+class _RemoteTraceback(Exception):
+    """Carries the child's formatted traceback as the cause of a job's exception."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb
+
+
+class JobFailed(Exception):
+    """A job ended in ``Failed``.
+
+    ``key`` is the job's key and ``failure`` the :class:`procq.Failure` that
+    says how it failed (``failure.kind``: ``"error"``, ``"crashed"``,
+    ``"timeout"``, ``"cancelled"``).
+    """
+
+    def __init__(self, key: str, failure: Failure) -> None:
+        super().__init__(key, failure)
+        self.key = key
+        self.failure = failure
+
+    def __str__(self) -> str:
+        return f"job {self.key!r} failed: {self.failure}"
+
+    def __reduce__(self) -> tuple[type[JobFailed], tuple[str, Failure]]:
+        return (type(self), (self.key, self.failure))

@@ -1,0 +1,91 @@
+"""JobHandle: a waiter's view of one job, for threads and for asyncio tasks alike."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any, Generator, Generic, TypeVar
+
+from procq._errors import JobFailed
+from procq._values import Completed, State
+
+if TYPE_CHECKING:
+    from procq._core import Core, Entry
+
+__all__ = ["JobHandle"]
+
+T = TypeVar("T")
+
+
+class JobHandle(Generic[T]):
+    """A handle on one job: wait for it, check on it, await it.
+
+    Any number of handles may refer to one job (every push that joined it gets
+    one); they all see the same outcome. A handle refers to the job it was
+    given for, not to whatever later runs under the same key.
+    """
+
+    __slots__ = ("_core", "_entry", "_owner")
+
+    def __init__(self, core: Core, entry: Entry, owner: object = None) -> None:
+        self._core = core
+        self._entry = entry
+        # The queue, kept alive while a handle on one of its jobs exists.
+        self._owner = owner
+
+    @property
+    def key(self) -> str:
+        return self._entry.key
+
+    @property
+    def state(self) -> State:
+        """``Pending()``, ``Processing()``, ``Completed(output)`` or ``Failed(failure)``."""
+        return self._entry.state()
+
+    def done(self) -> bool:
+        """True once the job has ended, in any way."""
+        return self._entry.outcome is not None
+
+    def result(self, timeout: float | None = None) -> T:
+        """The job's output, waiting for it up to ``timeout`` seconds.
+
+        Raises ``JobFailed`` if the job failed, and ``TimeoutError`` if it has
+        not ended within ``timeout`` (the job keeps running).
+        """
+        entry = self._entry
+        if entry.outcome is None:
+            event = self._core.wait_event(entry)
+            if event is not None and not event.wait(timeout):
+                raise TimeoutError(f"job {entry.key!r} has not finished after {timeout}s; it keeps running")
+        return _unwrap(entry)
+
+    def __await__(self) -> Generator[Any, None, T]:
+        entry = self._entry
+        if entry.outcome is None:
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[None] = loop.create_future()
+
+            def resolve() -> None:
+                if not future.done():
+                    future.set_result(None)
+
+            def wakeup() -> None:  # runs in whichever thread settled the job
+                loop.call_soon_threadsafe(resolve)
+
+            if self._core.add_callback(entry, wakeup):
+                yield from future.__await__()
+        return _unwrap(entry)
+
+    def __repr__(self) -> str:
+        return f"<JobHandle key={self.key!r} state={self.state!r}>"
+
+
+def _unwrap(entry: Entry) -> Any:
+    outcome = entry.outcome
+    if type(outcome) is Completed:
+        return outcome.output
+    failure = outcome.failure  # type: ignore[union-attr]
+    error = JobFailed(entry.key, failure)
+    cause = failure.exception
+    if cause is not None:
+        raise error from cause
+    raise error

@@ -1,0 +1,88 @@
+"""Shared fixtures: a leak check on every test, queues per start method."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import multiprocessing.resource_tracker
+import os
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from procq import ProcQueue
+
+def _helper_pids() -> set[int]:
+    """Multiprocessing's own long-lived helpers (forkserver, resource tracker):
+    started once per session, not leaks."""
+    pids = set()
+    fs = getattr(multiprocessing.forkserver, "_forkserver", None)
+    pid = getattr(fs, "_forkserver_pid", None)
+    if pid:
+        pids.add(pid)
+    rt = getattr(multiprocessing.resource_tracker, "_resource_tracker", None)
+    pid = getattr(rt, "_pid", None)
+    if pid:
+        pids.add(pid)
+    return pids
+
+
+def _descendants() -> dict[int, psutil.Process]:
+    me = psutil.Process(os.getpid())
+    procs = {}
+    for p in me.children(recursive=True):
+        procs[p.pid] = p
+    return procs
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    """Fail any test that leaves a child process (alive or zombie) behind it."""
+    before = set(_descendants())
+    yield
+    helpers = _helper_pids()
+    leaked = [p for pid, p in _descendants().items() if pid not in before and pid not in helpers]
+    if not leaked:
+        return
+    # A process killed a moment ago may still be on its way out: give it a bounded grace.
+    # (A zombie counts as leaked too: wait_procs only reports a process gone once reaped.)
+    _, alive = psutil.wait_procs(leaked, timeout=3)
+    real = [p for p in alive if p.is_running()]
+    for p in real:  # only our own descendants, by pid
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if real:
+        desc = []
+        for p in real:
+            try:
+                desc.append(f"{p.pid} {p.status()} {' '.join(p.cmdline())[:120]}")
+            except psutil.Error:
+                desc.append(str(p.pid))
+        pytest.fail("test leaked child processes:\n  " + "\n  ".join(desc))
+
+
+START_METHODS = ["forkserver", "spawn"]
+
+
+@pytest.fixture(params=START_METHODS)
+def start_method(request: pytest.FixtureRequest) -> str:
+    """Each start method procq supports on this platform."""
+    method: str = request.param
+    if method not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"{method} is not available on this platform")
+    return method
+
+
+@pytest.fixture
+def queue() -> Iterator[ProcQueue]:
+    """A two-lane queue (cpu: 2 workers, io: 1), closed and checked after the test."""
+    q = ProcQueue(lanes={"cpu": 2, "io": 1})
+    try:
+        yield q
+        q._check_invariants()
+    finally:
+        q.close(wait=False)
+    assert q._worker_pids() == []
