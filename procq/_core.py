@@ -329,6 +329,7 @@ class Core:
 
     def _assign(self, worker: WorkerSlot, entry: Entry) -> None:
         entry.status = PROCESSING
+        entry.prev = None  # past its lane's door: the claim can no longer be abandoned
         entry.pid = worker.pid
         entry.started_at = now = time.monotonic()
         worker.entry = entry
@@ -384,6 +385,7 @@ class Core:
         entry.outcome = outcome
         entry.status = DONE
         entry.finished_at = time.monotonic()
+        entry.fn_bytes = entry.args_bytes = b""  # handles may live on; the payload need not
         self._live -= 1
         if count:
             self._keys[entry.key] = outcome
@@ -526,9 +528,9 @@ class Core:
                     self._pending -= 1
                     wakeups += self._settle(entry, Failed(Failure("cancelled", f"job {entry.key!r} {why}")))
                 for worker in lane.workers:
-                    entry = worker.entry
-                    if entry is not None and entry.kill_reason is None:
-                        entry.kill_reason = Failure("cancelled", f"job {entry.key!r} {why}", pid=worker.pid)
+                    held = worker.entry
+                    if held is not None and held.kill_reason is None:
+                        held.kill_reason = Failure("cancelled", f"job {held.key!r} {why}", pid=worker.pid)
                         worker.doomed = True
                         doomed.append(worker)
                 # Blocked pushes are released here, not by their own threads

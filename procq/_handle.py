@@ -56,7 +56,8 @@ class JobHandle(Generic[T]):
             event = self._core.wait_event(entry)
             if event is not None and not event.wait(timeout):
                 raise TimeoutError(f"job {entry.key!r} has not finished after {timeout}s; it keeps running")
-        return _unwrap(entry)
+        output: T = _unwrap(entry)
+        return output
 
     def __await__(self) -> Generator[Any, None, T]:
         entry = self._entry
@@ -73,13 +74,14 @@ class JobHandle(Generic[T]):
 
             if self._core.add_callback(entry, wakeup):
                 yield from future.__await__()
-        return _unwrap(entry)
+        output: T = _unwrap(entry)
+        return output
 
     def __repr__(self) -> str:
         return f"<JobHandle key={self.key!r} state={self.state!r}>"
 
 
-def _unwrap(entry: Entry) -> Any:
+def _unwrap(entry: Entry) -> Any:  # the T of the handle it serves
     outcome = entry.outcome
     if type(outcome) is Completed:
         return outcome.output

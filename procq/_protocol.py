@@ -56,12 +56,14 @@ def dumps(obj: Any) -> bytes:
     try:
         return pickle.dumps(obj, PROTOCOL)
     except Exception:
-        return cloudpickle.dumps(obj, PROTOCOL)
+        data: bytes = cloudpickle.dumps(obj, PROTOCOL)
+        return data
 
 
 def dumps_fn(fn: Any) -> bytes:
     """Pickle a job's function; cloudpickle sends lambdas and closures by value."""
-    return cloudpickle.dumps(fn, PROTOCOL)
+    data: bytes = cloudpickle.dumps(fn, PROTOCOL)
+    return data
 
 
 class FnMirror:

@@ -219,7 +219,7 @@ class ProcQueue:
             return await outcome.handle  # type: ignore[no-any-return]
         remaining = max(0.0, deadline - time.monotonic())
         try:
-            return await asyncio.wait_for(_await(outcome.handle), remaining)  # type: ignore[no-any-return]
+            return await asyncio.wait_for(_await(outcome.handle), remaining)
         except asyncio.TimeoutError:
             raise TimeoutError(
                 f"job {job.key!r} has not finished after {timeout}s; it keeps running"

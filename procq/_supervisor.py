@@ -53,6 +53,8 @@ __all__ = ["Supervisor", "send_job"]
 STOP_GRACE = 3.0
 #: How long to wait before trying again to start a worker that failed to start.
 RESTART_BACKOFF = 1.0
+#: How long a worker whose pipe reached EOF may live on before it is killed.
+EOF_GRACE = 1.0
 
 _SIGNAL_HINTS = {
     "SIGSEGV": "a segmentation fault: native code run by the job crashed",
@@ -117,6 +119,7 @@ class Supervisor:
         self._by_object: dict[Any, WorkerSlot] = {}
         self._objects: list[Any] = []
         self._retry_at: dict[str, list[float]] = {}  # lane name -> start retry times
+        self._kill_at: dict[WorkerSlot, float] = {}  # workers at EOF, killed if still alive then
         self._stop = False
         self._cancel = False
         self._started = threading.Event()
@@ -207,13 +210,19 @@ class Supervisor:
             now = time.monotonic()
             for worker in core.expired(now):
                 self._kill_tree(worker)
+            for worker, when in list(self._kill_at.items()):
+                if when <= now:
+                    del self._kill_at[worker]
+                    self._kill_tree(worker)
             self._retry_starts(now)
 
     def _timeout(self) -> float | None:
-        when = self.core.next_deadline()
-        for times in self._retry_at.values():
-            if times:
-                when = min(times) if when is None else min(when, min(times))
+        times = [t for ts in self._retry_at.values() for t in ts]
+        times.extend(self._kill_at.values())
+        deadline = self.core.next_deadline()
+        if deadline is not None:
+            times.append(deadline)
+        when = min(times, default=None)
         if when is None:
             return None
         return max(0.0, when - time.monotonic())
@@ -230,21 +239,27 @@ class Supervisor:
     def _start_worker(self, lane: LaneState, replacement: bool, raise_errors: bool = False) -> None:
         try:
             parent_conn, child_conn = self.context.Pipe(duplex=True)
-            process = self.context.Process(
-                target=worker_main,
-                args=(child_conn, lane.name),
-                name=f"procq-worker-{self.name}-{lane.name}",
-                daemon=False,
-            )
-            process.start()
+            try:
+                process = self.context.Process(
+                    target=worker_main,
+                    args=(child_conn, lane.name),
+                    name=f"procq-worker-{self.name}-{lane.name}",
+                    daemon=False,
+                )
+                process.start()
+            except BaseException:
+                parent_conn.close()
+                raise
+            finally:
+                child_conn.close()  # the child has its own copy now
         except Exception:
             if raise_errors:
                 raise
+            # Out of processes or memory, most likely: the lane runs short
+            # until a later attempt succeeds.
             traceback.print_exc()
             self._retry_at.setdefault(lane.name, []).append(time.monotonic() + RESTART_BACKOFF)
             return
-        finally:
-            child_conn.close()
         worker = WorkerSlot(lane, process, parent_conn)
         self._by_object[parent_conn] = worker
         self._by_object[process.sentinel] = worker
@@ -270,9 +285,19 @@ class Supervisor:
         try:
             frame = worker.conn.recv_bytes()
         except (EOFError, OSError):
-            self._on_death(worker)
+            self._on_eof(worker)
             return
         self._on_frame(worker, frame)
+
+    def _on_eof(self, worker: WorkerSlot) -> None:
+        """The worker's end of the pipe closed. Usually it is dying and its
+        sentinel follows at once (under forkserver, once the server has reaped
+        it); a worker that closed its pipe and lives on is killed after a grace.
+        Either way its death is handled by ``_on_death`` when the sentinel fires."""
+        self.core.doom(worker)
+        self._by_object.pop(worker.conn, None)
+        self._refresh_objects()
+        self._kill_at[worker] = time.monotonic() + EOF_GRACE
 
     def _on_frame(self, worker: WorkerSlot, frame: bytes) -> None:
         message = pickle.loads(frame)
@@ -313,16 +338,14 @@ class Supervisor:
         """Handle a worker that died, or whose pipe reached EOF."""
         self.core.doom(worker)  # from now on it gets no job
         conn, process = worker.conn, worker.process
+        self._kill_at.pop(worker, None)
         # A result written just before the death still counts.
         try:
             while conn.poll(0):
                 self._on_frame(worker, conn.recv_bytes())
         except (EOFError, OSError):
             pass
-        process.join(0.5)
-        if process.exitcode is None:  # EOF with the process still alive
-            self._kill_tree(worker)
-            process.join()
+        process.join()  # the sentinel fired: this reaps it at once
         exitcode = process.exitcode
         sig, how = describe_exit(exitcode)
 
@@ -337,7 +360,7 @@ class Supervisor:
             )
 
         _, close_now = self.core.worker_died(worker, crash)
-        del self._by_object[conn]
+        self._by_object.pop(conn, None)
         del self._by_object[process.sentinel]
         self._refresh_objects()
         if close_now:
@@ -351,18 +374,23 @@ class Supervisor:
         pid = worker.pid
         if pid is None:  # pragma: no cover
             return
-        descendants = []
+        descendants: list[Any] = []
         try:
             import psutil
 
             descendants = psutil.Process(pid).children(recursive=True)
         except Exception:
             pass
-        for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-            try:
-                kill()
-            except (ProcessLookupError, PermissionError):
-                pass
+        try:
+            # The worker leads its own session (see _worker), so its group is its tree;
+            # before it has called setsid() there is no such group and this fails harmlessly.
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         for child in descendants:
             try:
                 child.kill()
