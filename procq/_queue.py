@@ -103,6 +103,14 @@ class ProcQueue:
     ) -> None:
         parsed = _parse_lanes(lanes)
         method = start_method or _default_start_method()
+        if method == "fork":
+            # The supervisor runs a thread, and a fork copies a threaded process
+            # with its locks held mid-use; the child would also inherit every
+            # other worker's pipe, so no worker would see EOF when it should.
+            raise ValueError(
+                "start method 'fork' is not supported: the supervisor runs a thread, and forking "
+                "a threaded process can deadlock the child; use 'forkserver' or 'spawn'"
+            )
         try:
             context = multiprocessing.get_context(method)
         except ValueError:

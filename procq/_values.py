@@ -80,6 +80,10 @@ class Job(Generic[T]):
             raise TypeError(f"job key must be a str, got {type(key).__name__}: {key!r}")
         if not key:
             raise ValueError("job key must be a non-empty str")
+        if type(key) is not str:
+            # A str subclass could run its own __hash__ / __eq__ under the
+            # state map's lock; keys are plain strings from here on.
+            key = str.__str__(key)
         if not callable(fn):
             raise TypeError(f"job {key!r}: fn must be callable, got {type(fn).__name__}: {fn!r}")
         if isinstance(args, (str, bytes)) or not isinstance(args, (tuple, list)):
