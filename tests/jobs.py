@@ -89,8 +89,12 @@ def release(path: str) -> int:
 
 def wait_released(path: str) -> None:
     """(In a job) block until the test calls ``release(path)``."""
-    with open(path, "rb") as f:
-        f.read(1)
+    # One unbuffered byte, so each waiter takes only its own share of release()'s bytes.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.read(fd, 1)
+    finally:
+        os.close(fd)
 
 
 def signal_and_wait(started: str, go: str) -> int:
