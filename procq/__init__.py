@@ -12,23 +12,66 @@ job::
         print(q.push_and_wait(Job("square:7", pow, args=(7, 2))))
 """
 
-from procq._errors import JobFailed, LaneFull, ProcQueueError, QueueClosed
-from procq._handle import JobHandle
-from procq._queue import ProcQueue
-from procq._values import (
-    Cached,
-    Completed,
-    Failed,
-    Failure,
-    InFlight,
-    Job,
-    Lane,
-    LaneStats,
-    Pending,
-    Processing,
-    QueueStats,
-    Queued,
-)
+from typing import TYPE_CHECKING, Any
+
+# The public names are loaded on first use, not at import: worker processes
+# import this package too (to reach procq._worker), and should not pay for the
+# supervisor's side (asyncio, threading machinery) on every start.
+_SOURCES = {
+    "JobFailed": "procq._errors",
+    "LaneFull": "procq._errors",
+    "ProcQueueError": "procq._errors",
+    "QueueClosed": "procq._errors",
+    "JobHandle": "procq._handle",
+    "ProcQueue": "procq._queue",
+    "Cached": "procq._values",
+    "Completed": "procq._values",
+    "Failed": "procq._values",
+    "Failure": "procq._values",
+    "InFlight": "procq._values",
+    "Job": "procq._values",
+    "Lane": "procq._values",
+    "LaneStats": "procq._values",
+    "Pending": "procq._values",
+    "Processing": "procq._values",
+    "QueueStats": "procq._values",
+    "Queued": "procq._values",
+}
+
+if TYPE_CHECKING:
+    from procq._errors import JobFailed, LaneFull, ProcQueueError, QueueClosed
+    from procq._handle import JobHandle
+    from procq._queue import ProcQueue
+    from procq._values import (
+        Cached,
+        Completed,
+        Failed,
+        Failure,
+        InFlight,
+        Job,
+        Lane,
+        LaneStats,
+        Pending,
+        Processing,
+        QueueStats,
+        Queued,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    source = _SOURCES.get(name)
+    if source is None:
+        raise AttributeError(f"module 'procq' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(source), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SOURCES))
+
 
 __version__ = "0.1.0"
 

@@ -37,6 +37,7 @@ import itertools
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Any, Callable, Union
 
 from procq._errors import QueueClosed
@@ -54,7 +55,7 @@ from procq._values import (
     State,
 )
 
-__all__ = ["Core", "Entry", "LaneState", "WorkerSlot"]
+__all__ = ["Core", "Entry", "LaneState", "WorkerSlot", "run_wakeups"]
 
 Wakeup = Callable[[], None]
 
@@ -134,7 +135,7 @@ class WorkerSlot:
     only keeps them beside the slot's bookkeeping.
     """
 
-    __slots__ = ("conn", "dead", "doomed", "entry", "fns", "lane", "pid", "process", "sending")
+    __slots__ = ("conn", "dead", "doomed", "entry", "fns", "fresh", "lane", "pid", "process", "sending")
 
     def __init__(self, lane: LaneState, process: Any, conn: Any) -> None:
         self.lane = lane
@@ -152,6 +153,7 @@ class WorkerSlot:
         # dead: its death has been handled.
         self.doomed = False
         self.dead = False
+        self.fresh = True  # has never been given a job (and may still be booting)
 
 
 class LaneState:
@@ -301,14 +303,14 @@ class Core:
                     break
             else:
                 return "accepted"
-        _run(wakeups)
+        run_wakeups(wakeups)
         return "abandoned"
 
     def abandon(self, entry: Entry, why: str) -> None:
         """Release a claim that was never offered to its lane."""
         with self.lock:
             wakeups = self._abandon(entry, why)
-        _run(wakeups)
+        run_wakeups(wakeups)
 
     def _abandon(self, entry: Entry, why: str) -> list[Wakeup]:
         """Put the key back to what it was before ``entry`` claimed it, and
@@ -333,6 +335,7 @@ class Core:
         entry.pid = worker.pid
         entry.started_at = now = time.monotonic()
         worker.entry = entry
+        worker.fresh = False
         worker.sending += 1
         entry.lane.running += 1
         self._pending -= 1
@@ -352,6 +355,11 @@ class Core:
         elif lane.blocked:  # only with capacity 0: hand over directly
             entry, wakeup = lane.blocked.popleft()
             wakeups.append(wakeup)
+        elif worker.fresh:
+            # A new worker may still be booting: it goes to the back of the
+            # idle list (idle.pop() takes from the end, the warmest worker).
+            lane.idle.insert(0, worker)
+            return None
         else:
             lane.idle.append(worker)
             return None
@@ -418,16 +426,25 @@ class Core:
             entry.lane.running -= 1
             wakeups = self._settle(entry, outcome)
             nxt = self._next_job(worker, wakeups)
-        _run(wakeups)
+        run_wakeups(wakeups)
         return nxt, True
 
-    def worker_died(self, worker: WorkerSlot, crash: Callable[[Entry], Failure]) -> tuple[Entry | None, bool]:
-        """A worker's death was seen. Its job (if any) fails with its
-        ``kill_reason`` or with ``crash(entry)``. Returns the entry it held and
-        whether the caller must close the worker's pipe now (no sender holds it)."""
+    def worker_died(
+        self,
+        worker: WorkerSlot,
+        crash: Callable[[Entry], Failure],
+        exitcode: int | None = None,
+        signal: str | None = None,
+    ) -> tuple[bool, list[Wakeup]]:
+        """A worker's death was seen. Its job (if any) fails with ``crash(entry)``,
+        or with the ``kill_reason`` the supervisor gave it before killing it
+        (completed with how the worker died). Returns whether the caller must
+        close the worker's pipe now (no sender holds it), and the wake-ups the
+        caller must run (``run_wakeups``) once it has started a replacement, so
+        that a woken waiter finds the lane whole again."""
         with self.lock:
             if worker.dead:
-                return None, False
+                return False, []
             worker.dead = True
             lane = worker.lane
             if worker in lane.idle:
@@ -443,10 +460,10 @@ class Core:
                 if failure is None:
                     failure = crash(entry)
                     lane.crashes += 1
+                else:
+                    failure = replace(failure, exitcode=exitcode, signal=signal)
                 wakeups = self._settle(entry, Failed(failure))
-            close_now = worker.sending == 0
-        _run(wakeups)
-        return entry, close_now
+            return worker.sending == 0, wakeups
 
     def add_worker(self, worker: WorkerSlot, replacement: bool) -> Entry | None:
         """A new worker joined its lane. Returns a job to send it, if one waits."""
@@ -457,7 +474,7 @@ class Core:
             wakeups: list[Wakeup] = []
             nxt = self._next_job(worker, wakeups)
             wake = nxt is not None and nxt.deadline is not None
-        _run(wakeups)
+        run_wakeups(wakeups)
         if wake:
             self.on_new_deadline()
         return nxt
@@ -539,7 +556,7 @@ class Core:
                     wakeups += self._abandon(entry, "the queue was closed without waiting")
                     wakeups.append(wakeup)
                 lane.blocked.clear()
-        _run(wakeups)
+        run_wakeups(wakeups)
         return doomed
 
     # --- waiting on an entry ----------------------------------------------------
@@ -636,7 +653,7 @@ class Core:
                     assert e.status == PENDING and self._keys.get(e.key) is e
 
 
-def _run(wakeups: list[Wakeup]) -> None:
+def run_wakeups(wakeups: list[Wakeup]) -> None:
     """Run wake-ups with no lock held; one failing never stops the others."""
     for wakeup in wakeups:
         try:

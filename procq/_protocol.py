@@ -31,8 +31,6 @@ import pickle
 from collections import OrderedDict
 from typing import Any
 
-import cloudpickle
-
 __all__ = ["ERROR", "FN_CACHE_SIZE", "OK", "RUN", "FnMirror", "dumps", "dumps_fn"]
 
 RUN = 0
@@ -56,12 +54,17 @@ def dumps(obj: Any) -> bytes:
     try:
         return pickle.dumps(obj, PROTOCOL)
     except Exception:
-        data: bytes = cloudpickle.dumps(obj, PROTOCOL)
-        return data
+        return dumps_fn(obj)
 
 
 def dumps_fn(fn: Any) -> bytes:
-    """Pickle a job's function; cloudpickle sends lambdas and closures by value."""
+    """Pickle with cloudpickle, which sends lambdas and closures by value.
+
+    Imported here, not at module level, so that a worker that never needs it
+    (most results are plain data) starts without it.
+    """
+    import cloudpickle
+
     data: bytes = cloudpickle.dumps(fn, PROTOCOL)
     return data
 

@@ -41,7 +41,7 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any
 
-from procq._core import Core, Entry, LaneState, WorkerSlot
+from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
 from procq._errors import _RemoteTraceback
 from procq._protocol import ERROR, OK, RUN
 from procq._values import Completed, Failed, Failure
@@ -359,7 +359,7 @@ class Supervisor:
                 pid=worker.pid,
             )
 
-        _, close_now = self.core.worker_died(worker, crash)
+        close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig)
         self._by_object.pop(conn, None)
         del self._by_object[process.sentinel]
         self._refresh_objects()
@@ -368,6 +368,7 @@ class Supervisor:
         process.close()
         if not (self._stop or self.core.closing and self.core.drained.is_set()):
             self._start_worker(worker.lane, replacement=True)
+        run_wakeups(wakeups)
 
     def _kill_tree(self, worker: WorkerSlot) -> None:
         """SIGKILL a worker and every process below it."""
@@ -427,7 +428,7 @@ class Supervisor:
             w.process.join()
             # A worker still holding a job here means the loop itself failed:
             # the job must still end, so no handle hangs.
-            self.core.worker_died(w, _stopped)
+            run_wakeups(self.core.worker_died(w, _stopped)[1])
             w.process.close()
         self._by_object.clear()
         self._objects = []
