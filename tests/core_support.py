@@ -1,0 +1,163 @@
+"""Test-side helpers for test_states, test_races, test_lanes and test_api
+(job functions live in jobs_core.py, which workers import; this module they never do)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, TypeVar
+
+import jobs
+
+from procq import JobHandle, Lane, ProcQueue
+
+T = TypeVar("T")
+
+#: Bound on every wait for a job in these tests (pytest-timeout is 60 s).
+WAIT = 20.0
+
+
+class Gate:
+    """A pair of FIFOs holding one job: the job says 'started' (with its pid),
+    then waits until the test opens 'go'."""
+
+    def __init__(self, directory: Any, name: str) -> None:
+        self.started = jobs.fifo(directory, f"{name}.started")
+        self.go = jobs.fifo(directory, f"{name}.go")
+        self._fd: int | None = None
+
+    def wait_started(self, timeout: float = WAIT) -> int:
+        """Wait for the job to start; returns the pid it reported."""
+        return int(jobs.wait_signal(self.started, timeout))
+
+    def open(self) -> None:
+        """Let the job (and any later job waiting on this gate) go."""
+        if self._fd is None:
+            self._fd = jobs.release(self.go)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class Gates:
+    """Makes gates in one directory and closes them all at the end."""
+
+    def __init__(self, directory: Any) -> None:
+        self.directory = directory
+        self._gates: list[Gate] = []
+
+    def __call__(self, name: str) -> Gate:
+        gate = Gate(self.directory, name)
+        self._gates.append(gate)
+        return gate
+
+    def close(self) -> None:
+        for gate in self._gates:
+            gate.close()
+
+
+@contextmanager
+def open_queue(lanes: int | Mapping[str, int | Lane], **kwargs: Any) -> Iterator[ProcQueue]:
+    """A queue for one test: invariants checked on success; always closed
+    without waiting (so a failed test holding a gated job cannot hang), and
+    no worker left."""
+    q = ProcQueue(lanes, **kwargs)
+    try:
+        yield q
+        q._check_invariants()
+    finally:
+        q.close(wait=False)
+    assert q._worker_pids() == []
+
+
+class OnPickle:
+    """An argument that runs ``action`` (once) when a push pickles it, i.e. in
+    the pushing thread, after the push has claimed its key and before it offers
+    the job to its lane. In the child it arrives as the str ``value``."""
+
+    def __init__(self, action: Callable[[], None], value: str = "hooked") -> None:
+        self.action = action
+        self.value = value
+        self.fired = 0
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        self.fired += 1
+        if self.fired == 1:
+            self.action()
+        return (str, (self.value,))
+
+
+def read_log(path: Any) -> list[str]:
+    try:
+        with open(path) as f:
+            return f.read().splitlines()
+    except FileNotFoundError:
+        return []
+
+
+async def awaited(handle: JobHandle[T]) -> T:
+    """``await handle`` as a coroutine (for asyncio.wait_for / create_task)."""
+    return await handle
+
+
+async def within(aw: Any, timeout: float = WAIT) -> Any:
+    return await asyncio.wait_for(aw, timeout)
+
+
+def run_noting_waits(fn: Callable[[], T], waiting: threading.Event) -> T:
+    """Call ``fn()`` in this thread, setting ``waiting`` once the thread enters
+    a ``threading`` wait (``Event.wait`` / ``Condition.wait``).
+
+    This is how a test knows, without sleeping or polling, that a blocking
+    ``push`` has stopped to wait for room: a push that finds room never waits,
+    so ``waiting`` stays clear. (A profiler only observes calls; it changes
+    nothing in the engine.)
+    """
+    threading_file = threading.__file__
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call" and frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading_file:
+            waiting.set()
+
+    sys.setprofile(profile)
+    try:
+        return fn()
+    finally:
+        sys.setprofile(None)
+
+
+class BlockingCall:
+    """Runs ``fn()`` on a thread of its own; ``waiting`` is set once that
+    thread blocks in a ``threading`` wait (see ``run_noting_waits``)."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.waiting = threading.Event()
+        self._fn = fn
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="blocking-call")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._result = run_noting_waits(self._fn, self.waiting)
+        except BaseException as exc:
+            self._error = exc
+
+    def wait_blocked(self, timeout: float = WAIT) -> None:
+        assert self.waiting.wait(timeout), "the call never blocked"
+        assert self._thread.is_alive(), "the call returned instead of blocking"
+
+    def outcome(self, timeout: float = WAIT) -> Any:
+        """What ``fn()`` returned; re-raises what it raised."""
+        self._thread.join(timeout)
+        assert not self._thread.is_alive(), "the call did not return"
+        if self._error is not None:
+            raise self._error
+        return self._result
