@@ -102,7 +102,7 @@ class Entry:
         # Completed | Failed once DONE; never changes after.
         self.outcome: Completed[Any] | Failed | None = None
         # Serialized once, by the pusher, before the entry enters its lane.
-        self.fn_id = 0
+        self.fn_id = b""
         self.fn_bytes = b""
         self.args_bytes = b""
         # Waiters: a threading.Event made on demand by a blocking result(), and
@@ -211,6 +211,7 @@ class Core:
         self._ids = itertools.count(1)
         self.closing = False
         self.stopped = False  # the supervisor stopped: offer() refuses everything
+        self.cancelled = False  # close(wait=False) began: offer() refuses everything
         # Counts of keys per state, kept in step with _keys (see _check_invariants).
         self._pending = 0
         self._processing = 0
@@ -269,7 +270,7 @@ class Core:
         """
         lane = entry.lane
         with self.lock:
-            if self.stopped:
+            if self.stopped or self.cancelled:
                 return STOPPED
             if lane.idle:
                 worker = lane.idle.pop()
@@ -538,6 +539,9 @@ class Core:
         doomed: list[WorkerSlot] = []
         wakeups: list[Wakeup] = []
         with self.lock:
+            # From here on offer() refuses: a push that claimed its key just
+            # before (and is still pickling) finds the door shut, not a worker.
+            self.cancelled = True
             for lane in self.lanes.values():
                 waiting = list(lane.ready)
                 lane.ready.clear()

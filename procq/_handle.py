@@ -6,7 +6,7 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Generator, Generic, TypeVar
 
 from procq._errors import JobFailed
-from procq._values import Completed, State
+from procq._values import Completed, State, check_wait
 
 if TYPE_CHECKING:
     from procq._core import Core, Entry
@@ -53,6 +53,7 @@ class JobHandle(Generic[T]):
         """
         entry = self._entry
         if entry.outcome is None:
+            timeout = check_wait(timeout)
             event = self._core.wait_event(entry)
             if event is not None and not event.wait(timeout):
                 raise TimeoutError(f"job {entry.key!r} has not finished after {timeout}s; it keeps running")

@@ -10,10 +10,12 @@ Supervisor -> worker::
 
     (RUN, job_id, fn_id, fn_bytes | None, args_bytes)
 
-``fn_bytes`` is sent only the first time a worker sees ``fn_id``; the worker
-keeps the unpickled function in an LRU of ``FN_CACHE_SIZE`` entries, and the
-supervisor keeps an exact mirror of that LRU per worker (:class:`FnMirror`), so
-both sides always agree on what the worker holds without ever asking.
+``fn_id`` is a digest of ``fn_bytes``. The bytes are sent only the first time
+a worker sees that digest; the worker keeps the unpickled function in an LRU of
+``FN_CACHE_SIZE`` entries, and the supervisor keeps an exact mirror of that LRU
+per worker (:class:`FnMirror`), so both sides always agree on what the worker
+holds without ever asking. Because the id is the content, a closure whose
+captured values changed since its last push is simply a new function.
 
 Worker -> supervisor::
 
@@ -27,11 +29,23 @@ gave it that job.
 
 from __future__ import annotations
 
+import hashlib
 import pickle
+import sys
 from collections import OrderedDict
 from typing import Any
 
-__all__ = ["ERROR", "FN_CACHE_SIZE", "OK", "RUN", "FnMirror", "dumps", "dumps_fn"]
+__all__ = [
+    "ERROR",
+    "FN_CACHE_SIZE",
+    "OK",
+    "RUN",
+    "FnMirror",
+    "digest",
+    "dumps",
+    "dumps_fn",
+    "pickled_by_reference",
+]
 
 RUN = 0
 OK = 1
@@ -57,6 +71,35 @@ def dumps(obj: Any) -> bytes:
         return dumps_fn(obj)
 
 
+def digest(data: bytes) -> bytes:
+    """The id of a pickled function: equal bytes, equal id."""
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def pickled_by_reference(fn: Any) -> bool:
+    """True when cloudpickle pickles ``fn`` as a reference to an importable,
+    module-level function, so its pickle never changes and can be kept.
+
+    Anything else (lambdas, closures, local functions, ``__main__``'s
+    functions, modules registered for pickling by value) is pickled by value:
+    its bytes capture current values and must be made again at every push.
+    """
+    module_name = getattr(fn, "__module__", None)
+    if not module_name or module_name == "__main__":
+        return False
+    import cloudpickle
+
+    by_value = getattr(cloudpickle.cloudpickle, "_PICKLE_BY_VALUE_MODULES", ())
+    if module_name in by_value or module_name.split(".")[0] in by_value:
+        return False
+    obj: Any = sys.modules.get(module_name)
+    for part in getattr(fn, "__qualname__", "<locals>").split("."):
+        if obj is None or part == "<locals>":
+            return False
+        obj = getattr(obj, part, None)
+    return obj is fn
+
+
 def dumps_fn(fn: Any) -> bytes:
     """Pickle with cloudpickle, which sends lambdas and closures by value.
 
@@ -80,10 +123,10 @@ class FnMirror:
     __slots__ = ("_held", "_size")
 
     def __init__(self, size: int = FN_CACHE_SIZE) -> None:
-        self._held: OrderedDict[int, Any] = OrderedDict()
+        self._held: OrderedDict[bytes, Any] = OrderedDict()
         self._size = size
 
-    def touch(self, fn_id: int, value: Any = None) -> bool:
+    def touch(self, fn_id: bytes, value: Any = None) -> bool:
         held = self._held
         if fn_id in held:
             held.move_to_end(fn_id)
@@ -93,5 +136,5 @@ class FnMirror:
             held.popitem(last=False)
         return False
 
-    def get(self, fn_id: int) -> Any:
+    def get(self, fn_id: bytes) -> Any:
         return self._held[fn_id]

@@ -22,9 +22,9 @@ from typing import Any, Callable, Mapping, TypeVar
 from procq._core import BLOCKED, FULL, STOPPED, Core, Entry, LaneState, WorkerSlot
 from procq._errors import LaneFull, QueueClosed
 from procq._handle import JobHandle
-from procq._protocol import dumps, dumps_fn
+from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
 from procq._supervisor import Supervisor, send_job
-from procq._values import Cached, InFlight, Job, Lane, PushOutcome, QueueStats, Queued, State
+from procq._values import Cached, InFlight, Job, Lane, PushOutcome, QueueStats, Queued, State, check_wait
 
 __all__ = ["ProcQueue"]
 
@@ -120,9 +120,8 @@ class ProcQueue:
         self._core = Core(parsed)
         self._life = _Life.OPEN
         self._close_lock = threading.Lock()
-        # Each function object is pickled once per queue (see _serialize).
-        self._fns: weakref.WeakKeyDictionary[Callable[..., Any], tuple[int, bytes]] = weakref.WeakKeyDictionary()
-        self._fn_ids = itertools.count(1)
+        # Pickles of module-level functions, made once per queue (see _serialize).
+        self._fns: weakref.WeakKeyDictionary[Callable[..., Any], tuple[bytes, bytes]] = weakref.WeakKeyDictionary()
         self._supervisor = Supervisor(self._core, context, str(next(_names)))
         self._supervisor.start()
         # An unclosed queue is closed without waiting when it is garbage
@@ -139,6 +138,7 @@ class ProcQueue:
         ``QueueClosed`` after ``close()``, ``ValueError`` for an unknown lane and
         ``TypeError`` when the function or arguments cannot be pickled.
         """
+        timeout = check_wait(timeout)
         outcome, entry = self._claim(job)
         if entry is None:
             return outcome
@@ -172,6 +172,7 @@ class ProcQueue:
         cancelled while it waits for room releases its claim: the key goes back
         to what it was and any push that joined it is woken with ``cancelled``.
         """
+        timeout = check_wait(timeout)
         outcome, entry = self._claim(job)
         if entry is None:
             return outcome
@@ -210,15 +211,20 @@ class ProcQueue:
         then the wait for the job (``TimeoutError``; the job keeps running).
         Raises ``JobFailed`` if the job fails.
         """
+        timeout = check_wait(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         outcome = self.push(job, timeout=timeout)
         if isinstance(outcome, Cached):
             return outcome.output  # type: ignore[no-any-return]
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        return outcome.handle.result(remaining)  # type: ignore[no-any-return]
+        try:
+            return outcome.handle.result(remaining)  # type: ignore[no-any-return]
+        except TimeoutError:
+            raise _unfinished(job, timeout) from None
 
     async def apush_and_wait(self, job: Job[T], timeout: float | None = None) -> T:
         """The asyncio form of :meth:`push_and_wait`."""
+        timeout = check_wait(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         outcome = await self.apush(job, timeout=timeout)
         if isinstance(outcome, Cached):
@@ -229,9 +235,7 @@ class ProcQueue:
         try:
             return await asyncio.wait_for(_await(outcome.handle), remaining)
         except asyncio.TimeoutError:
-            raise TimeoutError(
-                f"job {job.key!r} has not finished after {timeout}s; it keeps running"
-            ) from None
+            raise _unfinished(job, timeout) from None
 
     def _claim(self, job: Job[T]) -> tuple[PushOutcome, Entry | None]:
         """Claim ``job.key``. For a fresh claim, serialize the job (releasing
@@ -257,16 +261,17 @@ class ProcQueue:
         job = entry.job
         fn = job.fn
         try:
-            if type(fn) is types.FunctionType:
-                # Pickled once per function object, not once per job. A plain
-                # function's code and closure are fixed once it exists.
-                cached = self._fns.get(fn)
-                if cached is None:
-                    cached = (next(self._fn_ids), dumps_fn(fn))
+            # A module-level function pickles to the same reference every time:
+            # pickle it once per queue. Anything pickled by value (a lambda, a
+            # closure) is pickled at every push, so the job runs with the values
+            # it has now; its digest still spares the pipe and the worker.
+            cached = self._fns.get(fn) if type(fn) is types.FunctionType else None
+            if cached is None:
+                data = dumps_fn(fn)
+                cached = (digest(data), data)
+                if type(fn) is types.FunctionType and pickled_by_reference(fn):
                     self._fns[fn] = cached
-                entry.fn_id, entry.fn_bytes = cached
-            else:
-                entry.fn_bytes = dumps_fn(fn)
+            entry.fn_id, entry.fn_bytes = cached
         except Exception as exc:
             raise TypeError(f"job {job.key!r}: its function {fn!r} could not be pickled: {exc}") from exc
         try:
@@ -288,6 +293,8 @@ class ProcQueue:
     def state(self, key: str) -> State | None:
         """The key's state: ``Pending()``, ``Processing()``, ``Completed(output)``,
         ``Failed(failure)``, or ``None`` for a key this queue has never kept."""
+        if not isinstance(key, str):
+            raise TypeError(f"a key is a str, got {type(key).__name__}: {key!r}")
         return self._core.state(key)
 
     def stats(self) -> QueueStats:
@@ -353,6 +360,10 @@ class ProcQueue:
         return self._supervisor.pids()
 
 
+def _unfinished(job: Job[Any], timeout: float | None) -> TimeoutError:
+    return TimeoutError(f"job {job.key!r} has not finished after {timeout}s; it keeps running")
+
+
 def _may_wait(timeout: float | None) -> bool:
     return timeout is None or timeout > 0
 
@@ -360,8 +371,8 @@ def _may_wait(timeout: float | None) -> bool:
 def _lane_full(entry: Entry, timeout: float | None) -> LaneFull:
     lane: LaneState = entry.lane
     return LaneFull(
-        f"lane {lane.name!r} is full ({lane.spec.capacity} jobs waiting) and had no room for "
-        f"job {entry.key!r} within {timeout}s; the key is left as it was"
+        f"lane {lane.name!r} is full (capacity {lane.spec.capacity}) and had no room for "
+        f"job {entry.key!r} within {timeout or 0}s; the key is left as it was"
     )
 
 

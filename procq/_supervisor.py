@@ -71,7 +71,7 @@ def send_job(core: Core, worker: WorkerSlot, entry: Entry) -> None:
     """Send ``entry`` to ``worker``; the caller holds the right to send (see above)."""
     try:
         fn_bytes: bytes | None = entry.fn_bytes
-        if entry.fn_id and worker.fns.touch(entry.fn_id):
+        if worker.fns.touch(entry.fn_id):
             fn_bytes = None
         frame = pickle.dumps((RUN, entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes), -1)
         worker.conn.send_bytes(frame)
@@ -269,7 +269,7 @@ class Supervisor:
             send_job(self.core, worker, nxt)
 
     def _retry_starts(self, now: float) -> None:
-        if self._stop or self.core.closing:
+        if self._stop or self.core.cancelled:
             return
         for name, times in self._retry_at.items():
             due = [t for t in times if t <= now]
@@ -366,7 +366,7 @@ class Supervisor:
         if close_now:
             _close(conn)
         process.close()
-        if not (self._stop or self.core.closing and self.core.drained.is_set()):
+        if not (self._stop or self.core.cancelled or self.core.closing and self.core.drained.is_set()):
             self._start_worker(worker.lane, replacement=True)
         run_wakeups(wakeups)
 

@@ -47,6 +47,17 @@ def _check_timeout(what: str, value: float | None) -> float | None:
     return float(value)
 
 
+def check_wait(value: float | None) -> float | None:
+    """Validate a ``timeout`` for a wait: None (no limit) or seconds >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds or None, got {type(value).__name__}: {value!r}")
+    if math.isnan(value) or value < 0:
+        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
+    return None if math.isinf(value) else float(value)
+
+
 @dataclass(frozen=True, init=False)
 class Job(Generic[T]):
     """One unit of work: a key, a function and its arguments.

@@ -115,8 +115,7 @@ def worker_main(conn: Connection, lane: str) -> None:
                     fn = loads(fn_bytes)
                 except BaseException as exc:
                     fn = _Unloadable(exc)
-                if fn_id:
-                    fns.touch(fn_id, fn)
+                fns.touch(fn_id, fn)
             if isinstance(fn, _Unloadable):
                 raise fn.error
             args, kwargs = loads(args_bytes)

@@ -167,9 +167,9 @@ def fill(q: ProcQueue, gates: Gates, log: str) -> Full:
     return Full(gate, running.handle, waiting.handle, pid)
 
 
-def full_message(key: str, timeout: object, waiting: int = 1, lane: str = "one") -> str:
+def full_message(key: str, timeout: object, capacity: int = 1, lane: str = "one") -> str:
     return (
-        rf"^lane '{lane}' is full \({waiting} jobs waiting\) and had no room for job '{key}' "
+        rf"^lane '{lane}' is full \(capacity {capacity}\) and had no room for job '{key}' "
         rf"within {timeout}s; the key is left as it was$"
     )
 
@@ -285,7 +285,7 @@ def test_capacity_zero_lets_a_push_in_only_when_a_worker_is_free(gates: Gates, l
         gate = gates("running")
         running = q.push(Job("running", jobs_core.record_signal_wait, args=(log, gate.started, gate.go, "running")))
         pid = gate.wait_started()
-        with pytest.raises(LaneFull, match=full_message("next", r"0\.2", waiting=0, lane="zero")):
+        with pytest.raises(LaneFull, match=full_message("next", r"0\.2", capacity=0, lane="zero")):
             q.push(Job("next", jobs_core.record, args=(log, "next")), timeout=0.2)
         assert q.state("next") is None
 
