@@ -135,7 +135,7 @@ class WorkerSlot:
     only keeps them beside the slot's bookkeeping.
     """
 
-    __slots__ = ("conn", "dead", "doomed", "entry", "fns", "fresh", "lane", "pid", "process", "sending")
+    __slots__ = ("booting", "conn", "dead", "doomed", "entry", "fns", "fresh", "lane", "pid", "process", "sending")
 
     def __init__(self, lane: LaneState, process: Any, conn: Any) -> None:
         self.lane = lane
@@ -153,7 +153,10 @@ class WorkerSlot:
         # dead: its death has been handled.
         self.doomed = False
         self.dead = False
-        self.fresh = True  # has never been given a job (and may still be booting)
+        self.fresh = True  # has never been given a job
+        # Started, not yet READY: takes no job, so a worker that dies while it
+        # starts (a signal, a main module that fails to import) fails none.
+        self.booting = True
 
 
 class LaneState:
@@ -161,6 +164,7 @@ class LaneState:
 
     __slots__ = (
         "blocked",
+        "boot_failures",
         "completed",
         "crashes",
         "failed",
@@ -185,6 +189,7 @@ class LaneState:
         # Live workers holding no job. Non-empty only while ready is empty.
         self.idle: list[WorkerSlot] = []
         self.running = 0
+        self.boot_failures = 0  # workers in a row that died before they were ready
         self.crashes = 0
         self.restarts = 0
         self.completed = 0
@@ -349,7 +354,7 @@ class Core:
     def _next_job(self, worker: WorkerSlot, wakeups: list[Wakeup]) -> Entry | None:
         """Give a free worker its next job, or park it idle (lock held)."""
         lane = worker.lane
-        if worker.doomed or worker.dead:
+        if worker.doomed or worker.dead or worker.booting:
             return None
         if lane.ready:
             entry = lane.ready.popleft()
@@ -357,8 +362,8 @@ class Core:
             entry, wakeup = lane.blocked.popleft()
             wakeups.append(wakeup)
         elif worker.fresh:
-            # A new worker may still be booting: it goes to the back of the
-            # idle list (idle.pop() takes from the end, the warmest worker).
+            # A new worker goes to the back of the idle list (idle.pop() takes
+            # from the end): the warmest workers get work first.
             lane.idle.insert(0, worker)
             return None
         else:
@@ -454,6 +459,8 @@ class Core:
             entry = worker.entry
             worker.entry = None
             wakeups: list[Wakeup] = []
+            if worker.booting:
+                lane.boot_failures += 1
             if entry is not None:
                 self._processing -= 1
                 lane.running -= 1
@@ -466,12 +473,18 @@ class Core:
                 wakeups = self._settle(entry, Failed(failure))
             return worker.sending == 0, wakeups
 
-    def add_worker(self, worker: WorkerSlot, replacement: bool) -> Entry | None:
-        """A new worker joined its lane. Returns a job to send it, if one waits."""
+    def add_worker(self, worker: WorkerSlot, replacement: bool) -> None:
+        """A new worker process joined its lane; it takes jobs once ready."""
         with self.lock:
             worker.lane.workers.append(worker)
             if replacement:
                 worker.lane.restarts += 1
+
+    def worker_ready(self, worker: WorkerSlot) -> Entry | None:
+        """A worker finished starting. Returns a job to send it, if one waits."""
+        with self.lock:
+            worker.booting = False
+            worker.lane.boot_failures = 0
             wakeups: list[Wakeup] = []
             nxt = self._next_job(worker, wakeups)
             wake = nxt is not None and nxt.deadline is not None
@@ -479,6 +492,19 @@ class Core:
         if wake:
             self.on_new_deadline()
         return nxt
+
+    def fail_waiting(self, lane: LaneState, failure: Callable[[Entry], Failure]) -> None:
+        """Fail every job waiting in ``lane`` (its workers cannot start), so
+        that no handle waits forever on a lane that cannot run anything."""
+        with self.lock:
+            waiting = list(lane.ready)
+            lane.ready.clear()
+            wakeups: list[Wakeup] = []
+            for entry in waiting:
+                self._pending -= 1
+                wakeups += self._settle(entry, Failed(failure(entry)))
+            self._refill(lane, wakeups)
+        run_wakeups(wakeups)
 
     # --- time limits --------------------------------------------------------
 

@@ -148,9 +148,12 @@ def kill_self() -> Result:
     raise AssertionError("unreachable: SIGKILL cannot be caught")
 
 
-def hold(gate: str) -> Result:
-    """Occupy a worker until the demo writes to the ``gate`` pipe."""
+def hold(gate: str, started: str) -> Result:
+    """Say so on the ``started`` pipe, then occupy a worker until the demo
+    writes to the ``gate`` pipe."""
     start = time.perf_counter()
+    with open(started, "wb") as f:
+        f.write(b".")
     _wait_for_byte(gate)
     return Result("released", os.getpid(), time.perf_counter() - start)
 
@@ -234,7 +237,7 @@ def plan(jobs: int, size: float, fifos: Fifos, broken: str) -> list[Row]:
     sources = [p for p in (os.path.join(stdlib, m + ".py") for m in _MODULES) if os.path.exists(p)]
     if not sources:
         raise DemoFailed(f"no standard-library sources to parse under {stdlib}")
-    rows = [Row(Job(f"gate:{lane}/{i}", hold, (fifos.go,), lane=lane, timeout=300))
+    rows = [Row(Job(f"gate:{lane}/{i}", hold, (fifos.go, fifos.started), lane=lane, timeout=300))
             for lane in LANES for i in (1, 2)]
     rows += [
         Row(Job("crash:segv", read_null_pointer, lane="cpu"), Expect("crashed", "SIGSEGV"), join_early=True),
@@ -295,8 +298,9 @@ class Fifos:
     pid, ``hang`` is what the hung job waits on (opened only at cleanup)."""
 
     def __init__(self, directory: str) -> None:
-        self.go, self.report, self.hang = (os.path.join(directory, n) for n in ("go", "report", "hang"))
-        for path in (self.go, self.report, self.hang):
+        names = ("go", "report", "hang", "started")
+        self.go, self.report, self.hang, self.started = (os.path.join(directory, n) for n in names)
+        for path in (self.go, self.report, self.hang, self.started):
             os.mkfifo(path)
         self._fds: dict[str, int] = {}
 
@@ -307,10 +311,32 @@ class Fifos:
             self._fds[path] = os.open(path, os.O_RDWR | os.O_NONBLOCK)
             os.write(self._fds[path], data)
 
+    def wait_started(self, count: int, timeout: float) -> bool:
+        """Wait until ``count`` gate jobs have said they started (each writes one byte)."""
+        import select
+
+        # Read-write: we count as a writer too, so the pipe never reads as
+        # EOF between two gates' writes (which would make select spin).
+        fd = os.open(self.started, os.O_RDWR | os.O_NONBLOCK)
+        try:
+            seen, deadline = 0, time.monotonic() + timeout
+            while seen < count:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                    return False
+                try:
+                    seen += len(os.read(fd, count - seen))
+                except BlockingIOError:
+                    continue
+            return True
+        finally:
+            os.close(fd)
+
     def release_all(self) -> None:
         self.release(self.go)
         self.release(self.report, b"")
         self.release(self.hang)
+        self.release(self.started, b"")  # a reader, so that no gate blocks opening it
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -351,6 +377,9 @@ class Demo:
             if isinstance(outcome := self.push(row, InFlight), InFlight):
                 row.joined.append(outcome.handle)
         say(f"   pushed {len(early)} of them again while they wait: {tally(r.pushes[-1] for r in early)}")
+        gates = sum(row.key.startswith("gate:") for row in rows)
+        if not self.fifos.wait_started(gates, self.timeout):
+            raise DemoFailed(f"the {gates} gate jobs did not all start within {self.timeout}s")
         gated = q.stats()
         say("   stats: " + " | ".join(f"{n}: {s.running} running, {s.waiting} waiting"
                                       for n, s in gated.lanes.items()))

@@ -19,6 +19,7 @@ captured values changed since its last push is simply a new function.
 
 Worker -> supervisor::
 
+    (0, READY)                         once, when it is set up and takes jobs
     (job_id, OK, result_bytes)
     (job_id, ERROR, exc_bytes | None, exc_type, message, traceback_text)
 
@@ -39,6 +40,7 @@ __all__ = [
     "ERROR",
     "FN_CACHE_SIZE",
     "OK",
+    "READY",
     "RUN",
     "FnMirror",
     "digest",
@@ -50,6 +52,7 @@ __all__ = [
 RUN = 0
 OK = 1
 ERROR = 2
+READY = 3
 
 #: How many distinct functions a worker keeps unpickled.
 FN_CACHE_SIZE = 128

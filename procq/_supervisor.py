@@ -39,11 +39,11 @@ import threading
 import time
 import traceback
 from multiprocessing.connection import wait
-from typing import Any
+from typing import Any, Callable
 
 from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
 from procq._errors import _RemoteTraceback
-from procq._protocol import ERROR, OK, RUN
+from procq._protocol import ERROR, OK, READY, RUN
 from procq._values import Completed, Failed, Failure
 from procq._worker import worker_main
 
@@ -55,6 +55,12 @@ STOP_GRACE = 3.0
 RESTART_BACKOFF = 1.0
 #: How long a worker whose pipe reached EOF may live on before it is killed.
 EOF_GRACE = 1.0
+#: Backoff before starting again after a worker died while starting: doubles
+#: with each one in a row, up to the maximum.
+BOOT_BACKOFF = 0.05
+BOOT_BACKOFF_MAX = 5.0
+#: After this many workers in a row died while starting, a lane's waiting jobs fail.
+BOOT_FAILURES_TO_FAIL_JOBS = 3
 
 _SIGNAL_HINTS = {
     "SIGSEGV": "a segmentation fault: native code run by the job crashed",
@@ -89,19 +95,17 @@ def _close(conn: Any) -> None:
         pass
 
 
-def describe_exit(exitcode: int | None) -> tuple[str | None, str]:
-    """(signal name, sentence) for a dead worker's exit code."""
+def describe_exit(exitcode: int | None) -> tuple[str | None, str, str]:
+    """(signal name, what happened, likely cause) for a dead worker's exit code."""
     if exitcode is not None and exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
-        hint = _SIGNAL_HINTS.get(name)
-        text = f"was killed by {name} (signal {-exitcode})"
-        return name, f"{text}: {hint}" if hint else text
+        return name, f"was killed by {name} (signal {-exitcode})", _SIGNAL_HINTS.get(name, "")
     if exitcode is None:
-        return None, "vanished without an exit status"
-    return None, f"exited with code {exitcode} (os._exit(), or exit() in native code, ended it mid-job)"
+        return None, "vanished without an exit status", ""
+    return None, f"exited with code {exitcode}", "os._exit(), or exit() in native code, ended it mid-job"
 
 
 class Supervisor:
@@ -170,6 +174,12 @@ class Supervisor:
     # --- the I/O thread ---------------------------------------------------------
 
     def _main(self) -> None:
+        if hasattr(signal, "pthread_sigmask"):
+            # Children inherit this thread's signal mask: a worker (or the
+            # forkserver, if this thread starts it) boots with SIGINT blocked
+            # until it has set it to be ignored. Python runs signal handlers in
+            # the main thread, so blocking SIGINT here changes nothing else.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for lane in self.core.lanes.values():
                 for _ in range(lane.spec.workers):
@@ -264,9 +274,7 @@ class Supervisor:
         self._by_object[parent_conn] = worker
         self._by_object[process.sentinel] = worker
         self._refresh_objects()
-        nxt = self.core.add_worker(worker, replacement)
-        if nxt is not None:
-            send_job(self.core, worker, nxt)
+        self.core.add_worker(worker, replacement)
 
     def _retry_starts(self, now: float) -> None:
         if self._stop or self.core.cancelled:
@@ -303,6 +311,11 @@ class Supervisor:
         message = pickle.loads(frame)
         job_id, tag = message[0], message[1]
         outcome: Completed[Any] | Failed
+        if tag == READY:
+            ready = self.core.worker_ready(worker)
+            if ready is not None:
+                send_job(self.core, worker, ready)
+            return
         if tag == OK:
             try:
                 outcome = Completed(pickle.loads(message[2]))
@@ -347,12 +360,13 @@ class Supervisor:
             pass
         process.join()  # the sentinel fired: this reaps it at once
         exitcode = process.exitcode
-        sig, how = describe_exit(exitcode)
+        sig, how, cause = describe_exit(exitcode)
+        explained = "" if not cause else f": {cause}" if sig else f" ({cause})"
 
         def crash(entry: Entry) -> Failure:
             return Failure(
                 "crashed",
-                f"worker process {worker.pid} (lane {worker.lane.name!r}) {how}, "
+                f"worker process {worker.pid} (lane {worker.lane.name!r}) {how}{explained}, "
                 f"while running job {entry.key!r}",
                 exitcode=exitcode,
                 signal=sig,
@@ -366,8 +380,19 @@ class Supervisor:
         if close_now:
             _close(conn)
         process.close()
+        lane = worker.lane
         if not (self._stop or self.core.cancelled or self.core.closing and self.core.drained.is_set()):
-            self._start_worker(worker.lane, replacement=True)
+            failures = lane.boot_failures
+            if not failures:
+                self._start_worker(lane, replacement=True)
+            else:
+                # Dying while starting is no job's fault, and starting again at
+                # once would spin: back off, and after a few in a row fail the
+                # jobs waiting for this lane rather than let them wait forever.
+                delay = min(BOOT_BACKOFF * 2 ** (failures - 1), BOOT_BACKOFF_MAX)
+                self._retry_at.setdefault(lane.name, []).append(time.monotonic() + delay)
+                if failures >= BOOT_FAILURES_TO_FAIL_JOBS:
+                    self.core.fail_waiting(lane, _cannot_start(lane, failures, how))
         run_wakeups(wakeups)
 
     def _kill_tree(self, worker: WorkerSlot) -> None:
@@ -436,6 +461,18 @@ class Supervisor:
             self._wake_closed = True
             os.close(self._wake_r)
             os.close(self._wake_w)
+
+
+def _cannot_start(lane: LaneState, failures: int, how: str) -> Callable[[Entry], Failure]:
+    def failure(entry: Entry) -> Failure:
+        return Failure(
+            "crashed",
+            f"job {entry.key!r} could not run: the workers of lane {lane.name!r} keep dying while "
+            f"they start ({failures} in a row; the last {how}). Their stderr says why; often the "
+            "main module fails when a worker imports it (guard it with if __name__ == '__main__')",
+        )
+
+    return failure
 
 
 def _stopped(entry: Entry) -> Failure:

@@ -18,7 +18,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from procq._protocol import ERROR, OK, RUN, FnMirror, dumps
+from procq._protocol import ERROR, OK, READY, RUN, FnMirror, dumps
 
 __all__ = ["worker_main"]
 
@@ -33,8 +33,22 @@ class _Unloadable:
 
 
 def _die_with_parent() -> None:
-    """Make this process exit when the supervisor does, however it dies."""
+    """Make this process exit when the supervisor does, however it dies.
+
+    Three layers, because each covers a case the others miss:
+
+    - A thread blocked on the parent sentinel: a pipe whose write end only
+      the supervisor holds (``multiprocessing`` makes it for every start
+      method), so it reaches EOF the moment the supervisor dies, even while
+      the main thread is deep in a job's native code.
+    - ``PR_SET_PDEATHSIG`` on Linux: the kernel SIGKILLs this process when its
+      parent dies: the supervisor under spawn, the forkserver under forkserver.
+    - Dropping the forkserver's "alive" pipe, which every forkserver child
+      inherits: while any child holds it, the forkserver cannot see that the
+      supervisor died, and lives on (with its children) forever.
+    """
     parent = _parent()
+    _drop_forkserver_alive_fd()
     if sys.platform.startswith("linux"):
         try:
             import ctypes
@@ -43,21 +57,37 @@ def _die_with_parent() -> None:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except Exception:  # pragma: no cover - exotic libc
             pass
-        else:
-            # The parent may have died before prctl took effect.
-            if parent is not None and not parent.is_alive():
-                os._exit(1)
-            return
-    if parent is not None:  # pragma: no cover - not Linux
-        sentinel = parent.sentinel
+    if parent is None:  # pragma: no cover - always set by multiprocessing
+        return
+    sentinel = parent.sentinel
 
-        def watch() -> None:
-            from multiprocessing.connection import wait
+    def watch() -> None:
+        from multiprocessing.connection import wait
 
-            wait([sentinel])
-            os._exit(1)
+        wait([sentinel])
+        os._exit(1)
 
-        threading.Thread(target=watch, name="procq-parent-watch", daemon=True).start()
+    # Started after prctl: a parent that died before it took effect is seen here.
+    threading.Thread(target=watch, name="procq-parent-watch", daemon=True).start()
+
+
+def _drop_forkserver_alive_fd() -> None:
+    try:
+        from multiprocessing import forkserver
+
+        server: Any = forkserver._forkserver  # private: no public way to do this
+        fd = server._forkserver_alive_fd
+    except Exception:  # pragma: no cover - the stdlib's internals changed
+        return
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:  # pragma: no cover
+            pass
+        # Should a job use the forkserver itself, it starts one of its own.
+        server._forkserver_alive_fd = None
+        server._forkserver_address = None
+        server._forkserver_pid = None
 
 
 def _parent() -> Any:
@@ -89,6 +119,11 @@ def _pickle_exception(exc: BaseException) -> tuple[bytes | None, str]:
 def worker_main(conn: Connection, lane: str) -> None:
     """Run jobs from ``conn`` until EOF. The child's entry point."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
+    if hasattr(signal, "pthread_sigmask"):
+        # The supervisor starts workers with SIGINT blocked, so that a Ctrl-C
+        # landing while one boots stays pending; now that it is ignored, a
+        # pending one is discarded and the mask can be the usual one.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if hasattr(os, "setsid"):
         try:
             os.setsid()  # lead a session, so a job's whole process tree can be killed
@@ -96,14 +131,24 @@ def worker_main(conn: Connection, lane: str) -> None:
             pass
     _die_with_parent()
 
+    try:
+        _serve(conn)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        pass  # the supervisor closed our pipe, or died: nothing is left to do
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _serve(conn: Connection) -> None:
     fns = FnMirror()
     recv, send = conn.recv_bytes, conn.send_bytes
     loads = pickle.loads
+    send(dumps((0, READY)))  # until now a signal could still kill us: no job was at risk
     while True:
         try:
             frame = recv()
         except (EOFError, OSError):
-            break
+            return
         tag, job_id, fn_id, fn_bytes, args_bytes = loads(frame)
         assert tag == RUN
         try:
@@ -136,5 +181,3 @@ def worker_main(conn: Connection, lane: str) -> None:
             continue
         del result
         send(dumps((job_id, OK, data)))
-    sys.stdout.flush()
-    sys.stderr.flush()

@@ -43,10 +43,14 @@ def test_demo_runs_clean_and_shows_every_outcome() -> None:
 
 def test_demo_exits_non_zero_with_the_reason_when_jobs_overrun() -> None:
     # pow:unbounded alone runs 0.5s before its timeout kills it, so a 0.05s wait cannot see every
-    # job end. Which wait gives up first (for the hung job's pid, or for the jobs) is a race.
+    # job end. Which wait gives up first (for the gates to start, for the hung job's pid, or for
+    # the jobs) is a race.
     proc = demo("--jobs", "4", "--timeout", "0.05")
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    reason = r"'ast:hung' never reported its worker's pid|\d+ jobs had not ended after 0.05s: .*"
+    reason = (
+        r"the 4 gate jobs did not all start within 0.05s"
+        r"|'ast:hung' never reported its worker's pid|\d+ jobs had not ended after 0.05s: .*"
+    )
     assert re.fullmatch(rf"demo FAILED: ({reason})\n", proc.stderr), proc.stderr
 
 
