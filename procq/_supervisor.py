@@ -9,11 +9,14 @@ Who owns what, and what each pipe carries::
       Core.offer():                 │            - every worker's sentinel (deaths)
         idle worker? send the job   │            - the wake-up pipe        (close, new deadline)
         directly on its pipe ───────┼──┐         with the nearest job deadline as timeout
-        else wait in the lane       │  │       on a result:  Core.job_done -> send the next job
-    handle.result() / await ────────┘  │       on a death:   Core.worker_died -> start a replacement
-      wait for the entry's event       │       on a deadline: kill the worker's process tree
+        else wait in the lane       │  │       on READY:     Core.worker_ready -> send it a waiting job
+    handle.result() / await ────────┘  │       on a result:  Core.job_done -> send the next job
+      wait for the entry's event       │       on a death:   Core.worker_died -> start a replacement,
+                                       │                     then wake the dead job's waiters
+                                       │       on a deadline: kill the worker's process tree
                                        v
                        worker process (one pipe each; nothing shared)
+                         starts -> READY frame (takes jobs from now on)
                          RUN frame -> run fn -> OK / ERROR frame
 
 The I/O thread starts and reaps every worker process, so a worker's parent (or,
