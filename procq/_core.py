@@ -173,6 +173,7 @@ class LaneState:
         "ready",
         "restarts",
         "running",
+        "starting",
         "spec",
         "workers",
     )
@@ -192,6 +193,9 @@ class LaneState:
         self.boot_failures = 0  # workers in a row that died before they were ready
         self.crashes = 0
         self.restarts = 0
+        # Replacements decided on but whose process is not started yet: they
+        # count as alive, so a waiter woken by a crash sees the lane whole.
+        self.starting = 0
         self.completed = 0
         self.failed = 0
 
@@ -441,13 +445,15 @@ class Core:
         crash: Callable[[Entry], Failure],
         exitcode: int | None = None,
         signal: str | None = None,
+        restart: bool = False,
     ) -> tuple[bool, list[Wakeup]]:
         """A worker's death was seen. Its job (if any) fails with ``crash(entry)``,
         or with the ``kill_reason`` the supervisor gave it before killing it
         (completed with how the worker died). Returns whether the caller must
         close the worker's pipe now (no sender holds it), and the wake-ups the
-        caller must run (``run_wakeups``) once it has started a replacement, so
-        that a woken waiter finds the lane whole again."""
+        caller must run (``run_wakeups``). With ``restart``, a replacement is
+        reserved (see ``reserve_restart``) in the same step, so that a woken
+        waiter finds the lane whole again."""
         with self.lock:
             if worker.dead:
                 return False, []
@@ -461,6 +467,9 @@ class Core:
             wakeups: list[Wakeup] = []
             if worker.booting:
                 lane.boot_failures += 1
+            if restart:
+                lane.starting += 1
+                lane.restarts += 1
             if entry is not None:
                 self._processing -= 1
                 lane.running -= 1
@@ -473,12 +482,22 @@ class Core:
                 wakeups = self._settle(entry, Failed(failure))
             return worker.sending == 0, wakeups
 
-    def add_worker(self, worker: WorkerSlot, replacement: bool) -> None:
-        """A new worker process joined its lane; it takes jobs once ready."""
+    def reserve_restart(self, lane: LaneState) -> None:
+        """A replacement worker for ``lane`` is about to be started."""
         with self.lock:
-            worker.lane.workers.append(worker)
-            if replacement:
-                worker.lane.restarts += 1
+            lane.starting += 1
+            lane.restarts += 1
+
+    def add_worker(self, worker: WorkerSlot | None, lane: LaneState, reserved: bool) -> None:
+        """A new worker process joined ``lane`` (``None``: starting it failed).
+        It takes jobs once ready. ``reserved``: it was counted by ``reserve_restart``."""
+        with self.lock:
+            if reserved:
+                lane.starting -= 1
+            if worker is not None:
+                lane.workers.append(worker)
+            elif reserved:
+                lane.restarts -= 1
 
     def worker_ready(self, worker: WorkerSlot) -> Entry | None:
         """A worker finished starting. Returns a job to send it, if one waits."""
@@ -629,7 +648,7 @@ class Core:
                     capacity=lane.spec.capacity,
                     waiting=len(lane.ready) + len(lane.blocked),
                     running=lane.running,
-                    workers_alive=len(lane.workers),
+                    workers_alive=len(lane.workers) + lane.starting,
                     crashes=lane.crashes,
                     worker_restarts=lane.restarts,
                     completed=lane.completed,
@@ -671,7 +690,7 @@ class Core:
                 assert len(lane.ready) <= lane.spec.capacity
                 assert not lane.blocked or len(lane.ready) == lane.spec.capacity
                 assert not lane.idle or not lane.ready, lane.name
-                assert len(lane.workers) <= lane.spec.workers
+                assert len(lane.workers) + lane.starting <= lane.spec.workers
                 busy = [w for w in lane.workers if w.entry is not None]
                 assert len(busy) == lane.running
                 for w in lane.idle:

@@ -186,7 +186,7 @@ class Supervisor:
         try:
             for lane in self.core.lanes.values():
                 for _ in range(lane.spec.workers):
-                    self._start_worker(lane, replacement=False, raise_errors=True)
+                    self._start_worker(lane, reserved=False, raise_errors=True)
         except BaseException as exc:
             self._start_error = exc
             self._shutdown()
@@ -249,7 +249,9 @@ class Supervisor:
 
     # --- workers -------------------------------------------------------------
 
-    def _start_worker(self, lane: LaneState, replacement: bool, raise_errors: bool = False) -> None:
+    def _start_worker(self, lane: LaneState, reserved: bool, raise_errors: bool = False) -> None:
+        """Start a worker for ``lane``; ``reserved``: a replacement counted by
+        ``Core.reserve_restart`` (or ``worker_died``)."""
         try:
             parent_conn, child_conn = self.context.Pipe(duplex=True)
             try:
@@ -271,13 +273,14 @@ class Supervisor:
             # Out of processes or memory, most likely: the lane runs short
             # until a later attempt succeeds.
             traceback.print_exc()
+            self.core.add_worker(None, lane, reserved)
             self._retry_at.setdefault(lane.name, []).append(time.monotonic() + RESTART_BACKOFF)
             return
         worker = WorkerSlot(lane, process, parent_conn)
         self._by_object[parent_conn] = worker
         self._by_object[process.sentinel] = worker
         self._refresh_objects()
-        self.core.add_worker(worker, replacement)
+        self.core.add_worker(worker, lane, reserved)
 
     def _retry_starts(self, now: float) -> None:
         if self._stop or self.core.cancelled:
@@ -287,7 +290,9 @@ class Supervisor:
             if due:
                 self._retry_at[name] = [t for t in times if t > now]
                 for _ in due:
-                    self._start_worker(self.core.lanes[name], replacement=True)
+                    lane = self.core.lanes[name]
+                    self.core.reserve_restart(lane)
+                    self._start_worker(lane, reserved=True)
 
     def _refresh_objects(self) -> None:
         self._objects = [self._wake_r, *self._by_object]
@@ -376,27 +381,31 @@ class Supervisor:
                 pid=worker.pid,
             )
 
-        close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig)
+        lane = worker.lane
+        stopping = self._stop or self.core.cancelled or self.core.closing and self.core.drained.is_set()
+        # (boot_failures is only ever changed on this thread.)
+        replace_now = not stopping and not worker.booting and not lane.boot_failures
+        close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
         self._by_object.pop(conn, None)
         del self._by_object[process.sentinel]
         self._refresh_objects()
         if close_now:
             _close(conn)
         process.close()
-        lane = worker.lane
-        if not (self._stop or self.core.cancelled or self.core.closing and self.core.drained.is_set()):
-            failures = lane.boot_failures
-            if not failures:
-                self._start_worker(lane, replacement=True)
-            else:
-                # Dying while starting is no job's fault, and starting again at
-                # once would spin: back off, and after a few in a row fail the
-                # jobs waiting for this lane rather than let them wait forever.
-                delay = min(BOOT_BACKOFF * 2 ** (failures - 1), BOOT_BACKOFF_MAX)
-                self._retry_at.setdefault(lane.name, []).append(time.monotonic() + delay)
-                if failures >= BOOT_FAILURES_TO_FAIL_JOBS:
-                    self.core.fail_waiting(lane, _cannot_start(lane, failures, how))
+        # Waiters first: starting a process takes milliseconds, and the lane
+        # already counts the replacement as alive.
         run_wakeups(wakeups)
+        if replace_now:
+            self._start_worker(lane, reserved=True)
+        elif not stopping:
+            # Dying while starting is no job's fault, and starting again at
+            # once would spin: back off, and after a few in a row fail the
+            # jobs waiting for this lane rather than let them wait forever.
+            failures = lane.boot_failures
+            delay = min(BOOT_BACKOFF * 2 ** (failures - 1), BOOT_BACKOFF_MAX)
+            self._retry_at.setdefault(lane.name, []).append(time.monotonic() + delay)
+            if failures >= BOOT_FAILURES_TO_FAIL_JOBS:
+                self.core.fail_waiting(lane, _cannot_start(lane, failures, how))
 
     def _kill_tree(self, worker: WorkerSlot) -> None:
         """SIGKILL a worker and every process below it."""

@@ -333,7 +333,9 @@ def test_workers_exit_when_the_supervisor_is_sigkilled(start_method: str, tmp_pa
         try:
             long_pid = int(jobs.wait_signal(started, timeout=30))
             workers = json.loads(_read_line(proc.stdout, timeout=30))
-            assert long_pid in workers and len(workers) == (2 if mode == "steady" else 3)
+            # ("restarting": the crash lane's worker may be between two lives: a
+            # crash's waiter is woken before its replacement process is started.)
+            assert long_pid in workers and len(workers) in ((2,) if mode == "steady" else (2, 3))
             tree = psutil.Process(proc.pid).children(recursive=True)
             tree_pids = {p.pid for p in tree}
             assert long_pid in tree_pids
