@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 # supervisor's side (asyncio, threading machinery) on every start.
 _SOURCES = {
     "JobFailed": "procq._errors",
+    "JobPicklingError": "procq._errors",
     "LaneFull": "procq._errors",
     "ProcQueueError": "procq._errors",
     "QueueClosed": "procq._errors",
@@ -39,7 +40,7 @@ _SOURCES = {
 }
 
 if TYPE_CHECKING:
-    from procq._errors import JobFailed, LaneFull, ProcQueueError, QueueClosed
+    from procq._errors import JobFailed, JobPicklingError, LaneFull, ProcQueueError, QueueClosed
     from procq._handle import JobHandle
     from procq._queue import ProcQueue
     from procq._values import (
@@ -84,6 +85,7 @@ __all__ = [
     "Job",
     "JobFailed",
     "JobHandle",
+    "JobPicklingError",
     "Lane",
     "LaneFull",
     "LaneStats",

@@ -6,7 +6,9 @@ The tree is small on purpose, and keeps "you closed it" apart from "it broke"::
     ├── ProcQueueError            base of everything procq raises about the queue itself
     │   ├── LaneFull              (also a TimeoutError) a push waited for room past its timeout
     │   └── QueueClosed           a push after close(): you closed it, nothing broke
-    └── JobFailed                 a job ended in Failed; .key and .failure say which and why
+    ├── JobFailed                 a job ended in Failed; .key and .failure say which and why
+    └── TypeError, pickle.PicklingError
+        └── JobPicklingError      a push's function or arguments cannot be pickled
 
 ``JobFailed`` is deliberately not a ``ProcQueueError``: the queue is healthy, one
 job's work failed. Where the job raised an exception that could be unpickled in
@@ -14,18 +16,20 @@ the supervisor, that exception is ``JobFailed.__cause__``, and the child's
 formatted traceback is in turn chained below it (as in ``concurrent.futures``).
 
 Bad arguments (unknown lane, a key that is not a str, an fn that is not
-callable, an argument that cannot be pickled) raise the built-in ``ValueError``
-or ``TypeError`` at once, with a message that names the problem.
+callable) raise the built-in ``ValueError`` or ``TypeError`` at once, with a
+message that names the problem; a function or argument that cannot be pickled
+raises ``JobPicklingError``, both a ``TypeError`` and a ``pickle.PicklingError``.
 """
 
 from __future__ import annotations
 
+import pickle
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from procq._values import Failure
 
-__all__ = ["JobFailed", "LaneFull", "ProcQueueError", "QueueClosed"]
+__all__ = ["JobFailed", "JobPicklingError", "LaneFull", "ProcQueueError", "QueueClosed"]
 
 
 class ProcQueueError(Exception):
@@ -41,6 +45,14 @@ class LaneFull(ProcQueueError, TimeoutError):
 
 class QueueClosed(ProcQueueError):
     """The queue is closed (or closing) and takes no new pushes."""
+
+
+class JobPicklingError(TypeError, pickle.PicklingError):
+    """A job's function or arguments could not be pickled to send to a worker.
+
+    Raised by a push, which leaves the key as it was. It is a ``TypeError`` (a
+    bad argument) and a ``pickle.PicklingError``, so either ``except`` catches it.
+    """
 
 
 class _RemoteTraceback(Exception):

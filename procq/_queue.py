@@ -20,7 +20,7 @@ import weakref
 from typing import Any, Callable, Mapping, TypeVar
 
 from procq._core import BLOCKED, FULL, STOPPED, Core, Entry, LaneState, WorkerSlot
-from procq._errors import LaneFull, QueueClosed
+from procq._errors import JobPicklingError, LaneFull, QueueClosed
 from procq._handle import JobHandle
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
 from procq._supervisor import Supervisor, send_job
@@ -273,11 +273,11 @@ class ProcQueue:
                     self._fns[fn] = cached
             entry.fn_id, entry.fn_bytes = cached
         except Exception as exc:
-            raise TypeError(f"job {job.key!r}: its function {fn!r} could not be pickled: {exc}") from exc
+            raise JobPicklingError(f"job {job.key!r}: its function {fn!r} could not be pickled: {exc}") from exc
         try:
             entry.args_bytes = dumps((job.args, job.kwargs))
         except Exception as exc:
-            raise TypeError(f"job {job.key!r}: its arguments could not be pickled: {exc}") from exc
+            raise JobPicklingError(f"job {job.key!r}: its arguments could not be pickled: {exc}") from exc
 
     def _after_block(self, entry: Entry, timeout: float | None) -> None:
         """A push stopped waiting for room: it was accepted, or it gives up."""

@@ -661,3 +661,11 @@ def test_push_and_wait_timeout_message_names_the_callers_timeout(queue: ProcQueu
         queue.push_and_wait(job, timeout=0.2)
     gate.open()
     assert queue.push_and_wait(job, timeout=WAIT) == int(read_log(log)[0].split()[1])
+
+
+def test_an_unpicklable_argument_is_both_a_type_error_and_a_pickling_error(queue: ProcQueue) -> None:
+    job = Job("lock", jobs.identity, args=(threading.Lock(),))
+    with pytest.raises(procq.JobPicklingError, match=r"^job 'lock': its arguments could not be pickled: ") as info:
+        queue.push(job)
+    assert isinstance(info.value, TypeError) and isinstance(info.value, pickle.PicklingError)
+    assert queue.state("lock") is None
