@@ -19,7 +19,7 @@ import types
 import weakref
 from typing import Any, Callable, Mapping, TypeVar
 
-from procq._core import BLOCKED, FULL, STOPPED, Core, Entry, LaneState, WorkerSlot
+from procq._core import BLOCKED, FULL, STOPPED, Core, Entry, LaneState, Offer, WorkerSlot
 from procq._errors import JobPicklingError, LaneFull, QueueClosed
 from procq._handle import JobHandle
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
@@ -144,9 +144,9 @@ class ProcQueue:
             return outcome
         core = self._core
         offered = core.offer(entry)
-        if offered is FULL:
+        if offered is FULL and _may_wait(timeout):
             event = threading.Event()
-            offered = core.offer(entry, event.set) if _may_wait(timeout) else FULL
+            offered = core.offer(entry, event.set)
             if offered is BLOCKED:
                 try:
                     event.wait(timeout)
@@ -155,14 +155,7 @@ class ProcQueue:
                     raise
                 self._after_block(entry, timeout)
                 return outcome
-            if offered is FULL:
-                core.abandon(entry, f"lane {entry.lane.name!r} was full")
-                raise _lane_full(entry, timeout)
-        if offered is STOPPED:
-            core.abandon(entry, "the queue stopped")
-            raise QueueClosed(f"the queue stopped before job {job.key!r} could run")
-        if isinstance(offered, WorkerSlot):
-            send_job(core, offered, entry)
+        self._hand_over(entry, offered, timeout)
         return outcome
 
     async def apush(self, job: Job[T], *, timeout: float | None = None) -> PushOutcome:
@@ -178,14 +171,14 @@ class ProcQueue:
             return outcome
         core = self._core
         offered = core.offer(entry)
-        if offered is FULL:
+        if offered is FULL and _may_wait(timeout):
             loop = asyncio.get_running_loop()
             room: asyncio.Future[None] = loop.create_future()
 
             def wakeup() -> None:
                 loop.call_soon_threadsafe(_resolve, room)
 
-            offered = core.offer(entry, wakeup) if _may_wait(timeout) else FULL
+            offered = core.offer(entry, wakeup)
             if offered is BLOCKED:
                 try:
                     await asyncio.wait((room,), timeout=timeout)
@@ -194,14 +187,7 @@ class ProcQueue:
                     raise
                 self._after_block(entry, timeout)
                 return outcome
-            if offered is FULL:
-                core.abandon(entry, f"lane {entry.lane.name!r} was full")
-                raise _lane_full(entry, timeout)
-        if offered is STOPPED:
-            core.abandon(entry, "the queue stopped")
-            raise QueueClosed(f"the queue stopped before job {job.key!r} could run")
-        if isinstance(offered, WorkerSlot):
-            send_job(core, offered, entry)
+        self._hand_over(entry, offered, timeout)
         return outcome
 
     def push_and_wait(self, job: Job[T], timeout: float | None = None) -> T:
@@ -278,6 +264,19 @@ class ProcQueue:
             entry.args_bytes = dumps((job.args, job.kwargs))
         except Exception as exc:
             raise JobPicklingError(f"job {job.key!r}: its arguments could not be pickled: {exc}") from exc
+
+    def _hand_over(self, entry: Entry, offered: Offer, timeout: float | None) -> None:
+        """Act on an offer that did not block: send the job to the worker that
+        took it, leave it in its lane, or refuse it and release the claim."""
+        core = self._core
+        if isinstance(offered, WorkerSlot):
+            send_job(core, offered, entry)
+        elif offered is FULL:
+            core.abandon(entry, f"lane {entry.lane.name!r} was full")
+            raise _lane_full(entry, timeout)
+        elif offered is STOPPED:
+            core.abandon(entry, "the queue stopped")
+            raise QueueClosed(f"the queue stopped before job {entry.key!r} could run")
 
     def _after_block(self, entry: Entry, timeout: float | None) -> None:
         """A push stopped waiting for room: it was accepted, or it gives up."""
