@@ -226,7 +226,7 @@ class Core:
         self._processing = 0
         self._completed = 0
         self._failed = 0
-        self._live = 0  # entries not DONE, including abandoned-claim joiners' entries
+        self._live = 0  # claims not yet DONE: pending (in a lane or not yet) or processing
         self.drained = threading.Event()  # set while closing and nothing is live
         # Deadlines of running jobs with a timeout: (deadline, job_id, entry).
         self._deadlines: list[tuple[float, int, Entry]] = []

@@ -8,8 +8,11 @@ import multiprocessing.resource_tracker
 import os
 from collections.abc import Iterator
 
+from pathlib import Path
+
 import psutil
 import pytest
+from core_support import Gates, open_queue
 
 from procq import ProcQueue
 
@@ -79,10 +82,21 @@ def start_method(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def queue() -> Iterator[ProcQueue]:
     """A two-lane queue (cpu: 2 workers, io: 1), closed and checked after the test."""
-    q = ProcQueue(lanes={"cpu": 2, "io": 1})
-    try:
+    with open_queue({"cpu": 2, "io": 1}) as q:
         yield q
-        q._check_invariants()
+
+
+@pytest.fixture
+def gates(tmp_path: Path) -> Iterator[Gates]:
+    """FIFO gates that hold jobs until the test opens them (closed after the test)."""
+    g = Gates(tmp_path)
+    try:
+        yield g
     finally:
-        q.close(wait=False)
-    assert q._worker_pids() == []
+        g.close()
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> str:
+    """A file the jobs of tests/jobs_core.py append "<tag> <pid>" lines to."""
+    return str(tmp_path / "log")

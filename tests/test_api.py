@@ -10,8 +10,6 @@ import math
 import os
 import pickle
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Callable
 
 import jobs
@@ -39,20 +37,6 @@ from procq import (
     QueueClosed,
     Queued,
 )
-
-
-@pytest.fixture
-def gates(tmp_path: Path) -> Iterator[Gates]:
-    g = Gates(tmp_path)
-    try:
-        yield g
-    finally:
-        g.close()
-
-
-@pytest.fixture
-def log(tmp_path: Path) -> str:
-    return str(tmp_path / "log")
 
 
 # --- names --------------------------------------------------------------------------

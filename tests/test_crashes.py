@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import psutil
 import pytest
+from core_support import open_queue
 
 import jobs
 import jobs_crashes
@@ -33,13 +34,8 @@ CPU = "cpu"
 @pytest.fixture
 def q(start_method: str) -> Iterator[ProcQueue]:
     """A two-lane queue (cpu: 2 workers, io: 1) under each start method."""
-    queue = ProcQueue(lanes={CPU: 2, "io": 1}, start_method=start_method)
-    try:
+    with open_queue({CPU: 2, "io": 1}, start_method=start_method) as queue:
         yield queue
-        queue._check_invariants()
-    finally:
-        queue.close(wait=False)
-    assert queue._worker_pids() == []
 
 
 # --- The table ---------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 
 import psutil
 import pytest
+from core_support import open_queue
 
 import jobs
 import jobs_crashes
@@ -28,13 +29,8 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 @pytest.fixture
 def q(start_method: str) -> Iterator[ProcQueue]:
     """A two-lane queue (cpu: 2 workers, io: 1) under each start method."""
-    queue = ProcQueue(lanes={"cpu": 2, "io": 1}, start_method=start_method)
-    try:
+    with open_queue({"cpu": 2, "io": 1}, start_method=start_method) as queue:
         yield queue
-        queue._check_invariants()
-    finally:
-        queue.close(wait=False)
-    assert queue._worker_pids() == []
 
 
 def _hold(q: ProcQueue, tmp_path: Any, key: str, lane: str) -> tuple[Any, int, str]:

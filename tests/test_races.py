@@ -12,8 +12,6 @@ import asyncio
 import random
 import threading
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, Callable
 
 import jobs
@@ -24,20 +22,6 @@ from core_support import WAIT, Gates, awaited, read_log
 from procq import Cached, Completed, Failed, InFlight, Job, JobFailed, ProcQueue, Queued
 
 N = 8
-
-
-@pytest.fixture
-def gates(tmp_path: Path) -> Iterator[Gates]:
-    g = Gates(tmp_path)
-    try:
-        yield g
-    finally:
-        g.close()
-
-
-@pytest.fixture
-def log(tmp_path: Path) -> str:
-    return str(tmp_path / "log")
 
 
 def run_threads(n: int, target: Callable[[int], None]) -> list[BaseException]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import jobs
@@ -29,20 +28,6 @@ from procq import (
     Processing,
     Queued,
 )
-
-
-@pytest.fixture
-def gates(tmp_path: Path) -> Iterator[Gates]:
-    g = Gates(tmp_path)
-    try:
-        yield g
-    finally:
-        g.close()
-
-
-@pytest.fixture
-def log(tmp_path: Path) -> str:
-    return str(tmp_path / "log")
 
 
 # --- the table, row by row ------------------------------------------------------
