@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any
 
 from bench.workloads import QUICK, START_METHOD, WORKLOADS, Config, calibrate
 

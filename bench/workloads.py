@@ -283,7 +283,12 @@ def _read_stamp(path: str) -> float:
 
 def _full_strength(q: Any, cfg: Config, restarts: int) -> None:
     """Wait until the lane has replaced every killed worker, then warm the
-    replacement, so the next crash starts from the same state as the first."""
+    replacement, so the next crash starts from the same state as the first.
+
+    ``workers_alive`` counts a replacement that is still starting, so it is
+    at full size right after the crash. It is the warm-up (a nap run on
+    ``cfg.workers`` different pids, which the dead one cannot be) that proves
+    the replacement has started and taken a job."""
     deadline = time.monotonic() + 60
     while True:
         lane = next(iter(q.stats().lanes.values()))
