@@ -26,7 +26,7 @@ Life of a key
                         back to what it was             v
                         (joiners: Failed "cancelled")   ...
 
-``_keys[key]`` is an ``_Entry`` while the key is live (Pending or
+``_keys[key]`` is an ``Entry`` while the key is live (Pending or
 Processing) and the terminal state value (``Completed`` / ``Failed``) after.
 """
 
