@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import procq
+import procq._queue
 from procq import (
     Cached,
     Completed,
@@ -653,3 +654,26 @@ def test_an_unpicklable_argument_is_both_a_type_error_and_a_pickling_error(queue
         queue.push(job)
     assert isinstance(info.value, TypeError) and isinstance(info.value, pickle.PicklingError)
     assert queue.state("lock") is None
+
+
+def test_a_module_level_function_is_pickled_once_per_queue(queue: ProcQueue, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = procq._queue.dumps_fn
+    pickled: list[object] = []
+
+    def counting(fn: object) -> bytes:
+        pickled.append(fn)
+        return real(fn)
+
+    monkeypatch.setattr(procq._queue, "dumps_fn", counting)
+    outputs = [queue.push_and_wait(Job(f"sq:{i}", jobs.square, args=(i,)), timeout=20) for i in range(6)]
+    assert outputs == [i * i for i in range(6)]
+    assert pickled == [jobs.square]
+
+    # A closure is pickled at every push: it runs with what it captures now.
+    base = 10
+    add = lambda x: x + base  # noqa: E731
+    first = queue.push_and_wait(Job("add:1", add, args=(1,)), timeout=20)
+    base = 20
+    second = queue.push_and_wait(Job("add:2", add, args=(1,)), timeout=20)
+    assert (first, second) == (11, 21)
+    assert pickled == [jobs.square, add, add]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import jobs
 import jobs_core
@@ -25,6 +26,7 @@ from core_support import (
     within,
 )
 
+import procq._queue
 from procq import (
     Completed,
     Failed,
@@ -364,3 +366,37 @@ def test_a_blocked_apush_is_accepted_when_room_frees_and_runs(gates: Gates, log:
         full.drain()
         assert read_log(log) == [f"running {full.pid}", f"waiting {full.pid}", f"c {full.pid}"]
         assert q.state("c") == Completed(full.pid)
+
+
+def test_a_push_interrupted_while_it_waits_for_room_releases_its_claim(
+    gates: Gates, log: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (KeyboardInterrupt) arriving while a push waits for room: the key
+    goes back to what it was and a push that joined the claim is woken."""
+    with open_queue(ONE) as q:
+        full = fill(q, gates, log)
+        job = Job("c", jobs_core.record, args=(log, "c"))
+        joined: list[Any] = []
+
+        class InterruptedEvent(threading.Event):
+            def wait(self, timeout: float | None = None) -> bool:
+                # While the push is blocked for room: someone joins its claim,
+                # then the pusher is interrupted.
+                joined.append(q.push(job))
+                raise KeyboardInterrupt
+
+        monkeypatch.setattr(procq._queue.threading, "Event", InterruptedEvent)
+        with pytest.raises(KeyboardInterrupt):
+            q.push(job)
+        monkeypatch.undo()
+
+        assert q.state("c") is None
+        [joiner] = joined
+        assert type(joiner) is InFlight
+        with pytest.raises(JobFailed) as info:
+            joiner.handle.result(timeout=WAIT)
+        assert info.value.failure.kind == "cancelled"
+        assert "the push was interrupted while it waited for room" in info.value.failure.message
+        q._check_invariants()
+        full.drain()
+        assert q.push_and_wait(job, timeout=WAIT) == full.pid
