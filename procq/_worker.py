@@ -110,10 +110,13 @@ def _pickle_exception(exc: BaseException) -> tuple[bytes | None, str]:
     """Pickle ``exc`` for the supervisor, or say in a note why it cannot travel."""
     try:
         data = dumps(exc)
-        pickle.loads(data)  # one that pickles but cannot load is as good as none
-        return data, ""
     except Exception as err:
         return None, f"(the exception could not be pickled to send to the supervisor: {err!r})"
+    try:
+        pickle.loads(data)  # one that pickles but cannot load is as good as none
+    except Exception as err:
+        return None, f"(the exception pickles but could not be unpickled again: {err!r})"
+    return data, ""
 
 
 def worker_main(conn: Connection, lane: str) -> None:
