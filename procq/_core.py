@@ -77,7 +77,6 @@ class Entry:
         "callbacks",
         "deadline",
         "event",
-        "finished_at",
         "fn_bytes",
         "fn_id",
         "job",
@@ -85,11 +84,9 @@ class Entry:
         "kill_reason",
         "lane",
         "outcome",
-        "pid",
         "prev",
-        "started_at",
         "status",
-        "created_at",
+        "worker",
     )
 
     def __init__(self, job: Job[Any], lane: LaneState, job_id: int, prev: Completed[Any] | Failed | None) -> None:
@@ -113,10 +110,8 @@ class Entry:
         # Set when the supervisor decided to kill this job's worker (timeout,
         # close without waiting): the failure to report when the death is seen.
         self.kill_reason: Failure | None = None
-        self.pid: int | None = None
-        self.created_at = time.monotonic()
-        self.started_at: float | None = None
-        self.finished_at: float | None = None
+        # The worker holding it while PROCESSING.
+        self.worker: WorkerSlot | None = None
 
     @property
     def key(self) -> str:
@@ -342,8 +337,7 @@ class Core:
     def _assign(self, worker: WorkerSlot, entry: Entry) -> None:
         entry.status = PROCESSING
         entry.prev = None  # past its lane's door: the claim can no longer be abandoned
-        entry.pid = worker.pid
-        entry.started_at = now = time.monotonic()
+        entry.worker = worker
         worker.entry = entry
         worker.fresh = False
         worker.sending += 1
@@ -352,7 +346,7 @@ class Core:
         self._processing += 1
         timeout = entry.job.timeout
         if timeout is not None:
-            entry.deadline = now + timeout
+            entry.deadline = time.monotonic() + timeout
             heapq.heappush(self._deadlines, (entry.deadline, entry.job_id, entry))
 
     def _next_job(self, worker: WorkerSlot, wakeups: list[Wakeup]) -> Entry | None:
@@ -402,7 +396,7 @@ class Core:
         """Make ``outcome`` final for ``entry`` (lock held); return its wake-ups."""
         entry.outcome = outcome
         entry.status = DONE
-        entry.finished_at = time.monotonic()
+        entry.worker = None
         entry.fn_bytes = entry.args_bytes = b""  # handles may live on; the payload need not
         self._live -= 1
         if count:
@@ -544,8 +538,8 @@ class Core:
                 _, _, entry = heapq.heappop(heap)
                 if entry.status != PROCESSING or entry.kill_reason is not None:
                     continue
-                worker = self._worker_of(entry)
-                if worker is None:
+                worker = entry.worker
+                if worker is None or worker.entry is not entry:
                     continue
                 limit = entry.job.timeout
                 entry.kill_reason = Failure(
@@ -557,12 +551,6 @@ class Core:
                 worker.doomed = True
                 doomed.append(worker)
         return doomed
-
-    def _worker_of(self, entry: Entry) -> WorkerSlot | None:
-        for worker in entry.lane.workers:
-            if worker.entry is entry:
-                return worker
-        return None
 
     # --- closing ------------------------------------------------------------
 

@@ -166,10 +166,6 @@ class Supervisor:
         if threading.current_thread() is not self._thread:
             self._thread.join()
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
     def pids(self) -> list[int]:
         with self.core.lock:
             return [w.pid for lane in self.core.lanes.values() for w in lane.workers if w.pid]
