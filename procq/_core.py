@@ -83,8 +83,10 @@ class Entry:
         "job_id",
         "kill_reason",
         "lane",
+        "memory_limit",
         "outcome",
         "prev",
+        "rss_base",
         "status",
         "worker",
     )
@@ -107,8 +109,13 @@ class Entry:
         self.event: threading.Event | None = None
         self.callbacks: list[Wakeup] | None = None
         self.deadline: float | None = None
-        # Set when the supervisor decided to kill this job's worker (timeout,
-        # close without waiting): the failure to report when the death is seen.
+        # The job's memory limit, or its lane's (bytes), and the worker's
+        # resident memory when the job was sent (what the limit is on top of).
+        self.memory_limit: int | None = job.memory_limit if job.memory_limit is not None else lane.spec.memory_limit_bytes
+        self.rss_base = 0
+        # Set when the job's end was decided from outside (timeout, memory,
+        # q.cancel, close without waiting): the failure it ends with, whatever
+        # the worker reports or however it dies after that.
         self.kill_reason: Failure | None = None
         # The worker holding it while PROCESSING.
         self.worker: WorkerSlot | None = None
@@ -130,12 +137,32 @@ class WorkerSlot:
     only keeps them beside the slot's bookkeeping.
     """
 
-    __slots__ = ("booting", "conn", "dead", "doomed", "entry", "fns", "fresh", "lane", "pid", "process", "sending")
+    __slots__ = (
+        "booting",
+        "conn",
+        "dead",
+        "doomed",
+        "entry",
+        "fns",
+        "fresh",
+        "jobs",
+        "lane",
+        "pid",
+        "process",
+        "reader",
+        "retired",
+        "sending",
+        "sentinel",
+    )
 
-    def __init__(self, lane: LaneState, process: Any, conn: Any) -> None:
+    def __init__(self, lane: LaneState, process: Any, conn: Any, sentinel: Any = None, reader: Any = None) -> None:
         self.lane = lane
         self.process = process
         self.conn = conn
+        # What the I/O thread waits on for the worker's death (a pidfd where
+        # the platform has them), and for untrusted lanes the FrameReader.
+        self.sentinel = sentinel if sentinel is not None else getattr(process, "sentinel", None)
+        self.reader = reader
         self.pid: int | None = process.pid if process is not None else None
         self.entry: Entry | None = None
         # Mirror of the worker's function cache (see _protocol.FnMirror).
@@ -149,6 +176,10 @@ class WorkerSlot:
         self.doomed = False
         self.dead = False
         self.fresh = True  # has never been given a job
+        self.jobs = 0  # jobs it has been given
+        # retired: replaced between jobs (max_jobs_per_worker, max_worker_rss);
+        # no longer in lane.workers, its replacement already counted.
+        self.retired = False
         # Started, not yet READY: takes no job, so a worker that dies while it
         # starts (a signal, a main module that fails to import) fails none.
         self.booting = True
@@ -168,8 +199,8 @@ class LaneState:
         "ready",
         "restarts",
         "running",
-        "starting",
         "spec",
+        "starting",
         "workers",
     )
 
@@ -200,6 +231,7 @@ QUEUED = "queued"  # accepted into the lane's ready queue
 FULL = "full"  # no room; nothing changed
 BLOCKED = "blocked"  # no room; the push now waits in the lane's blocked queue
 STOPPED = "stopped"  # the supervisor has stopped: nothing will ever run the job
+CANCELLED = "cancelled"  # q.cancel() came before the lane: the job ended, cancelled
 
 Offer = Union[WorkerSlot, str]
 
@@ -228,6 +260,9 @@ class Core:
         # Called (no lock held) when a new deadline may be earlier than the one
         # the I/O thread is sleeping towards.
         self.on_new_deadline: Wakeup = lambda: None
+        # Running jobs with a memory limit: while there are any, the I/O
+        # thread samples their process trees' memory.
+        self.memory_jobs = 0
 
     # --- claiming -----------------------------------------------------------
 
@@ -276,10 +311,15 @@ class Core:
         with self.lock:
             if self.stopped or self.cancelled:
                 return STOPPED
-            if lane.idle:
+            if entry.kill_reason is not None:  # cancelled while its push pickled it
+                self._pending -= 1
+                wakeups = self._settle(entry, Failed(entry.kill_reason))
+                cancelled = True
+            elif lane.idle:
                 worker = lane.idle.pop()
                 self._assign(worker, entry)
-                wake = entry.deadline is not None
+                wake = entry.deadline is not None or entry.memory_limit is not None
+                cancelled = False
             elif len(lane.ready) < lane.spec.capacity:
                 lane.ready.append(entry)
                 return QUEUED
@@ -288,6 +328,9 @@ class Core:
             else:
                 lane.blocked.append((entry, blocked_wakeup))
                 return BLOCKED
+        if cancelled:
+            run_wakeups(wakeups)
+            return CANCELLED
         if wake:
             self.on_new_deadline()
         return worker
@@ -340,11 +383,14 @@ class Core:
         entry.worker = worker
         worker.entry = entry
         worker.fresh = False
+        worker.jobs += 1
         worker.sending += 1
         entry.lane.running += 1
         self._pending -= 1
         self._processing += 1
-        timeout = entry.job.timeout
+        if entry.memory_limit is not None:
+            self.memory_jobs += 1
+        timeout = entry.job.timeout if entry.job.timeout is not None else entry.lane.spec.timeout
         if timeout is not None:
             entry.deadline = time.monotonic() + timeout
             heapq.heappush(self._deadlines, (entry.deadline, entry.job_id, entry))
@@ -384,11 +430,11 @@ class Core:
             worker.doomed = True
 
     def sent(self, worker: WorkerSlot) -> bool:
-        """A sender is done with ``worker``'s pipe. True: the worker died
-        meanwhile and the caller, the last sender, must close the pipe."""
+        """A sender is done with ``worker``'s pipe. True: the worker died or
+        was retired meanwhile and the caller, the last sender, must close the pipe."""
         with self.lock:
             worker.sending -= 1
-            return worker.dead and worker.sending == 0
+            return (worker.dead or worker.retired) and worker.sending == 0
 
     # --- finishing ----------------------------------------------------------
 
@@ -417,21 +463,46 @@ class Core:
             wakeups.append(self.drained.set)
         return wakeups
 
-    def job_done(self, worker: WorkerSlot, job_id: int, outcome: Completed[Any] | Failed) -> tuple[Entry | None, bool]:
+    def job_done(
+        self, worker: WorkerSlot, job_id: int, outcome: Completed[Any] | Failed, retire: bool = False
+    ) -> tuple[Entry | None, str]:
         """A worker reported the end of its job. Returns the next job the
-        caller must send to the same worker (or None) and whether the report
-        was for the job the worker holds (False: a protocol violation)."""
+        caller must send to the same worker (or None), and "done"; "retire"
+        when the worker must now be replaced (``retire``, or it has run its
+        lane's ``max_jobs_per_worker``; see ``_retire``); "unexpected" when
+        the report was not for the job the worker holds (a protocol violation:
+        nothing changed)."""
         with self.lock:
             entry = worker.entry
             if entry is None or entry.job_id != job_id:
-                return None, False
+                return None, "unexpected"
             worker.entry = None
             self._processing -= 1
             entry.lane.running -= 1
+            if entry.memory_limit is not None:
+                self.memory_jobs -= 1
+            if entry.kill_reason is not None:
+                # Its end was decided (cancel, timeout, memory) before this
+                # report arrived: it ends as decided, exactly once.
+                outcome = Failed(entry.kill_reason)
             wakeups = self._settle(entry, outcome)
-            nxt = self._next_job(worker, wakeups)
+            limit = worker.lane.spec.max_jobs_per_worker
+            if (retire or (limit is not None and worker.jobs >= limit)) and not worker.doomed:
+                self._retire(worker)
+                status, nxt = "retire", None
+            else:
+                status, nxt = "done", self._next_job(worker, wakeups)
         run_wakeups(wakeups)
-        return nxt, True
+        return nxt, status
+
+    def _retire(self, worker: WorkerSlot) -> None:
+        """Take an idle worker out of its lane and reserve its replacement
+        (lock held). The caller closes its pipe; it exits on EOF."""
+        lane = worker.lane
+        worker.doomed = worker.retired = True
+        lane.workers.remove(worker)
+        lane.starting += 1
+        lane.restarts += 1
 
     def worker_died(
         self,
@@ -455,7 +526,8 @@ class Core:
             lane = worker.lane
             if worker in lane.idle:
                 lane.idle.remove(worker)
-            lane.workers.remove(worker)
+            if not worker.retired:
+                lane.workers.remove(worker)
             entry = worker.entry
             worker.entry = None
             wakeups: list[Wakeup] = []
@@ -467,6 +539,8 @@ class Core:
             if entry is not None:
                 self._processing -= 1
                 lane.running -= 1
+                if entry.memory_limit is not None:
+                    self.memory_jobs -= 1
                 failure = entry.kill_reason
                 if failure is None:
                     failure = crash(entry)
@@ -500,7 +574,7 @@ class Core:
             worker.lane.boot_failures = 0
             wakeups: list[Wakeup] = []
             nxt = self._next_job(worker, wakeups)
-            wake = nxt is not None and nxt.deadline is not None
+            wake = nxt is not None and (nxt.deadline is not None or nxt.memory_limit is not None)
         run_wakeups(wakeups)
         if wake:
             self.on_new_deadline()
@@ -542,15 +616,86 @@ class Core:
                 if worker is None or worker.entry is not entry:
                     continue
                 limit = entry.job.timeout
+                whose = "its"
+                if limit is None:
+                    limit, whose = entry.lane.spec.timeout, f"lane {entry.lane.name!r}'s"
                 entry.kill_reason = Failure(
                     "timeout",
-                    f"job {entry.key!r} ran longer than its timeout of {limit:g}s; "
-                    f"its worker (pid {worker.pid}) and that process's children were killed",
+                    f"job {entry.key!r} ran longer than {whose} timeout of {limit:g}s; "
+                    f"its worker (pid {worker.pid}) and that process's tree were killed",
                     pid=worker.pid,
                 )
                 worker.doomed = True
                 doomed.append(worker)
         return doomed
+
+    def memory_limited(self) -> list[tuple[WorkerSlot, Entry]]:
+        """Running jobs with a memory limit, with their workers."""
+        with self.lock:
+            if not self.memory_jobs:
+                return []
+            return [
+                (w, w.entry)
+                for lane in self.lanes.values()
+                for w in lane.workers
+                if w.entry is not None and w.entry.memory_limit is not None and w.entry.kill_reason is None
+            ]
+
+    def decide_kill(self, worker: WorkerSlot, entry: Entry, failure: Failure) -> bool:
+        """Decide that ``entry``, running on ``worker``, ends with ``failure``
+        and its worker is killed. False if that was decided already, or the job
+        has moved on meanwhile: then the caller must not kill the worker."""
+        with self.lock:
+            if worker.entry is not entry or entry.kill_reason is not None:
+                return False
+            entry.kill_reason = failure
+            worker.doomed = True
+            return True
+
+    # --- cancelling -----------------------------------------------------------
+
+    def cancel(self, key: str) -> tuple[bool, WorkerSlot | None]:
+        """Cancel the live job of ``key``.
+
+        A waiting job ends ``Failed("cancelled")`` now. A running one is given
+        that as its kill reason and the caller must kill its worker (returned).
+        Returns (False, None) for an unknown or terminal key, or a job whose
+        end was decided already (by a timeout, say).
+        """
+        wakeups: list[Wakeup] = []
+        with self.lock:
+            entry = self._keys.get(key)
+            if type(entry) is not Entry or entry.kill_reason is not None:
+                return False, None
+            failure = Failure("cancelled", f"job {key!r} was cancelled by q.cancel()")
+            if entry.status == PROCESSING:
+                worker = entry.worker
+                assert worker is not None
+                entry.kill_reason = replace(
+                    failure, message=f"{failure.message} while it ran; its worker's process tree was killed",
+                    pid=worker.pid,
+                )
+                worker.doomed = True
+                return True, worker
+            lane = entry.lane
+            if _remove(lane.ready, entry):
+                self._pending -= 1
+                wakeups = self._settle(entry, Failed(failure))
+                self._refill(lane, wakeups)
+            else:
+                for i, (blocked, wakeup) in enumerate(lane.blocked):
+                    if blocked is entry:
+                        del lane.blocked[i]
+                        self._pending -= 1
+                        wakeups = self._settle(entry, Failed(failure))
+                        wakeups.append(wakeup)  # its push returns Queued; the handle says cancelled
+                        break
+                else:
+                    # Claimed, and its push has not offered it yet: offer()
+                    # ends it instead of queuing it.
+                    entry.kill_reason = failure
+        run_wakeups(wakeups)
+        return True, None
 
     # --- closing ------------------------------------------------------------
 
@@ -688,6 +833,14 @@ class Core:
                     assert self._keys.get(w.entry.key) is w.entry
                 for e in lane.ready:
                     assert e.status == PENDING and self._keys.get(e.key) is e
+
+
+def _remove(queue: deque[Entry], entry: Entry) -> bool:
+    try:
+        queue.remove(entry)
+    except ValueError:
+        return False
+    return True
 
 
 def run_wakeups(wakeups: list[Wakeup]) -> None:

@@ -17,21 +17,40 @@ per worker (:class:`FnMirror`), so both sides always agree on what the worker
 holds without ever asking. Because the id is the content, a closure whose
 captured values changed since its last push is simply a new function.
 
-Worker -> supervisor::
+Supervisor -> worker, in full::
+
+    (RUN, job_id, fn_id, fn_bytes | None, args_bytes, memory_limit | None)
+
+Worker -> supervisor, trusted lanes (pickles)::
 
     (0, READY)                         once, when it is set up and takes jobs
     (job_id, OK, result_bytes)
-    (job_id, ERROR, exc_bytes | None, exc_type, message, traceback_text)
+    (job_id, ERROR, exc_bytes | None, exc_type, message, traceback_text, kind)
+
+Worker -> supervisor, untrusted lanes (UTF-8 JSON arrays, never unpickled)::
+
+    ["ready"]
+    ["ok", job_id, output]
+    ["error", job_id, kind, exc_type, message, traceback_text]
+
+An untrusted worker's messages are read by ``FrameReader`` (never blocking on
+a partial frame, refusing a length past the lane's limit before reading the
+body) and checked by ``decode_untrusted``; anything else is a protocol
+violation that fails the worker's job. ``kind`` is ``"error"``, ``"memory"``
+(the job raised ``MemoryError``) or ``"protocol"`` (its result was too large).
 
 A worker that dies sends nothing: the supervisor learns of it from the
-process sentinel and EOF on the pipe, and knows which job it held because it
-gave it that job.
+process sentinel, and knows which job it held because it gave it that job.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
+import json
 import pickle
+import socket
+import struct
 import sys
 from collections import OrderedDict
 from typing import Any
@@ -43,9 +62,13 @@ __all__ = [
     "READY",
     "RUN",
     "FnMirror",
+    "FrameReader",
+    "ProtocolError",
+    "decode_untrusted",
     "digest",
     "dumps",
     "dumps_fn",
+    "json_dumps",
     "pickled_by_reference",
 ]
 
@@ -141,3 +164,122 @@ class FnMirror:
 
     def get(self, fn_id: bytes) -> Any:
         return self._held[fn_id]
+
+
+# --- untrusted lanes ----------------------------------------------------------
+
+#: The kinds an untrusted worker may give a failed job.
+WORKER_KINDS = frozenset({"error", "memory", "protocol"})
+
+
+class ProtocolError(Exception):
+    """A worker's message broke the protocol; the text says how."""
+
+
+def json_dumps(message: Any) -> bytes:
+    """Encode an untrusted worker's message (raises for what JSON cannot hold)."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def decode_untrusted(frame: bytes) -> tuple[Any, ...]:
+    """Check and decode one message from an untrusted worker.
+
+    Returns ``(READY,)``, ``(job_id, OK, output)`` or
+    ``(job_id, ERROR, kind, exc_type, message, traceback)``; raises
+    ``ProtocolError`` for anything else. Only ``json`` touches the bytes.
+    """
+    try:
+        message = json.loads(frame)
+    except Exception as exc:  # ValueError, UnicodeDecodeError, RecursionError
+        raise ProtocolError(f"a message that is not JSON ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(message, list) or not message or not isinstance(message[0], str):
+        raise ProtocolError(f"a message that is not a tagged JSON array: {_preview(frame)}")
+    tag = message[0]
+    if tag == "ready" and len(message) == 1:
+        return (READY,)
+    if len(message) < 2 or type(message[1]) is not int:
+        raise ProtocolError(f"a message without a job id: {_preview(frame)}")
+    job_id = message[1]
+    if tag == "ok" and len(message) == 3:
+        return (job_id, OK, message[2])
+    if tag == "error" and len(message) == 6 and all(isinstance(field, str) for field in message[2:]):
+        if message[2] not in WORKER_KINDS:
+            raise ProtocolError(f"an error message with an unknown kind {message[2][:50]!r}")
+        return (job_id, ERROR, *message[2:])
+    raise ProtocolError(f"a malformed message: {_preview(frame)}")
+
+
+def _preview(frame: bytes) -> str:
+    return repr(frame[:80]) + ("..." if len(frame) > 80 else "")
+
+
+class FrameReader:
+    """Reads ``multiprocessing.Connection`` frames from a worker's socket
+    without ever blocking: bytes are taken as they arrive, and a frame is
+    handed over only once whole. A frame announced larger than ``limit`` is
+    refused from its length prefix alone, before its body is read.
+
+    Why not ``Connection.recv_bytes``: it blocks until a frame is complete, so
+    a worker that writes half a frame and stops would stall the supervisor's
+    I/O thread, and with it every lane.
+    """
+
+    __slots__ = ("_buffer", "_limit", "_sock")
+
+    def __init__(self, fd: int, limit: int) -> None:
+        # A duplicate of the descriptor, read with MSG_DONTWAIT: the original
+        # stays blocking for the senders that share it.
+        self._sock = socket.socket(fileno=os.dup(fd))
+        self._limit = limit
+        self._buffer = bytearray()
+
+    def read(self) -> list[bytes]:
+        """The frames completed by what has arrived. Raises ``EOFError`` at
+        end of stream and ``ProtocolError`` for a frame past the limit."""
+        try:
+            data = self._sock.recv(max(65536, self._wanted()), socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError as exc:
+            raise EOFError(str(exc)) from None
+        if not data:
+            raise EOFError("the worker closed its pipe")
+        buffer = self._buffer
+        buffer += data
+        frames = []
+        while True:
+            size, header = self._header()
+            if size is None:
+                break
+            if size > self._limit:
+                raise ProtocolError(
+                    f"a message of {size} bytes, more than the lane's max_result_bytes of {self._limit}"
+                )
+            if len(buffer) < header + size:
+                break
+            frames.append(bytes(buffer[header : header + size]))
+            del buffer[: header + size]
+        return frames
+
+    def _header(self) -> tuple[int | None, int]:
+        buffer = self._buffer
+        if len(buffer) < 4:
+            return None, 4
+        (size,) = struct.unpack("!i", buffer[:4])
+        if size == -1:  # a frame of 2 GiB or more: an 8-byte length follows
+            if len(buffer) < 12:
+                return None, 12
+            (size,) = struct.unpack("!Q", buffer[4:12])
+            return size, 12
+        if size < 0:
+            raise ProtocolError(f"a message with a negative length ({size})")
+        return size, 4
+
+    def _wanted(self) -> int:
+        size, header = self._header() if len(self._buffer) >= 4 else (None, 4)
+        if size is None or size > self._limit:
+            return 0
+        return header + size - len(self._buffer)
+
+    def close(self) -> None:
+        self._sock.close()

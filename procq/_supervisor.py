@@ -35,19 +35,23 @@ exactly the events above and sleeps otherwise.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
 from procq._errors import _RemoteTraceback
-from procq._protocol import ERROR, OK, READY, RUN
-from procq._values import Completed, Failed, Failure
+from procq._protocol import ERROR, OK, READY, RUN, FrameReader, ProtocolError, decode_untrusted
+from procq._values import Completed, Failed, Failure, Lane
 from procq._worker import worker_main
 
 __all__ = ["Supervisor", "send_job"]
@@ -64,6 +68,14 @@ BOOT_BACKOFF = 0.05
 BOOT_BACKOFF_MAX = 5.0
 #: After this many workers in a row died while starting, a lane's waiting jobs fail.
 BOOT_FAILURES_TO_FAIL_JOBS = 3
+#: How often the memory of running jobs with a memory limit is sampled.
+MEMORY_CHECK_INTERVAL = 0.05
+#: Room an untrusted worker's message may take beyond ``max_result_bytes``:
+#: an error's traceback text, the JSON around a result.
+MESSAGE_SLACK = 1 << 20
+#: A job frame larger than this is sent to an untrusted worker from a thread of
+#: its own: a worker that stops reading its pipe can then stall nothing else.
+UNTRUSTED_SEND_INLINE = 1 << 16
 
 _SIGNAL_HINTS = {
     "SIGSEGV": "a segmentation fault: native code run by the job crashed",
@@ -73,6 +85,7 @@ _SIGNAL_HINTS = {
     "SIGABRT": "abort() was called: os.abort(), a failed C assertion, or a fatal runtime error",
     "SIGKILL": "killed with SIGKILL: by the kernel's OOM killer if memory ran out, or by another process",
     "SIGTERM": "terminated by another process",
+    "SIGXCPU": "the job used up its CPU-time limit (the lane's rlimits['cpu'])",
 }
 
 
@@ -82,13 +95,67 @@ def send_job(core: Core, worker: WorkerSlot, entry: Entry) -> None:
         fn_bytes: bytes | None = entry.fn_bytes
         if worker.fns.touch(entry.fn_id):
             fn_bytes = None
-        frame = pickle.dumps((RUN, entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes), -1)
+        if entry.memory_limit is not None:
+            entry.rss_base = process_rss(worker.pid)
+        frame = pickle.dumps((RUN, entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes, entry.memory_limit), -1)
+        if worker.reader is not None and len(frame) > UNTRUSTED_SEND_INLINE:
+            thread = threading.Thread(target=_send_frame, args=(core, worker, frame), name="procq-send", daemon=True)
+            thread.start()
+            return  # that thread releases the pipe
+    except BaseException:
+        if core.sent(worker):
+            _close(worker.conn)
+        raise
+    _send_frame(core, worker, frame)
+
+
+def _send_frame(core: Core, worker: WorkerSlot, frame: bytes) -> None:
+    try:
         worker.conn.send_bytes(frame)
     except (OSError, ValueError):
         pass  # the worker died; its sentinel tells the I/O thread, which fails the job
     finally:
         if core.sent(worker):
             _close(worker.conn)
+
+
+def process_rss(pid: int | None) -> int:
+    """A process's resident memory in bytes (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import psutil
+
+        return int(psutil.Process(pid).memory_info().rss)
+    except Exception:
+        return 0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _descendants(pid: int) -> list[Any]:
+    """psutil handles on every process below ``pid`` (they check their own
+    identity before a signal, so a pid reused meanwhile is never hit)."""
+    try:
+        import psutil
+
+        return list(psutil.Process(pid).children(recursive=True))
+    except Exception:
+        return []
+
+
+def tree_rss(pid: int) -> int:
+    total = process_rss(pid)
+    for child in _descendants(pid):
+        try:
+            total += int(child.memory_info().rss)
+        except Exception:
+            pass
+    return total
 
 
 def _close(conn: Any) -> None:
@@ -123,10 +190,18 @@ class Supervisor:
         os.set_blocking(self._wake_w, False)
         self._wake_lock = threading.Lock()
         self._wake_closed = False
+        # Untrusted workers watch the read end: it reaches EOF when this
+        # process dies, since only this process holds the write end.
+        self._alive_r, self._alive_w = os.pipe()
         self._by_object: dict[Any, WorkerSlot] = {}
         self._objects: list[Any] = []
         self._retry_at: dict[str, list[float]] = {}  # lane name -> start retry times
-        self._kill_at: dict[WorkerSlot, float] = {}  # workers at EOF, killed if still alive then
+        self._kill_at: dict[WorkerSlot, float] = {}  # workers at EOF or retired, killed if still alive then
+        # SIGKILLs due after a SIGTERM's grace: (when, worker, its descendants then).
+        self._kills: list[tuple[float, WorkerSlot, list[Any]]] = []
+        self._next_sample = 0.0  # next memory sample, while memory-limited jobs run
+        # Workers whose running job q.cancel() ended, to be killed by the I/O thread.
+        self._pending_terminations: list[WorkerSlot] = []
         self._stop = False
         self._cancel = False
         self._started = threading.Event()
@@ -158,6 +233,14 @@ class Supervisor:
         """Cancel waiting jobs and kill running ones (close without waiting)."""
         self._cancel = True
         self.wake()
+
+    def cancel(self, key: str) -> bool:
+        """``q.cancel(key)``: the core decides; a running job's tree is killed here."""
+        cancelled, worker = self.core.cancel(key)
+        if worker is not None:
+            self._pending_terminations.append(worker)
+            self.wake()
+        return cancelled
 
     def stop(self) -> None:
         """Stop every worker and the I/O thread; returns once all are reaped."""
@@ -204,6 +287,8 @@ class Supervisor:
             if self._cancel:
                 self._cancel = False
                 self._kill_all(core.cancel_all("was cancelled: the queue was closed without waiting"))
+            while self._pending_terminations:  # from q.cancel(), on other threads
+                self._terminate(self._pending_terminations.pop())
             timeout = self._timeout()
             for obj in wait(self._objects, timeout):
                 if obj == self._wake_r:
@@ -218,16 +303,28 @@ class Supervisor:
                     self._on_death(worker)
             now = time.monotonic()
             for worker in core.expired(now):
-                self._kill_tree(worker)
+                self._terminate(worker)
+            if core.memory_jobs and now >= self._next_sample:
+                self._check_memory()
+                self._next_sample = time.monotonic() + MEMORY_CHECK_INTERVAL
             for worker, when in list(self._kill_at.items()):
                 if when <= now:
                     del self._kill_at[worker]
                     self._kill_tree(worker)
+            if self._kills and self._kills[0][0] <= now:
+                due = [k for k in self._kills if k[0] <= now]
+                self._kills = [k for k in self._kills if k[0] > now]
+                for _, worker, descendants in due:
+                    self._kill_tree(worker, descendants)
             self._retry_starts(now)
 
     def _timeout(self) -> float | None:
         times = [t for ts in self._retry_at.values() for t in ts]
         times.extend(self._kill_at.values())
+        if self._kills:
+            times.append(self._kills[0][0])
+        if self.core.memory_jobs:
+            times.append(self._next_sample)
         deadline = self.core.next_deadline()
         if deadline is not None:
             times.append(deadline)
@@ -249,20 +346,10 @@ class Supervisor:
         """Start a worker for ``lane``; ``reserved``: a replacement counted by
         ``Core.reserve_restart`` (or ``worker_died``)."""
         try:
-            parent_conn, child_conn = self.context.Pipe(duplex=True)
-            try:
-                process = self.context.Process(
-                    target=worker_main,
-                    args=(child_conn, lane.name),
-                    name=f"procq-worker-{self.name}-{lane.name}",
-                    daemon=False,
-                )
-                process.start()
-            except BaseException:
-                parent_conn.close()
-                raise
-            finally:
-                child_conn.close()  # the child has its own copy now
+            if lane.spec.trusted:
+                worker = self._start_trusted(lane)
+            else:
+                worker = self._start_untrusted(lane)
         except Exception:
             if raise_errors:
                 raise
@@ -272,11 +359,63 @@ class Supervisor:
             self.core.add_worker(None, lane, reserved)
             self._retry_at.setdefault(lane.name, []).append(time.monotonic() + RESTART_BACKOFF)
             return
-        worker = WorkerSlot(lane, process, parent_conn)
-        self._by_object[parent_conn] = worker
-        self._by_object[process.sentinel] = worker
+        self._by_object[worker.conn] = worker
+        self._by_object[worker.sentinel] = worker
         self._refresh_objects()
         self.core.add_worker(worker, lane, reserved)
+
+    def _start_trusted(self, lane: LaneState) -> WorkerSlot:
+        parent_conn, child_conn = self.context.Pipe(duplex=True)
+        try:
+            process = self.context.Process(
+                target=worker_main,
+                args=(child_conn, lane.name, _worker_config(lane.spec)),
+                name=f"procq-worker-{self.name}-{lane.name}",
+                daemon=False,
+            )
+            process.start()
+        except BaseException:
+            parent_conn.close()
+            raise
+        finally:
+            child_conn.close()  # the child has its own copy now
+        return WorkerSlot(lane, process, parent_conn, sentinel=_pidfd(process.pid))
+
+    def _start_untrusted(self, lane: LaneState) -> WorkerSlot:
+        """A fresh interpreter (``python -I``): it inherits no memory, no
+        descriptor but its pipe and the liveness pipe, and only the
+        environment the lane gives it."""
+        spec = lane.spec
+        parent_conn, child_conn = self.context.Pipe(duplex=True)
+        env = dict(os.environ) if spec.inherit_env else {}
+        env.update(spec.env or {})
+        config = _worker_config(spec)
+        code = (
+            "import sys, json; sys.path[:0] = json.loads(sys.argv[4]); "
+            "from procq._worker import exec_main; exec_main()"
+        )
+        argv = [
+            sys.executable, "-I", "-c", code,
+            json.dumps(config), str(child_conn.fileno()), str(self._alive_r), json.dumps(_import_path()),
+        ]
+        try:
+            popen = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=spec.cwd,
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+                pass_fds=(child_conn.fileno(), self._alive_r),
+                start_new_session=True,
+            )
+        except BaseException:
+            parent_conn.close()
+            raise
+        finally:
+            child_conn.close()
+        process = _ExecProcess(popen)
+        limit = (spec.max_result or 0) + MESSAGE_SLACK
+        return WorkerSlot(lane, process, parent_conn, sentinel=process.sentinel, reader=FrameReader(parent_conn.fileno(), limit))
 
     def _retry_starts(self, now: float) -> None:
         if self._stop or self.core.cancelled:
@@ -293,13 +432,60 @@ class Supervisor:
     def _refresh_objects(self) -> None:
         self._objects = [self._wake_r, *self._by_object]
 
-    def _read(self, worker: WorkerSlot) -> None:
+    def _read(self, worker: WorkerSlot) -> bool:
+        """Read and act on what the worker sent. False once nothing more can
+        be read from it (EOF, or it broke the protocol)."""
+        if worker.reader is not None:
+            return self._read_untrusted(worker)
         try:
             frame = worker.conn.recv_bytes()
         except (EOFError, OSError):
             self._on_eof(worker)
-            return
-        self._on_frame(worker, frame)
+            return False
+        self._on_message(worker, _decode_trusted(frame))
+        return True
+
+    def _read_untrusted(self, worker: WorkerSlot) -> bool:
+        assert worker.reader is not None
+        try:
+            frames = worker.reader.read()
+        except EOFError:
+            self._on_eof(worker)
+            return False
+        except ProtocolError as exc:
+            self._violation(worker, str(exc))
+            return False
+        limit = worker.lane.spec.max_result
+        for frame in frames:
+            try:
+                message = decode_untrusted(frame)
+            except ProtocolError as exc:
+                self._violation(worker, str(exc))
+                return False
+            if message[1:2] == (OK,):
+                if limit is not None and len(frame) > limit:
+                    self._violation(worker, f"a result of {len(frame)} bytes, more than the lane's max_result_bytes of {limit}")
+                    return False
+                message = (message[0], OK, Completed(message[2]))
+            elif message[1:2] == (ERROR,):
+                message = (*message, None)
+            self._on_message(worker, message)
+            if worker.conn not in self._by_object:
+                return False  # it broke the protocol
+        return bool(frames)
+
+    def _drain(self, worker: WorkerSlot) -> None:
+        """Act on whatever a dead worker wrote before it died."""
+        conn = worker.conn
+        try:
+            if worker.reader is not None:
+                while conn in self._by_object and self._read_untrusted(worker):
+                    pass
+            else:
+                while conn in self._by_object and conn.poll(0):
+                    self._on_message(worker, _decode_trusted(conn.recv_bytes()))
+        except (EOFError, OSError):
+            pass
 
     def _on_eof(self, worker: WorkerSlot) -> None:
         """The worker's end of the pipe closed. Usually it is dying and its
@@ -311,65 +497,108 @@ class Supervisor:
         self._refresh_objects()
         self._kill_at[worker] = time.monotonic() + EOF_GRACE
 
-    def _on_frame(self, worker: WorkerSlot, frame: bytes) -> None:
-        message = pickle.loads(frame)
-        job_id, tag = message[0], message[1]
-        outcome: Completed[Any] | Failed
-        if tag == READY:
+    def _on_message(self, worker: WorkerSlot, message: tuple[Any, ...]) -> None:
+        """Act on one decoded message: READY, or the end of the worker's job."""
+        if len(message) == 1:  # READY
+            if not worker.booting:
+                self._violation(worker, "a second READY message")
+                return
             ready = self.core.worker_ready(worker)
             if ready is not None:
                 send_job(self.core, worker, ready)
             return
+        job_id, tag = message[0], message[1]
+        held = worker.entry
+        if held is None or held.job_id != job_id:
+            what = "while it held no job" if held is None else f"while it held job {held.key!r}"
+            self._violation(worker, f"a message about job id {job_id} {what}")
+            return
+        outcome: Completed[Any] | Failed
         if tag == OK:
-            try:
-                outcome = Completed(pickle.loads(message[2]))
-            except Exception as exc:
-                outcome = Failed(
-                    Failure(
-                        "error",
-                        f"the job's result could not be unpickled in the supervisor: {exc!r}",
-                        exc_type=type(exc).__qualname__,
-                        pid=worker.pid,
-                    )
-                )
+            outcome = message[2]  # Completed, or Failed: the result did not unpickle
+            if type(outcome) is Failed:
+                outcome = Failed(replace(outcome.failure, pid=worker.pid))
         else:
-            assert tag == ERROR
-            exc_bytes, exc_type, text, tb = message[2:6]
-            exception = None
-            if exc_bytes is not None:
-                try:
-                    exception = pickle.loads(exc_bytes)
-                    exception.__cause__ = _RemoteTraceback(tb)
-                except Exception as exc:
-                    text = f"{text} (the exception could not be unpickled in the supervisor: {exc!r})"
-                    exception = None
-            outcome = Failed(Failure("error", text, exc_type, tb, pid=worker.pid, exception=exception))
-        nxt, ok = self.core.job_done(worker, job_id, outcome)
-        if not ok:  # pragma: no cover - a trusted worker only reports its own job
-            self.core.doom(worker)
-            self._kill_tree(worker)
+            # (kind "protocol" here: the worker refused to send a result over
+            # max_result_bytes; it broke nothing and stays.)
+            kind, exc_type, text, tb, exception = message[2:7]
+            outcome = Failed(Failure(kind, text, exc_type, tb, pid=worker.pid, exception=exception))
+        retire = False
+        limit = worker.lane.spec.max_worker_rss_bytes
+        if limit is not None and process_rss(worker.pid) > limit:
+            retire = True
+        nxt, status = self.core.job_done(worker, job_id, outcome, retire)
+        if status == "retire":
+            self._retire(worker)
         elif nxt is not None:
             send_job(self.core, worker, nxt)
+
+    def _violation(self, worker: WorkerSlot, what: str) -> None:
+        """The worker broke the protocol: fail its job (if it holds one) with
+        kind "protocol", kill it, and let ``_on_death`` replace it."""
+        entry = worker.entry
+        lane = worker.lane.name
+        if entry is not None:
+            failure = Failure(
+                "protocol",
+                f"the worker (pid {worker.pid}, lane {lane!r}) running job {entry.key!r} broke procq's "
+                f"protocol with {what}; the job failed and the worker was replaced",
+                pid=worker.pid,
+            )
+            self.core.decide_kill(worker, entry, failure)
+        self.core.doom(worker)
+        self._by_object.pop(worker.conn, None)
+        self._refresh_objects()
+        self._kill_tree(worker)
+
+    def _retire(self, worker: WorkerSlot) -> None:
+        """Replace a worker between jobs: close its pipe (it exits on EOF), and
+        start its replacement at once."""
+        self._by_object.pop(worker.conn, None)
+        self._refresh_objects()
+        with self.core.lock:
+            close_now = worker.sending == 0
+        if close_now:
+            _close_worker_pipe(worker)
+        self._kill_at[worker] = time.monotonic() + STOP_GRACE
+        self._start_worker(worker.lane, reserved=True)
+
+    def _check_memory(self) -> None:
+        """Kill running jobs whose process tree went over their memory limit."""
+        for worker, entry in self.core.memory_limited():
+            limit = entry.memory_limit
+            assert limit is not None and worker.pid is not None
+            used = tree_rss(worker.pid) - entry.rss_base
+            if used <= limit:
+                continue
+            failure = Failure(
+                "memory",
+                f"job {entry.key!r} went over its memory_limit of {limit} bytes (its process tree held "
+                f"{used} bytes more than the idle worker); its worker (pid {worker.pid}) and that "
+                "process's tree were killed",
+                pid=worker.pid,
+            )
+            if self.core.decide_kill(worker, entry, failure):
+                self._kill_tree(worker)
 
     def _on_death(self, worker: WorkerSlot) -> None:
         """Handle a worker that died, or whose pipe reached EOF."""
         self.core.doom(worker)  # from now on it gets no job
         conn, process = worker.conn, worker.process
         self._kill_at.pop(worker, None)
+        # Whatever it left behind in its process group goes with it.
+        _signal_group(worker.pid, signal.SIGKILL)
         # A result written just before the death still counts.
-        try:
-            while conn.poll(0):
-                self._on_frame(worker, conn.recv_bytes())
-        except (EOFError, OSError):
-            pass
+        self._drain(worker)
         process.join()  # the sentinel fired: this reaps it at once
         exitcode = process.exitcode
         sig, how, cause = describe_exit(exitcode)
         explained = "" if not cause else f": {cause}" if sig else f" ({cause})"
 
         def crash(entry: Entry) -> Failure:
+            kind = "timeout" if sig == "SIGXCPU" else "crashed"
             return Failure(
-                "crashed",
+                kind,
                 f"worker process {worker.pid} (lane {worker.lane.name!r}) {how}{explained}, "
                 f"while running job {entry.key!r}",
                 exitcode=exitcode,
@@ -380,20 +609,21 @@ class Supervisor:
         lane = worker.lane
         stopping = self._stop or self.core.cancelled or self.core.closing and self.core.drained.is_set()
         # (boot_failures is only ever changed on this thread.)
-        replace_now = not stopping and not worker.booting and not lane.boot_failures
+        replace_now = not stopping and not worker.booting and not lane.boot_failures and not worker.retired
         close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
         self._by_object.pop(conn, None)
-        del self._by_object[process.sentinel]
+        del self._by_object[worker.sentinel]
         self._refresh_objects()
         if close_now:
-            _close(conn)
+            _close_worker_pipe(worker)
+        _close_sentinel(worker)
         process.close()
         # Waiters first: starting a process takes milliseconds, and the lane
         # already counts the replacement as alive.
         run_wakeups(wakeups)
         if replace_now:
             self._start_worker(lane, reserved=True)
-        elif not stopping:
+        elif not stopping and not worker.retired:
             # Dying while starting is no job's fault, and starting again at
             # once would spin: back off, and after a few in a row fail the
             # jobs waiting for this lane rather than let them wait forever.
@@ -403,29 +633,36 @@ class Supervisor:
             if failures >= BOOT_FAILURES_TO_FAIL_JOBS:
                 self.core.fail_waiting(lane, _cannot_start(lane, failures, how))
 
-    def _kill_tree(self, worker: WorkerSlot) -> None:
-        """SIGKILL a worker and every process below it."""
+    def _terminate(self, worker: WorkerSlot) -> None:
+        """End a worker's process tree: SIGTERM now (the job may clean up),
+        SIGKILL to whatever is left after its lane's ``kill_grace``."""
+        grace = worker.lane.spec.kill_grace
+        if grace <= 0 or worker.pid is None:
+            self._kill_tree(worker)
+            return
+        descendants = _descendants(worker.pid)
+        _signal_group(worker.pid, signal.SIGTERM)
+        _signal(worker, signal.SIGTERM)
+        for child in descendants:
+            try:
+                child.terminate()
+            except Exception:
+                pass
+        self._kills.append((time.monotonic() + grace, worker, descendants))
+        self._kills.sort(key=lambda k: k[0])
+
+    def _kill_tree(self, worker: WorkerSlot, descendants: list[Any] | None = None) -> None:
+        """SIGKILL a worker and every process below it (and ``descendants``,
+        found earlier, which may have left its tree since)."""
         pid = worker.pid
         if pid is None:  # pragma: no cover
             return
-        descendants: list[Any] = []
-        try:
-            import psutil
-
-            descendants = psutil.Process(pid).children(recursive=True)
-        except Exception:
-            pass
-        try:
-            # The worker leads its own session (see _worker), so its group is its tree;
-            # before it has called setsid() there is no such group and this fails harmlessly.
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for child in descendants:
+        found = _descendants(pid) if not worker.dead else []
+        # The worker leads its own session (see _worker), so its group is its tree;
+        # before it has called setsid() there is no such group and this fails harmlessly.
+        _signal_group(pid, signal.SIGKILL)
+        _signal(worker, signal.SIGKILL)
+        for child in [*found, *(descendants or ())]:
             try:
                 child.kill()
             except Exception:
@@ -440,15 +677,18 @@ class Supervisor:
         self.core.stop()
         if self.core.live_count():  # only if the loop failed: nothing may hang
             self._kill_all(self.core.cancel_all("was cancelled: the queue's supervisor stopped"))
+        for _, worker, descendants in self._kills:  # a grace cut short: nothing outlives the queue
+            self._kill_tree(worker, descendants)
+        self._kills = []
         workers = [w for w in set(self._by_object.values()) if not w.dead]
         with self.core.lock:
             for w in workers:
                 w.doomed = True
             closable = [w for w in workers if w.sending == 0]
         for w in closable:
-            _close(w.conn)
+            _close_worker_pipe(w)
         deadline = time.monotonic() + STOP_GRACE
-        alive = {w.process.sentinel: w for w in workers}
+        alive: dict[Any, WorkerSlot] = {w.sentinel: w for w in workers}
         while alive:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -458,17 +698,142 @@ class Supervisor:
         for w in alive.values():
             self._kill_tree(w)
         for w in workers:
+            _signal_group(w.pid, signal.SIGKILL)  # jobs' leftovers
             w.process.join()
             # A worker still holding a job here means the loop itself failed:
             # the job must still end, so no handle hangs.
             run_wakeups(self.core.worker_died(w, _stopped)[1])
+            _close_sentinel(w)
             w.process.close()
         self._by_object.clear()
         self._objects = []
+        os.close(self._alive_r)
+        os.close(self._alive_w)
         with self._wake_lock:
             self._wake_closed = True
             os.close(self._wake_r)
             os.close(self._wake_w)
+
+
+def _decode_trusted(frame: bytes) -> tuple[Any, ...]:
+    """A trusted worker's message, with its payload unpickled:
+    ``(0, READY)``, ``(job_id, OK, Completed | Failed)`` or
+    ``(job_id, ERROR, kind, exc_type, message, traceback, exception)``."""
+    message = pickle.loads(frame)
+    job_id, tag = message[0], message[1]
+    if tag == READY:
+        return (READY,)
+    if tag == OK:
+        try:
+            return (job_id, OK, Completed(pickle.loads(message[2])))
+        except Exception as exc:
+            failure = Failure(
+                "error",
+                f"the job's result could not be unpickled in the supervisor: {exc!r}",
+                exc_type=type(exc).__qualname__,
+            )
+            return (job_id, OK, Failed(failure))
+    exc_bytes, exc_type, text, tb, kind = message[2:7]
+    exception = None
+    if exc_bytes is not None:
+        try:
+            exception = pickle.loads(exc_bytes)
+            exception.__cause__ = _RemoteTraceback(tb)
+        except Exception as exc:
+            text = f"{text} (the exception could not be unpickled in the supervisor: {exc!r})"
+            exception = None
+    return (job_id, ERROR, kind, exc_type, text, tb, exception)
+
+
+def _worker_config(spec: Lane) -> dict[str, Any]:
+    """What a worker needs to know of its lane, as plain data (it travels as JSON)."""
+    return {
+        "max_result_bytes": spec.max_result,
+        "rlimits": spec.rlimits,
+        "env": spec.env,
+        "inherit_env": spec.inherit_env,
+        "cwd": spec.cwd,
+    }
+
+
+def _import_path() -> list[str]:
+    """The supervisor's import path, for an untrusted worker started with
+    ``-I`` (which ignores PYTHONPATH and the current directory): it must import
+    procq and the modules the jobs' functions come from."""
+    return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+
+
+class _ExecProcess:
+    """The parts of ``multiprocessing.Process`` the supervisor uses, for a
+    worker started with ``subprocess``."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid: int = popen.pid
+        self.sentinel = _pidfd(popen.pid)
+        if self.sentinel is None:  # pragma: no cover - no pidfds: Linux < 5.3 or not Linux
+            raise OSError("untrusted lanes need pidfd_open (Linux 5.3 or later)")
+
+    @property
+    def exitcode(self) -> int | None:
+        return self._popen.returncode
+
+    def join(self) -> None:
+        self._popen.wait()
+
+    def close(self) -> None:
+        pass  # its sentinel is closed with the worker's (see _close_sentinel)
+
+
+def _pidfd(pid: int | None) -> int | None:
+    """A descriptor that becomes readable when ``pid`` exits, or None.
+
+    Better than ``multiprocessing``'s sentinel, a pipe the child holds open:
+    a job's child inherits that pipe and would hide the worker's death from
+    the supervisor for as long as it lives.
+    """
+    if pid is None or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError:  # pragma: no cover - already gone, or no pidfd support
+        return None
+
+
+def _close_sentinel(worker: WorkerSlot) -> None:
+    """Close the worker's pidfd, if it has one (a ``multiprocessing``
+    sentinel is closed by ``Process.close``)."""
+    process = worker.process
+    if isinstance(worker.sentinel, int) and (isinstance(process, _ExecProcess) or worker.sentinel != process.sentinel):
+        try:
+            os.close(worker.sentinel)
+        except OSError:  # pragma: no cover
+            pass
+
+
+def _close_worker_pipe(worker: WorkerSlot) -> None:
+    _close(worker.conn)
+    if worker.reader is not None:
+        worker.reader.close()
+
+
+def _signal_group(pid: int | None, sig: int) -> None:
+    if pid is None or not hasattr(os, "killpg"):
+        return
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal(worker: WorkerSlot, sig: int) -> None:
+    """Signal the worker itself, unless it has been reaped (its pid may be reused)."""
+    if worker.dead or worker.pid is None:
+        return
+    try:
+        os.kill(worker.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _cannot_start(lane: LaneState, failures: int, how: str) -> Callable[[Entry], Failure]:

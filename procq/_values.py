@@ -7,6 +7,8 @@ loops and never change once made.
 from __future__ import annotations
 
 import math
+import os
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, TypeVar, Union
 
@@ -17,6 +19,8 @@ __all__ = [
     "Cached",
     "Completed",
     "DEFAULT_CAPACITY",
+    "DEFAULT_UNTRUSTED_RESULT_BYTES",
+    "FAILURE_KINDS",
     "Failed",
     "Failure",
     "InFlight",
@@ -35,6 +39,44 @@ T = TypeVar("T")
 
 #: How many waiting jobs a lane holds when its capacity is not given.
 DEFAULT_CAPACITY = 1024
+
+#: The largest result an untrusted lane accepts when its ``max_result_bytes`` is not given.
+DEFAULT_UNTRUSTED_RESULT_BYTES = 16 * 1024 * 1024
+
+#: Every ``Failure.kind``, with what produces it (see :class:`Failure`).
+FAILURE_KINDS = ("error", "crashed", "timeout", "memory", "cancelled", "protocol")
+
+#: Resource limits a lane may set on its workers: name -> what the value counts.
+RLIMITS = {
+    "cpu": "seconds of CPU time per job",
+    "fsize": "bytes: the largest file a job may write",
+    "nofile": "open file descriptors",
+    "nproc": "processes of the user (the kernel does not apply it to root)",
+}
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(what: str, value: int | str | None) -> int | None:
+    """Bytes from an int or a string such as ``"512M"``, ``"2G"``, ``"1.5GiB"``.
+
+    Units are powers of 1024 (K, M, G, T; a trailing ``B`` or ``iB`` is
+    allowed), as ``ulimit`` and container runtimes read them.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise TypeError(f"{what} must be a number of bytes or a string such as '512M', got {type(value).__name__}")
+    if isinstance(value, str):
+        match = _SIZE.match(value)
+        if match is None:
+            raise ValueError(f"{what} must be a number of bytes or a string such as '512M' or '2G', got {value!r}")
+        number, unit, _ = match.groups()
+        value = int(float(number) * _UNITS[unit.lower()])
+    if value < 1:
+        raise ValueError(f"{what} must be at least 1 byte, got {value!r}")
+    return value
 
 
 def _check_timeout(what: str, value: float | None) -> float | None:
@@ -66,8 +108,10 @@ class Job(Generic[T]):
     lambda, a closure or a local function: procq pickles it with cloudpickle.
     ``lane`` names the lane to run in (``None``: the queue's first lane).
     ``timeout`` is how many seconds the job may run once a worker has started
-    it; past that its worker's process tree is killed and the job fails with
-    kind ``"timeout"``.
+    it (``None``: the lane's ``timeout``); past that its worker's process tree
+    is killed and the job fails with kind ``"timeout"``. ``memory_limit``
+    (bytes, or a string such as ``"512M"``; ``None``: the lane's) bounds the
+    memory the job may use; past it the job fails with kind ``"memory"``.
     """
 
     key: str
@@ -76,6 +120,7 @@ class Job(Generic[T]):
     kwargs: Mapping[str, Any] | None = None
     lane: str | None = None
     timeout: float | None = None
+    memory_limit: int | None = None
 
     def __init__(
         self,
@@ -86,6 +131,7 @@ class Job(Generic[T]):
         *,
         lane: str | None = None,
         timeout: float | None = None,
+        memory_limit: int | str | None = None,
     ) -> None:
         if not isinstance(key, str):
             raise TypeError(f"job key must be a str, got {type(key).__name__}: {key!r}")
@@ -118,19 +164,64 @@ class Job(Generic[T]):
         object.__setattr__(self, "kwargs", kwargs)
         object.__setattr__(self, "lane", lane)
         object.__setattr__(self, "timeout", _check_timeout(f"job {key!r}: timeout", timeout))
+        object.__setattr__(self, "memory_limit", parse_size(f"job {key!r}: memory_limit", memory_limit))
 
 
 @dataclass(frozen=True)
 class Lane:
-    """A lane's limits: at most ``workers`` jobs run at once, in that many
-    worker processes, and at most ``capacity`` jobs wait for one of them.
+    """A lane: how many workers run its jobs, how many jobs may wait, and the
+    limits and isolation its workers run under.
 
-    A push that finds ``capacity`` jobs already waiting blocks until one
-    starts (or until the push's own timeout: ``LaneFull``).
+    Concurrency:
+
+    - ``workers``: at most this many jobs run at once, in that many worker processes.
+    - ``capacity``: at most this many jobs wait for a worker; a push that finds
+      the lane full blocks until one starts (or until its own timeout: ``LaneFull``).
+
+    Per-job limits (a job's own ``timeout`` / ``memory_limit`` take precedence):
+
+    - ``timeout``: seconds a job may run once started; then its process tree
+      gets SIGTERM, ``kill_grace`` seconds later SIGKILL, and the job fails
+      with kind ``"timeout"``.
+    - ``memory_limit``: bytes (or ``"512M"``, ``"2G"``) a job may use; past it
+      the job fails with kind ``"memory"`` (see the README for how it is enforced).
+
+    Worker recycling (between jobs; no job fails for it):
+
+    - ``max_jobs_per_worker``: a worker that has run this many jobs is replaced.
+    - ``max_worker_rss``: a worker whose resident memory is above this after a
+      job is replaced.
+
+    Isolation:
+
+    - ``trusted=False``: results and errors come back as JSON, decoded with a
+      data-only codec, never with pickle; every message is checked, and one
+      that breaks the protocol fails only its job (kind ``"protocol"``). Its
+      workers are fresh interpreters that inherit nothing but their pipe.
+    - ``max_result_bytes``: a larger result fails its job (kind ``"protocol"``)
+      without the supervisor reading it. Default: no limit for trusted lanes,
+      ``DEFAULT_UNTRUSTED_RESULT_BYTES`` (16 MiB) for untrusted ones.
+    - ``rlimits``: ``{"cpu": seconds per job, "fsize": bytes, "nofile": n,
+      "nproc": n}``, set in each worker before it takes a job.
+    - ``env``: the workers' environment variables. ``inherit_env``: whether they
+      start from the supervisor's environment (default: trusted lanes do,
+      untrusted ones do not).
+    - ``cwd``: the workers' working directory.
     """
 
     workers: int = 1
     capacity: int = DEFAULT_CAPACITY
+    timeout: float | None = None
+    memory_limit: int | str | None = None
+    max_jobs_per_worker: int | None = None
+    max_worker_rss: int | str | None = None
+    trusted: bool = True
+    max_result_bytes: int | str | None = None
+    rlimits: Mapping[str, int | str] | None = None
+    env: Mapping[str, str] | None = None
+    inherit_env: bool | None = None
+    cwd: str | os.PathLike[str] | None = None
+    kill_grace: float = 0.05
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int):
@@ -141,6 +232,76 @@ class Lane:
             raise ValueError(f"a lane needs at least 1 worker, got {self.workers}")
         if self.capacity < 0:
             raise ValueError(f"a lane's capacity must be 0 or more, got {self.capacity}")
+        _set = object.__setattr__
+        _set(self, "timeout", _check_timeout("lane timeout", self.timeout))
+        _set(self, "memory_limit", parse_size("lane memory_limit", self.memory_limit))
+        _set(self, "max_worker_rss", parse_size("lane max_worker_rss", self.max_worker_rss))
+        n = self.max_jobs_per_worker
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"lane max_jobs_per_worker must be an int of at least 1 or None, got {n!r}")
+        if not isinstance(self.trusted, bool):
+            raise TypeError(f"lane trusted must be a bool, got {type(self.trusted).__name__}")
+        limit = parse_size("lane max_result_bytes", self.max_result_bytes)
+        if limit is None and not self.trusted:
+            limit = DEFAULT_UNTRUSTED_RESULT_BYTES
+        _set(self, "max_result_bytes", limit)
+        _set(self, "rlimits", _check_rlimits(self.rlimits))
+        if self.env is not None:
+            if not isinstance(self.env, Mapping):
+                raise TypeError(f"lane env must be a mapping of str to str, got {type(self.env).__name__}")
+            bad = [(k, v) for k, v in self.env.items() if not isinstance(k, str) or not isinstance(v, str)]
+            if bad:
+                raise TypeError(f"lane env must map str to str, got {bad[0][0]!r}: {bad[0][1]!r}")
+            _set(self, "env", dict(self.env))
+        if self.inherit_env is None:
+            _set(self, "inherit_env", self.trusted)
+        elif not isinstance(self.inherit_env, bool):
+            raise TypeError(f"lane inherit_env must be a bool or None, got {type(self.inherit_env).__name__}")
+        if self.cwd is not None:
+            if not isinstance(self.cwd, (str, os.PathLike)):
+                raise TypeError(f"lane cwd must be a path, got {type(self.cwd).__name__}")
+            cwd = os.fspath(self.cwd)
+            if not os.path.isdir(cwd):
+                raise ValueError(f"lane cwd {cwd!r} is not a directory")
+            _set(self, "cwd", cwd)
+        grace = self.kill_grace
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
+            raise ValueError(f"lane kill_grace must be a number of seconds >= 0, got {grace!r}")
+        _set(self, "kill_grace", float(grace))
+
+    # After __post_init__ these hold the normalized values; typed accessors for the engine.
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        return self.memory_limit  # type: ignore[return-value]
+
+    @property
+    def max_worker_rss_bytes(self) -> int | None:
+        return self.max_worker_rss  # type: ignore[return-value]
+
+    @property
+    def max_result(self) -> int | None:
+        return self.max_result_bytes  # type: ignore[return-value]
+
+
+def _check_rlimits(rlimits: Mapping[str, int | str] | None) -> dict[str, int] | None:
+    if rlimits is None:
+        return None
+    if not isinstance(rlimits, Mapping):
+        raise TypeError(f"lane rlimits must be a mapping such as {{'cpu': 10}}, got {type(rlimits).__name__}")
+    checked: dict[str, int] = {}
+    for name, value in rlimits.items():
+        if name not in RLIMITS:
+            known = ", ".join(repr(k) for k in RLIMITS)
+            raise ValueError(f"unknown rlimit {name!r}; procq sets {known}")
+        if name == "fsize":
+            size = parse_size("rlimit 'fsize'", value)
+            assert size is not None
+            checked[name] = size
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"rlimit {name!r} must be an int of at least 1 ({RLIMITS[name]}), got {value!r}")
+        checked[name] = value
+    return checked
 
 
 # --- The four states of a key ------------------------------------------------
@@ -175,11 +336,18 @@ class Failure:
     - ``"crashed"``: the worker process died while it held the job (a signal
       such as SIGSEGV or SIGKILL, ``os._exit``, ``abort``, the OOM killer);
       ``exitcode`` and ``signal`` say how.
-    - ``"timeout"``: the job ran longer than its ``timeout`` and its worker's
-      process tree was killed.
-    - ``"cancelled"``: the job was abandoned before it ran: its push gave up
-      waiting for room, was cancelled or interrupted, or the queue was closed
-      without waiting.
+    - ``"timeout"``: the job ran longer than its ``timeout`` (or used up its
+      ``rlimits["cpu"]``) and its worker's process tree was killed.
+    - ``"memory"``: the job went over its ``memory_limit``: it raised
+      ``MemoryError`` (in any lane), or the supervisor saw its process tree's
+      resident memory pass the limit and killed it.
+    - ``"cancelled"``: ``q.cancel(key)`` removed the job or killed it, or it
+      was abandoned before it ran: its push gave up waiting for room, was
+      cancelled or interrupted, or the queue was closed without waiting.
+    - ``"protocol"``: the worker broke procq's protocol: a message that was
+      malformed, out of turn, about another job, not JSON in an untrusted
+      lane, or a result larger than the lane's ``max_result_bytes``. The
+      worker is replaced.
     """
 
     kind: str

@@ -5,10 +5,18 @@ the result or the exception. It never decides anything about keys or states:
 the supervisor does. It exits when its pipe reaches EOF (the supervisor closed
 it, or died), and on Linux also when its parent dies (``PR_SET_PDEATHSIG``), so
 a worker in the middle of a long job cannot outlive a SIGKILLed supervisor.
+
+Before it takes a job, a worker sets itself up as its lane asks (``setup``):
+working directory, environment, resource limits, and no file descriptors but
+its pipe and the standard streams. A trusted lane's worker is started by
+``multiprocessing`` and answers in pickles; an untrusted lane's worker is a
+fresh interpreter started by the supervisor (``exec_main``) and answers in
+JSON (see ``_protocol``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import signal
@@ -18,9 +26,9 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from procq._protocol import ERROR, OK, READY, RUN, FnMirror, dumps
+from procq._protocol import ERROR, OK, READY, RUN, FnMirror, dumps, json_dumps
 
-__all__ = ["worker_main"]
+__all__ = ["exec_main", "worker_main"]
 
 _PR_SET_PDEATHSIG = 1
 
@@ -32,7 +40,7 @@ class _Unloadable:
         self.error = error
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(sentinel: Any = None) -> None:
     """Make this process exit when the supervisor does, however it dies.
 
     Three layers, because each covers a case the others miss:
@@ -47,7 +55,9 @@ def _die_with_parent() -> None:
       inherits: while any child holds it, the forkserver cannot see that the
       supervisor died, and lives on (with its children) forever.
     """
-    parent = _parent()
+    if sentinel is None:
+        parent = _parent()
+        sentinel = None if parent is None else parent.sentinel
     _drop_forkserver_alive_fd()
     if sys.platform.startswith("linux"):
         try:
@@ -57,9 +67,8 @@ def _die_with_parent() -> None:
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except Exception:  # pragma: no cover - exotic libc
             pass
-    if parent is None:  # pragma: no cover - always set by multiprocessing
+    if sentinel is None:  # pragma: no cover - always set by multiprocessing
         return
-    sentinel = parent.sentinel
 
     def watch() -> None:
         from multiprocessing.connection import wait
@@ -119,8 +128,157 @@ def _pickle_exception(exc: BaseException) -> tuple[bytes | None, str]:
     return data, ""
 
 
-def worker_main(conn: Connection, lane: str) -> None:
-    """Run jobs from ``conn`` until EOF. The child's entry point."""
+# --- setting up -------------------------------------------------------------
+
+
+def _rlimit(name: str) -> int:
+    import resource
+
+    return {
+        "cpu": resource.RLIMIT_CPU,
+        "fsize": resource.RLIMIT_FSIZE,
+        "nofile": resource.RLIMIT_NOFILE,
+        "nproc": resource.RLIMIT_NPROC,
+    }[name]
+
+
+def setup(config: dict[str, Any], keep_fds: set[int]) -> None:
+    """Apply the lane's working directory, environment and limits; close
+    every inherited descriptor but ``keep_fds`` and the standard streams.
+
+    Limits are set hard (soft and hard alike), so job code cannot raise them,
+    except the CPU limit, which counts per job (see ``_Limits``).
+    """
+    if config.get("cwd"):
+        os.chdir(config["cwd"])
+    env = config.get("env")
+    if not config.get("inherit_env", True):
+        os.environ.clear()
+    if env:
+        os.environ.update(env)
+    rlimits = config.get("rlimits") or {}
+    if rlimits:
+        import resource
+
+        for name, value in rlimits.items():
+            if name == "cpu":
+                continue
+            resource.setrlimit(_rlimit(name), (value, value))
+        if "cpu" in rlimits:  # SIGXCPU ends the worker: no core file for it
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _close_inherited_fds(keep_fds | {0, 1, 2})
+
+
+def _close_inherited_fds(keep: set[int]) -> None:
+    """Close every descriptor this process inherited and does not need: job
+    code must not reach the supervisor's files, sockets or other pipes."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # pragma: no cover - no /proc: leave them
+        return
+    for fd in fds:
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, already closed
+    try:  # the resource tracker's pipe was one of them: let a job start its own
+        from multiprocessing import resource_tracker
+
+        tracker: Any = resource_tracker._resource_tracker
+        tracker._fd = None
+        tracker._pid = None
+    except Exception:  # pragma: no cover
+        pass
+
+
+class _Limits:
+    """Per-job limits set around each job: the address-space limit for the
+    job's ``memory_limit`` and the CPU-time limit for ``rlimits["cpu"]``.
+
+    Both are soft limits, raised again after the job, because a worker runs
+    many jobs: the memory limit counts what the job maps on top of the idle
+    worker, the CPU limit the CPU time the job uses. (A job could raise a
+    soft limit itself; the supervisor's own watch on memory and wall-clock
+    ``timeout`` are what hold code that does.)
+    """
+
+    def __init__(self, cpu: int | None) -> None:
+        self.cpu = cpu
+        self._as_set = False
+        self._cpu_set = False
+
+    def apply(self, memory_limit: int | None) -> None:
+        if memory_limit is None and self.cpu is None:
+            return
+        import resource
+
+        if memory_limit is not None:
+            _, hard = resource.getrlimit(resource.RLIMIT_AS)
+            soft = _address_space() + memory_limit
+            if hard != resource.RLIM_INFINITY:
+                soft = min(soft, hard)
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+            self._as_set = True
+        if self.cpu is not None:
+            usage = resource.getrusage(resource.RUSAGE_SELF)
+            used = int(usage.ru_utime + usage.ru_stime) + 1
+            _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+            resource.setrlimit(resource.RLIMIT_CPU, (used + self.cpu, hard))
+            self._cpu_set = True
+
+    def lift(self) -> None:
+        if not (self._as_set or self._cpu_set):
+            return
+        import resource
+
+        if self._as_set:
+            _, hard = resource.getrlimit(resource.RLIMIT_AS)
+            resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
+            self._as_set = False
+        if self._cpu_set:
+            _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+            resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
+            self._cpu_set = False
+
+
+def _address_space() -> int:
+    """This process's mapped address space, in bytes."""
+    with open("/proc/self/statm", "rb") as f:
+        pages = int(f.read().split()[0])
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+# --- running -------------------------------------------------------------
+
+
+def worker_main(conn: Connection, lane: str, config: dict[str, Any] | None = None) -> None:
+    """Run jobs from ``conn`` until EOF. A trusted lane's child's entry point."""
+    _boot()
+    config = config or {}
+    parent = _parent()
+    sentinel = None if parent is None else parent.sentinel
+    keep = {conn.fileno()}
+    if sentinel is not None:
+        keep.add(sentinel)
+    setup(config, keep)
+    _die_with_parent(sentinel)
+    _run(conn, config, _Pickled())
+
+
+def exec_main() -> None:
+    """An untrusted lane's worker: a fresh interpreter started by the
+    supervisor as ``python -I -c ... CONFIG CONN_FD ALIVE_FD``."""
+    _boot()
+    config = json.loads(sys.argv[1])
+    conn_fd, alive_fd = int(sys.argv[2]), int(sys.argv[3])
+    conn = Connection(conn_fd)
+    setup(config, {conn_fd, alive_fd})
+    _die_with_parent(alive_fd)
+    _run(conn, config, _Json())
+
+
+def _boot() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
     if hasattr(signal, "pthread_sigmask"):
         # The supervisor starts workers with SIGINT blocked, so that a Ctrl-C
@@ -132,27 +290,71 @@ def worker_main(conn: Connection, lane: str) -> None:
             os.setsid()  # lead a session, so a job's whole process tree can be killed
         except OSError:  # pragma: no cover - already a group leader
             pass
-    _die_with_parent()
 
+
+def _run(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
     try:
-        _serve(conn)
+        _serve(conn, config, codec)
     except (BrokenPipeError, ConnectionResetError, EOFError):
         pass  # the supervisor closed our pipe, or died: nothing is left to do
     sys.stdout.flush()
     sys.stderr.flush()
 
 
-def _serve(conn: Connection) -> None:
+class _Codec:
+    """How a worker writes its messages: pickles for trusted lanes, JSON for untrusted."""
+
+    def ready(self) -> bytes:
+        raise NotImplementedError
+
+    def ok(self, job_id: int, result: Any) -> bytes:
+        raise NotImplementedError
+
+    def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
+        raise NotImplementedError
+
+
+class _Pickled(_Codec):
+    def ready(self) -> bytes:
+        return dumps((0, READY))
+
+    def ok(self, job_id: int, result: Any) -> bytes:
+        return dumps((job_id, OK, dumps(result)))
+
+    def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
+        exc_bytes = None
+        if pickle_it:
+            exc_bytes, why = _pickle_exception(exc)
+            note = note or why
+        return dumps((job_id, ERROR) + _error_fields(exc, exc_bytes, note) + (kind,))
+
+
+class _Json(_Codec):
+    def ready(self) -> bytes:
+        return json_dumps(["ready"])
+
+    def ok(self, job_id: int, result: Any) -> bytes:
+        return json_dumps(["ok", job_id, result])
+
+    def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
+        _, exc_type, message, tb = _error_fields(exc, None, note)
+        return json_dumps(["error", job_id, kind, exc_type, message, tb])
+
+
+def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
     fns = FnMirror()
     recv, send = conn.recv_bytes, conn.send_bytes
     loads = pickle.loads
-    send(dumps((0, READY)))  # until now a signal could still kill us: no job was at risk
+    limits = _Limits((config.get("rlimits") or {}).get("cpu"))
+    max_result: int | None = config.get("max_result_bytes")
+    untrusted = isinstance(codec, _Json)
+    send(codec.ready())  # until now a signal could still kill us: no job was at risk
     while True:
         try:
             frame = recv()
         except (EOFError, OSError):
             return
-        tag, job_id, fn_id, fn_bytes, args_bytes = loads(frame)
+        tag, job_id, fn_id, fn_bytes, args_bytes, memory_limit = loads(frame)
         assert tag == RUN
         try:
             if fn_bytes is None:
@@ -169,18 +371,38 @@ def _serve(conn: Connection) -> None:
             args, kwargs = loads(args_bytes)
         except BaseException as exc:
             note = "(the job's function or arguments could not be unpickled in the worker)"
-            send(dumps((job_id, ERROR) + _error_fields(exc, None, note)))
+            send(codec.error(job_id, "error", exc, note))
             continue
         try:
-            result = fn(*args, **kwargs) if kwargs else fn(*args)
+            limits.apply(memory_limit)
+            try:
+                result = fn(*args, **kwargs) if kwargs else fn(*args)
+            finally:
+                limits.lift()
+        except MemoryError as exc:
+            note = "" if memory_limit is None else f"(its memory_limit is {memory_limit} bytes)"
+            send(codec.error(job_id, "memory", exc, note))
+            continue
         except BaseException as exc:
-            send(dumps((job_id, ERROR) + _error_fields(exc, *_pickle_exception(exc))))
+            send(codec.error(job_id, "error", exc, pickle_it=True))
             continue
         try:
-            data = dumps(result)
+            data = codec.ok(job_id, result)
         except BaseException as exc:
-            note = f"(the job's result, a {type(result).__name__}, could not be pickled)"
-            send(dumps((job_id, ERROR) + _error_fields(exc, None, note)))
+            what = "encoded as JSON (an untrusted lane's results must be)" if untrusted else "pickled"
+            note = f"(the job's result, a {type(result).__name__}, could not be {what})"
+            send(codec.error(job_id, "error", exc, note))
             continue
         del result
-        send(dumps((job_id, OK, data)))
+        if max_result is not None and len(data) > max_result:
+            too_large = ResultTooLarge(
+                f"the job's result is {len(data)} bytes, more than the lane's max_result_bytes of {max_result}"
+            )
+            send(codec.error(job_id, "protocol", too_large))
+            continue
+        send(data)
+
+
+class ResultTooLarge(Exception):
+    """A result larger than the lane allows (reported, never raised to a caller)."""
+

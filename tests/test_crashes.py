@@ -452,7 +452,7 @@ def test_timeout_fails_the_job_and_the_lane_recovers(q: ProcQueue, tmp_path: Any
     assert failure.kind == "timeout" and failure.pid in worker_pids
     assert re.fullmatch(
         rf"job 'slow' ran longer than its timeout of 0\.3s; its worker \(pid {failure.pid}\) and that "
-        r"process's children were killed",
+        r"process's tree were killed",
         failure.message,
     ), failure.message
     assert q.state("slow") == Failed(failure)
@@ -464,7 +464,7 @@ def test_timeout_fails_the_job_and_the_lane_recovers(q: ProcQueue, tmp_path: Any
 
 @pytest.mark.skipif(not linux_only, reason="needs PR_SET_CHILD_SUBREAPER to reap the killed grandchild")
 def test_timeout_kills_the_jobs_whole_process_tree(q: ProcQueue, tmp_path: Any) -> None:
-    """The job starts a child of its own; past the limit both are SIGKILLed.
+    """The job starts a child of its own; past the limit both are ended.
 
     The job writes its pids only after its child exists, and the time limit may
     run out before that on a loaded machine; then the attempt is repeated with a
@@ -489,5 +489,5 @@ def test_timeout_kills_the_jobs_whole_process_tree(q: ProcQueue, tmp_path: Any) 
         grandchild = psutil.Process(grandchild_pid)
         gone, alive = psutil.wait_procs([grandchild], timeout=10)
         assert not alive, "the job's own child outlived the time limit"
-        # SIGKILLed with its worker, not ended any other way.
-        assert [p.returncode for p in gone] == [-signal.SIGKILL]  # type: ignore[attr-defined]
+        # Ended with its worker (SIGTERM, then SIGKILL after the grace), not any other way.
+        assert [p.returncode for p in gone] in ([-signal.SIGTERM], [-signal.SIGKILL])  # type: ignore[attr-defined]
