@@ -616,12 +616,12 @@ class Core:
                 if worker is None or worker.entry is not entry:
                     continue
                 limit = entry.job.timeout
-                whose = "its"
+                whose = "its timeout"
                 if limit is None:
-                    limit, whose = entry.lane.spec.timeout, f"lane {entry.lane.name!r}'s"
+                    limit, whose = entry.lane.spec.timeout, f"the timeout of lane {entry.lane.name!r}"
                 entry.kill_reason = Failure(
                     "timeout",
-                    f"job {entry.key!r} ran longer than {whose} timeout of {limit:g}s; "
+                    f"job {entry.key!r} ran longer than {whose} of {limit:g}s; "
                     f"its worker (pid {worker.pid}) and that process's tree were killed",
                     pid=worker.pid,
                 )

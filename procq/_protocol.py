@@ -224,13 +224,14 @@ class FrameReader:
     I/O thread, and with it every lane.
     """
 
-    __slots__ = ("_buffer", "_limit", "_sock")
+    __slots__ = ("_buffer", "_limit", "_sock", "_what")
 
-    def __init__(self, fd: int, limit: int) -> None:
+    def __init__(self, fd: int, limit: int, what: str = "") -> None:
         # A duplicate of the descriptor, read with MSG_DONTWAIT: the original
         # stays blocking for the senders that share it.
         self._sock = socket.socket(fileno=os.dup(fd))
         self._limit = limit
+        self._what = what or f"the limit of {limit}"
         self._buffer = bytearray()
 
     def read(self) -> list[bytes]:
@@ -252,9 +253,7 @@ class FrameReader:
             if size is None:
                 break
             if size > self._limit:
-                raise ProtocolError(
-                    f"a message of {size} bytes, more than the lane's max_result_bytes of {self._limit}"
-                )
+                raise ProtocolError(f"a message of {size} bytes, more than {self._what} allows")
             if len(buffer) < header + size:
                 break
             frames.append(bytes(buffer[header : header + size]))

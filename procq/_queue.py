@@ -19,7 +19,7 @@ import types
 import weakref
 from typing import Any, Callable, Mapping, TypeVar
 
-from procq._core import BLOCKED, FULL, STOPPED, Core, Entry, LaneState, Offer, WorkerSlot
+from procq._core import BLOCKED, CANCELLED, FULL, STOPPED, Core, Entry, LaneState, Offer, WorkerSlot
 from procq._errors import JobPicklingError, LaneFull, QueueClosed
 from procq._handle import JobHandle
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
@@ -271,6 +271,8 @@ class ProcQueue:
         core = self._core
         if isinstance(offered, WorkerSlot):
             send_job(core, offered, entry)
+        elif offered is CANCELLED:
+            pass  # q.cancel() came first: the handle says so
         elif offered is FULL:
             core.abandon(entry, f"lane {entry.lane.name!r} was full")
             raise _lane_full(entry, timeout)
@@ -286,6 +288,26 @@ class ProcQueue:
         if self._core.closing:
             raise QueueClosed(f"the queue was closed while job {entry.key!r} waited for room")
         raise _lane_full(entry, timeout)
+
+    # --- cancelling -----------------------------------------------------------
+
+    def cancel(self, key: str) -> bool:
+        """Cancel the live job of ``key``; True if this call cancelled it.
+
+        A waiting job is taken out of its lane without running; a running
+        job's worker process tree is killed (SIGTERM, then SIGKILL after the
+        lane's ``kill_grace``) and the worker replaced. Either way the job ends
+        ``Failed(kind="cancelled")``, every waiter is woken, and the key can be
+        pushed again like any failed key. Returns False, changing nothing, for
+        an unknown key, a finished one, or a job already being ended for
+        another reason (a timeout, say). A job that finishes just as it is
+        cancelled ends once: cancelled if this returned True.
+
+        It never blocks, so it is safe to call from an event loop as it is.
+        """
+        if not isinstance(key, str):
+            raise TypeError(f"a key is a str, got {type(key).__name__}: {key!r}")
+        return self._supervisor.cancel(key)
 
     # --- reading ------------------------------------------------------------
 

@@ -415,7 +415,9 @@ class Supervisor:
             child_conn.close()
         process = _ExecProcess(popen)
         limit = (spec.max_result or 0) + MESSAGE_SLACK
-        return WorkerSlot(lane, process, parent_conn, sentinel=process.sentinel, reader=FrameReader(parent_conn.fileno(), limit))
+        what = f"the lane's max_result_bytes of {spec.max_result}"
+        reader = FrameReader(parent_conn.fileno(), limit, what)
+        return WorkerSlot(lane, process, parent_conn, sentinel=process.sentinel, reader=reader)
 
     def _retry_starts(self, now: float) -> None:
         if self._stop or self.core.cancelled:
