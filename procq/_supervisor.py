@@ -6,18 +6,26 @@ Who owns what, and what each pipe carries::
     ------------------------------             -------------------------------------
     push(): claim in Core ──────────┐          wait() on, all at once:
       serialize fn + args           │            - every worker's pipe     (results)
-      Core.offer():                 │            - every worker's sentinel (deaths)
-        idle worker? send the job   │            - the wake-up pipe        (close, new deadline)
-        directly on its pipe ───────┼──┐         with the nearest job deadline as timeout
-        else wait in the lane       │  │       on READY:     Core.worker_ready -> send it a waiting job
-    handle.result() / await ────────┘  │       on a result:  Core.job_done -> send the next job
-      wait for the entry's event       │       on a death:   Core.worker_died -> start a replacement,
-                                       │                     then wake the dead job's waiters
-                                       │       on a deadline: kill the worker's process tree
+      Core.offer():                 │            - every worker's pidfd    (deaths)
+        idle worker? send the job   │            - the wake-up pipe        (close, cancel, new deadline)
+        directly on its pipe ───────┼──┐         with the nearest deadline as timeout (job time
+        else wait in the lane       │  │         limits, SIGKILLs due after a SIGTERM, memory samples)
+    handle.result() / await ────────┘  │       on READY:     Core.worker_ready -> send it a waiting job
+      wait for the entry's event       │       on a result:  Core.job_done -> send the next job, or
+    q.cancel(key): Core.cancel ────────┤                     retire the worker and start another
+                                       │       on a death:   Core.worker_died -> SIGKILL its group,
+                                       │                     wake the dead job's waiters, replace it
+                                       │       on a deadline, a cancel, memory past a limit:
+                                       │                     SIGTERM the worker's tree, SIGKILL after
+                                       │                     the lane's kill_grace
+                                       │       on a protocol violation: fail the job ("protocol"), kill
                                        v
                        worker process (one pipe each; nothing shared)
-                         starts -> READY frame (takes jobs from now on)
-                         RUN frame -> run fn -> OK / ERROR frame
+                         starts -> sets up (cwd, env, rlimits, closes inherited fds) -> READY
+                         RUN frame -> run fn under its limits -> OK / ERROR frame
+                         (trusted lanes: multiprocessing child, pickled answers;
+                          untrusted lanes: fresh `python -I` via subprocess, JSON answers,
+                          read by a non-blocking FrameReader and checked message by message)
 
 The I/O thread starts and reaps every worker process, so a worker's parent (or,
 under forkserver, the forkserver's parent) is the supervisor for as long as the
@@ -30,7 +38,12 @@ reused and written to by a late sender.
 Why not a thread hop for every send: a push that finds an idle worker sending
 itself saves a wake-up of this thread and a context switch per job, which is
 most of a tiny job's latency. Why not poll: ``connection.wait`` wakes on
-exactly the events above and sleeps otherwise.
+exactly the events above and sleeps otherwise. Why pidfds rather than
+``multiprocessing``'s sentinels: a sentinel is a pipe the worker holds open,
+so a job's child that inherited it would hide the worker's death for as long
+as the child lived. Why an untrusted worker is never read with
+``recv_bytes``: it blocks until a frame is whole, so a worker that wrote half
+a frame and stopped would stall this thread and every lane with it.
 """
 
 from __future__ import annotations
