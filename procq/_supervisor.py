@@ -64,7 +64,7 @@ from typing import Any, Callable
 from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
 from procq._errors import _RemoteTraceback
 from procq._protocol import ERROR, OK, READY, RUN, FrameReader, ProtocolError, decode_untrusted
-from procq._values import Completed, Failed, Failure, Lane
+from procq._values import Completed, Failed, Failure, Lane, format_size
 from procq._worker import worker_main
 
 __all__ = ["Supervisor", "send_job"]
@@ -117,7 +117,7 @@ def send_job(core: Core, worker: WorkerSlot, entry: Entry) -> None:
             return  # that thread releases the pipe
     except BaseException:
         if core.sent(worker):
-            _close(worker.conn)
+            _close_worker_pipe(worker)
         raise
     _send_frame(core, worker, frame)
 
@@ -129,7 +129,7 @@ def _send_frame(core: Core, worker: WorkerSlot, frame: bytes) -> None:
         pass  # the worker died; its sentinel tells the I/O thread, which fails the job
     finally:
         if core.sent(worker):
-            _close(worker.conn)
+            _close_worker_pipe(worker)
 
 
 def process_rss(pid: int | None) -> int:
@@ -161,13 +161,26 @@ def _descendants(pid: int) -> list[Any]:
         return []
 
 
-def tree_rss(pid: int) -> int:
-    total = process_rss(pid)
-    for child in _descendants(pid):
-        try:
-            total += int(child.memory_info().rss)
-        except Exception:
-            pass
+def _children_map() -> dict[int, list[int]]:
+    """Parent pid -> child pids, for every process, from one scan."""
+    children: dict[int, list[int]] = {}
+    try:
+        import psutil
+
+        for proc in psutil.process_iter(["ppid"]):
+            children.setdefault(proc.info["ppid"], []).append(proc.pid)
+    except Exception:  # pragma: no cover - /proc unreadable
+        pass
+    return children
+
+
+def tree_rss(pid: int, children: dict[int, list[int]]) -> int:
+    """Resident memory of ``pid`` and every process below it."""
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        total += process_rss(current)
+        todo.extend(children.get(current, ()))
     return total
 
 
@@ -580,17 +593,21 @@ class Supervisor:
 
     def _check_memory(self) -> None:
         """Kill running jobs whose process tree went over their memory limit."""
-        for worker, entry in self.core.memory_limited():
+        watched = self.core.memory_limited()
+        if not watched:
+            return
+        children = _children_map()
+        for worker, entry in watched:
             limit = entry.memory_limit
             assert limit is not None and worker.pid is not None
-            used = tree_rss(worker.pid) - entry.rss_base
+            used = tree_rss(worker.pid, children) - entry.rss_base
             if used <= limit:
                 continue
             failure = Failure(
                 "memory",
-                f"job {entry.key!r} went over its memory_limit of {limit} bytes (its process tree held "
-                f"{used} bytes more than the idle worker); its worker (pid {worker.pid}) and that "
-                "process's tree were killed",
+                f"job {entry.key!r} went over its memory_limit of {format_size(limit)} (its process tree "
+                f"held {format_size(used)} more than the idle worker); its worker (pid {worker.pid}) and "
+                "that process's tree were killed",
                 pid=worker.pid,
             )
             if self.core.decide_kill(worker, entry, failure):
@@ -600,11 +617,11 @@ class Supervisor:
         """Handle a worker that died, or whose pipe reached EOF."""
         self.core.doom(worker)  # from now on it gets no job
         conn, process = worker.conn, worker.process
-        self._kill_at.pop(worker, None)
         # Whatever it left behind in its process group goes with it.
         _signal_group(worker.pid, signal.SIGKILL)
         # A result written just before the death still counts.
         self._drain(worker)
+        self._kill_at.pop(worker, None)  # (after the drain, which may see EOF and set it)
         process.join()  # the sentinel fired: this reaps it at once
         exitcode = process.exitcode
         sig, how, cause = describe_exit(exitcode)
@@ -652,6 +669,8 @@ class Supervisor:
         """End a worker's process tree: SIGTERM now (the job may clean up),
         SIGKILL to whatever is left after its lane's ``kill_grace``."""
         grace = worker.lane.spec.kill_grace
+        if worker.dead:
+            return
         if grace <= 0 or worker.pid is None:
             self._kill_tree(worker)
             return
@@ -672,11 +691,13 @@ class Supervisor:
         pid = worker.pid
         if pid is None:  # pragma: no cover
             return
-        found = _descendants(pid) if not worker.dead else []
-        # The worker leads its own session (see _worker), so its group is its tree;
-        # before it has called setsid() there is no such group and this fails harmlessly.
-        _signal_group(pid, signal.SIGKILL)
-        _signal(worker, signal.SIGKILL)
+        found: list[Any] = []
+        if not worker.dead:  # once reaped, its pid (and group id) may be someone else's
+            found = _descendants(pid)
+            # The worker leads its own session (see _worker), so its group is its tree;
+            # before it has called setsid() there is no such group and this fails harmlessly.
+            _signal_group(pid, signal.SIGKILL)
+            _signal(worker, signal.SIGKILL)
         for child in [*found, *(descendants or ())]:
             try:
                 child.kill()

@@ -58,6 +58,15 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
+def format_size(n: int) -> str:
+    """``52428800`` -> ``"50 MiB"``; exact, so a limit reads as it was given."""
+    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            value = n / size
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit} ({n} bytes)"
+    return f"{n} bytes"
+
+
 def parse_size(what: str, value: int | str | None) -> int | None:
     """Bytes from an int or a string such as ``"512M"``, ``"2G"``, ``"1.5GiB"``.
 

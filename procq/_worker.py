@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from procq._protocol import ERROR, OK, READY, RUN, FnMirror, dumps, json_dumps
+from procq._values import format_size
 
 __all__ = ["exec_main", "worker_main"]
 
@@ -380,7 +381,7 @@ def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
             finally:
                 limits.lift()
         except MemoryError as exc:
-            note = "" if memory_limit is None else f"(its memory_limit is {memory_limit} bytes)"
+            note = "" if memory_limit is None else f"(the job went over its memory_limit of {format_size(memory_limit)})"
             send(codec.error(job_id, "memory", exc, note))
             continue
         except BaseException as exc:
