@@ -8,12 +8,14 @@ Who owns what, and what each pipe carries::
       serialize fn + args           │            - every worker's pipe     (results)
       Core.offer():                 │            - every worker's sentinel (deaths)
         idle worker? send the job   │            - the wake-up pipe        (close, new deadline)
-        directly on its pipe ───────┼──┐         with the nearest job deadline as timeout
+        directly on its pipe ───────┼──┐         with the nearest job deadline or due time as timeout
         else wait in the lane       │  │       on READY:     Core.worker_ready -> send it a waiting job
     handle.result() / await ────────┘  │       on a result:  Core.job_done -> send the next job
       wait for the entry's event       │       on a death:   Core.worker_died -> start a replacement,
                                        │                     then wake the dead job's waiters
                                        │       on a deadline: kill the worker's process tree
+                                       │       on a due time: Core.due -> the job enters its lane
+                                       │                      (an idle worker? send it the job)
                                        v
                        worker process (one pipe each; nothing shared)
                          starts -> READY frame (takes jobs from now on)
@@ -219,6 +221,8 @@ class Supervisor:
             now = time.monotonic()
             for worker in core.expired(now):
                 self._kill_tree(worker)
+            for worker, entry in core.due(now):
+                send_job(core, worker, entry)
             for worker, when in list(self._kill_at.items()):
                 if when <= now:
                     del self._kill_at[worker]
