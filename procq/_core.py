@@ -65,8 +65,6 @@ from procq._values import (
     Job,
     Lane,
     LaneStats,
-    Pending,
-    Processing,
     QueueStats,
     Retention,
     State,
@@ -162,14 +160,15 @@ class Core:
         """
         now = time.monotonic()
         claims: list[Claim] = []
+        kept = self.keeper.clock()
         fresh: list[Entry] = []
         conflict_at: int | None = None
         with self.lock:
             if self.closing:
                 raise QueueClosed(f"the queue is closed; cannot push job {items[0][0].key!r}")
-            self._sweep(now)
+            self._sweep(kept)
             for i, (job, lane, fp, due) in enumerate(items):
-                claim = self._claim(job, lane, fp, due, now)
+                claim = self._claim(job, lane, fp, due, now, kept)
                 if claim[2] is not None and conflict_at is None:
                     conflict_at = i
                     if self.strict_payload:
@@ -182,9 +181,11 @@ class Core:
                 claims.append(claim)
         return claims, conflict_at
 
-    def _claim(self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, now: float) -> Claim:
+    def _claim(
+        self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, now: float, kept: float
+    ) -> Claim:
         key = job.key
-        current = self._lookup(key, now)
+        current = self._lookup(key, kept)
         if type(current) is Entry:
             return "inflight", current, self._conflict(current.fp, fp, current.job.fn)
         reuse = job.reuse or self.reuse
@@ -318,7 +319,7 @@ class Core:
         assert entry.status == PENDING and entry.outcome is None
         prev = entry.prev
         entry.prev = None
-        if prev is None or self.keeper.expired(prev, time.monotonic()):
+        if prev is None or self.keeper.expired(prev, self.keeper.clock()):
             del self._keys[entry.key]
             if prev is not None:
                 self.keeper.dropped(prev)
@@ -434,7 +435,7 @@ class Core:
             if entry.prev is not None:  # ended before it ever ran (cancelled, lane failed)
                 self.keeper.dropped(entry.prev)
                 entry.prev = None
-            at = self.keeper.stamp(time.monotonic())
+            at = self.keeper.stamp(self.keeper.clock())
             rec: Record
             if type(outcome) is Completed:
                 rec = Done(entry.key, outcome.output, entry.fp, at)
@@ -756,7 +757,7 @@ class Core:
         """Drop an ended key. False if the queue holds no such key; raises
         ``ValueError`` for a live one."""
         with self.lock:
-            current = self._lookup(key, time.monotonic())
+            current = self._lookup(key, self.keeper.clock())
             if current is None:
                 return False
             if type(current) is Entry:
@@ -772,7 +773,7 @@ class Core:
 
     def state(self, key: str) -> State | None:
         with self.lock:
-            now = time.monotonic()
+            now = self.keeper.clock()
             self._sweep(now)
             current = self._lookup(key, now)
             if current is None:
@@ -787,7 +788,7 @@ class Core:
         live entry or an ``Ended`` stand-in for its record."""
         found: list[Entry | Ended] = []
         with self.lock:
-            now = time.monotonic()
+            now = self.keeper.clock()
             self._sweep(now)
             expired: list[Record] = []
             for key, value in self._keys.items():
@@ -810,7 +811,7 @@ class Core:
 
     def stats(self) -> QueueStats:
         with self.lock:
-            self._sweep(time.monotonic())
+            self._sweep(self.keeper.clock())
             lanes = {
                 name: LaneStats(
                     name=name,

@@ -30,6 +30,7 @@ against the limits whenever it reads the key (``expired``).
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, deque
 from typing import Any, Callable
 
@@ -78,6 +79,9 @@ class Keeper:
 
     def __init__(self, retention: Retention, alive: Callable[[Record], bool]) -> None:
         self.retention = retention
+        # The clock of stored times (a test may set its own; the timers of
+        # waiting jobs keep time.monotonic, which the I/O thread sleeps on).
+        self.clock: Callable[[], float] = time.monotonic
         self.ttl = retention.ttl
         self.failed_ttl = retention.failed_ttl
         self.max_completed = retention.max_completed
