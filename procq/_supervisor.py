@@ -13,6 +13,8 @@ Who owns what, and what each pipe carries::
     handle.result() / await ────────┘  │       on a result:  Core.job_done -> send the next job
       wait for the entry's event       │       on a death:   Core.worker_died -> start a replacement,
                                        │                     then wake the dead job's waiters
+                                       │       (a failed attempt with a Retry left is not ended:
+                                       │        Core re-times it for its backoff; no wake-up)
                                        │       on a deadline: kill the worker's process tree
                                        │       on a due time: Core.due -> the job enters its lane
                                        │                      (an idle worker? send it the job)

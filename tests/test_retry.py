@@ -175,3 +175,17 @@ def test_a_job_that_falls_due_in_a_full_lane_waits_for_room_ahead_of_blocked_pus
         assert type(scheduled) is Queued and scheduled.handle.result(WAIT) == 5
         assert type(busy) is Queued and busy.handle.result(WAIT) > 0
         assert q.state("busy") != Processing()
+
+
+def test_apush_with_wake_starts_a_scheduled_holder() -> None:
+    import asyncio
+
+    async def main() -> Any:
+        first = await q.apush(Job("k", jobs.identity, args=(6,), not_before=FAR))
+        assert type(first) is Queued and q.state("k") == Pending()
+        woken = await q.apush(Job("k", jobs.identity, args=(6,)), wake=True)
+        assert type(woken) is InFlight
+        return await woken.handle
+
+    with open_queue(1) as q:
+        assert asyncio.run(main()) == 6
