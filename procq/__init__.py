@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 _SOURCES = {
     "JobFailed": "procq._errors",
     "JobPicklingError": "procq._errors",
+    "KeyConflict": "procq._errors",
+    "KeyConflictWarning": "procq._errors",
     "LaneFull": "procq._errors",
     "ProcQueueError": "procq._errors",
     "QueueClosed": "procq._errors",
@@ -37,10 +39,20 @@ _SOURCES = {
     "Processing": "procq._values",
     "QueueStats": "procq._values",
     "Queued": "procq._values",
+    "Retention": "procq._values",
+    "Retry": "procq._values",
 }
 
 if TYPE_CHECKING:
-    from procq._errors import JobFailed, JobPicklingError, LaneFull, ProcQueueError, QueueClosed
+    from procq._errors import (
+        JobFailed,
+        JobPicklingError,
+        KeyConflict,
+        KeyConflictWarning,
+        LaneFull,
+        ProcQueueError,
+        QueueClosed,
+    )
     from procq._handle import JobHandle
     from procq._queue import ProcQueue
     from procq._values import (
@@ -56,6 +68,8 @@ if TYPE_CHECKING:
         Processing,
         QueueStats,
         Queued,
+        Retention,
+        Retry,
     )
 
 
@@ -86,6 +100,8 @@ __all__ = [
     "JobFailed",
     "JobHandle",
     "JobPicklingError",
+    "KeyConflict",
+    "KeyConflictWarning",
     "Lane",
     "LaneFull",
     "LaneStats",
@@ -96,4 +112,6 @@ __all__ = [
     "QueueClosed",
     "QueueStats",
     "Queued",
+    "Retention",
+    "Retry",
 ]

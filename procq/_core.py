@@ -9,39 +9,57 @@ list of wake-ups to run) and the caller acts once the lock is released.
 One lock
 --------
 ``Core.lock`` guards everything below: the state map, each lane's queues and
-worker slots, and each live entry's waiters. One lock, not a state-map lock
-plus a waiter lock, because every transition touches both and two locks would
-only add an ordering rule to get wrong. It is held for a few dict and deque
-operations at a time; never across user code, pickling, a pipe send or an
-await, and no wake-up (event set, callback, future resolution) runs under it.
+worker slots, each live entry's waiters, the timers and the retention
+bookkeeping. One lock, not a state-map lock plus a waiter lock, because every
+transition touches both and two locks would only add an ordering rule to get
+wrong. It is held for a few dict and deque operations at a time; never across
+user code, pickling, a pipe send or an await, and no wake-up (event set,
+callback, future resolution) runs under it.
 
 Life of a key
 -------------
 ::
 
-    absent / Failed ──claim──> Pending ──assign──> Processing ──finish──> Completed | Failed
-                                  │                     │
-                                  │ abandon             │ (worker dies: Failed "crashed";
-                                  v                     │  deadline: Failed "timeout")
-                        back to what it was             v
-                        (joiners: Failed "cancelled")   ...
+    absent / ended ──claim──> Pending ──(due)──> in its lane ──assign──> Processing ──finish──> Completed | Failed
+                                 │  ^                                        │
+                                 │  └──── retry: Pending(attempt + 1), ──────┤ (a failed attempt,
+                                 │        back to its timer (backoff)        │  with a Retry left)
+                                 │ abandon                                   │ (worker dies: "crashed";
+                                 v                                           │  deadline: "timeout")
+                       back to what it was                                   v
+                       (joiners: Failed "cancelled")                        ...
 
-``_keys[key]`` is an ``Entry`` while the key is live (Pending or
-Processing) and the terminal state value (``Completed`` / ``Failed``) after.
+``_keys[key]`` is an ``Entry`` while the key is live (Pending or Processing)
+and a record after (``_retention.Done`` / ``Fell``), until retention drops it.
+Which ended keys are answered from their record and which run again is the
+reuse policy (``Job.reuse``).
+
+Time
+----
+Entries waiting for a time (``Job.not_before``, a retry backoff) sit in
+``_timers``, a heap the supervisor's I/O thread sleeps towards, like the
+running jobs' deadlines: ``next_deadline`` is the nearest of both and
+``on_new_deadline`` wakes the thread when a push adds an earlier one. No
+thread polls. A timer that falls due is offered to its lane like a push
+(``_enter_lane``): to an idle worker, into ``ready``, or, when ``ready`` is
+full, into ``overdue``, which is served before pushes blocked for room.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import random
 import threading
 import time
 from collections import deque
 from dataclasses import replace
 from typing import Any, Callable, Union
 
+from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, LaneState, WorkerSlot
 from procq._errors import QueueClosed
-from procq._protocol import FnMirror
+from procq._ended import EndedKeys
+from procq._retention import Done, Fell, Keeper, Record
 from procq._values import (
     Completed,
     Failed,
@@ -49,182 +67,14 @@ from procq._values import (
     Job,
     Lane,
     LaneStats,
-    Pending,
-    Processing,
     QueueStats,
+    Retention,
     State,
 )
 
-__all__ = ["Core", "Entry", "LaneState", "WorkerSlot", "run_wakeups"]
+__all__ = ["Claim", "Core", "Ended", "Entry", "LaneState", "WorkerSlot", "run_wakeups"]
 
 Wakeup = Callable[[], None]
-
-# An entry's status. PENDING: claimed, not yet given to a worker (it may still
-# be waiting for room, or waiting in its lane). PROCESSING: a worker holds it.
-# DONE: ``outcome`` is set and will never change. ABANDONED: DONE, but the claim
-# never reached its lane: the key went back to what it was before the claim.
-PENDING, PROCESSING, DONE, ABANDONED = 0, 1, 2, 3
-
-_PENDING = Pending()
-_PROCESSING = Processing()
-
-
-class Entry:
-    """One claim of a key: a job from its claim to its terminal state."""
-
-    __slots__ = (
-        "args_bytes",
-        "callbacks",
-        "deadline",
-        "event",
-        "fn_bytes",
-        "fn_id",
-        "job",
-        "job_id",
-        "kill_reason",
-        "lane",
-        "memory_limit",
-        "outcome",
-        "prev",
-        "rss_base",
-        "status",
-        "worker",
-    )
-
-    def __init__(self, job: Job[Any], lane: LaneState, job_id: int, prev: Completed[Any] | Failed | None) -> None:
-        self.job = job
-        self.lane = lane
-        self.job_id = job_id
-        # What the key held before this claim; restored if the claim is abandoned.
-        self.prev = prev
-        self.status = PENDING
-        # Completed | Failed once DONE; never changes after.
-        self.outcome: Completed[Any] | Failed | None = None
-        # Serialized once, by the pusher, before the entry enters its lane.
-        self.fn_id = b""
-        self.fn_bytes = b""
-        self.args_bytes = b""
-        # Waiters: a threading.Event made on demand by a blocking result(), and
-        # callbacks from awaiting tasks. Both are fired with no lock held.
-        self.event: threading.Event | None = None
-        self.callbacks: list[Wakeup] | None = None
-        self.deadline: float | None = None
-        # The job's memory limit, or its lane's (bytes), and the worker's
-        # resident memory when the job was sent (what the limit is on top of).
-        self.memory_limit: int | None = job.memory_limit if job.memory_limit is not None else lane.spec.memory_limit_bytes
-        self.rss_base = 0
-        # Set when the job's end was decided from outside (timeout, memory,
-        # q.cancel, close without waiting): the failure it ends with, whatever
-        # the worker reports or however it dies after that.
-        self.kill_reason: Failure | None = None
-        # The worker holding it while PROCESSING.
-        self.worker: WorkerSlot | None = None
-
-    @property
-    def key(self) -> str:
-        return self.job.key
-
-    def state(self) -> State:
-        if self.outcome is not None:
-            return self.outcome
-        return _PROCESSING if self.status == PROCESSING else _PENDING
-
-
-class WorkerSlot:
-    """The core's view of one worker process: which job it holds, if any.
-
-    ``process`` and ``conn`` are owned by the supervisor's I/O thread; the core
-    only keeps them beside the slot's bookkeeping.
-    """
-
-    __slots__ = (
-        "booting",
-        "conn",
-        "dead",
-        "doomed",
-        "entry",
-        "fns",
-        "fresh",
-        "jobs",
-        "lane",
-        "pid",
-        "process",
-        "reader",
-        "retired",
-        "sending",
-        "sentinel",
-    )
-
-    def __init__(self, lane: LaneState, process: Any, conn: Any, sentinel: Any = None, reader: Any = None) -> None:
-        self.lane = lane
-        self.process = process
-        self.conn = conn
-        # What the I/O thread waits on for the worker's death (a pidfd where
-        # the platform has them), and for untrusted lanes the FrameReader.
-        self.sentinel = sentinel if sentinel is not None else getattr(process, "sentinel", None)
-        self.reader = reader
-        self.pid: int | None = process.pid if process is not None else None
-        self.entry: Entry | None = None
-        # Mirror of the worker's function cache (see _protocol.FnMirror).
-        self.fns = FnMirror()
-        # Threads that have been given this worker's pipe to send on and have
-        # not reported back yet. The pipe is closed only when this is 0, so a
-        # descriptor is never closed (and reused) under a sender.
-        self.sending = 0
-        # doomed: the supervisor is killing it; it gets no more jobs.
-        # dead: its death has been handled.
-        self.doomed = False
-        self.dead = False
-        self.fresh = True  # has never been given a job
-        self.jobs = 0  # jobs it has been given
-        # retired: replaced between jobs (max_jobs_per_worker, max_worker_rss);
-        # no longer in lane.workers, its replacement already counted.
-        self.retired = False
-        # Started, not yet READY: takes no job, so a worker that dies while it
-        # starts (a signal, a main module that fails to import) fails none.
-        self.booting = True
-
-
-class LaneState:
-    """A lane's limit, queues and counters."""
-
-    __slots__ = (
-        "blocked",
-        "boot_failures",
-        "completed",
-        "crashes",
-        "failed",
-        "idle",
-        "name",
-        "ready",
-        "restarts",
-        "running",
-        "spec",
-        "starting",
-        "workers",
-    )
-
-    def __init__(self, name: str, spec: Lane) -> None:
-        self.name = name
-        self.spec = spec
-        # Jobs accepted into the lane, waiting for a worker: len(ready) <= capacity.
-        self.ready: deque[Entry] = deque()
-        # Pushes waiting for room, in arrival order, each with its wake-up.
-        # Non-empty only while ready is full.
-        self.blocked: deque[tuple[Entry, Wakeup]] = deque()
-        self.workers: list[WorkerSlot] = []
-        # Live workers holding no job. Non-empty only while ready is empty.
-        self.idle: list[WorkerSlot] = []
-        self.running = 0
-        self.boot_failures = 0  # workers in a row that died before they were ready
-        self.crashes = 0
-        self.restarts = 0
-        # Replacements decided on but whose process is not started yet: they
-        # count as alive, so a waiter woken by a crash sees the lane whole.
-        self.starting = 0
-        self.completed = 0
-        self.failed = 0
-
 
 # Results of Core.offer.
 QUEUED = "queued"  # accepted into the lane's ready queue
@@ -232,19 +82,38 @@ FULL = "full"  # no room; nothing changed
 BLOCKED = "blocked"  # no room; the push now waits in the lane's blocked queue
 STOPPED = "stopped"  # the supervisor has stopped: nothing will ever run the job
 CANCELLED = "cancelled"  # q.cancel() came before the lane: the job ended, cancelled
+SCHEDULED = "scheduled"  # waits for its not_before time, then enters its lane
 
 Offer = Union[WorkerSlot, str]
 
+#: What ``claim_all`` answers per job: (kind, value, conflict). kind is
+#: "queued" (value: a new Entry), "inflight" (the live Entry), "cached" (the
+#: output) or "failed" (the Failure of a key that never runs again). conflict
+#: is None or (what differs, the holder's function or None when only a record
+#: is left).
+Claim = tuple[str, Any, Union[tuple[str, Any], None]]
 
-class Core:
+
+class Core(EndedKeys):
     """The state map and the lanes. Every method takes ``lock`` itself."""
 
-    def __init__(self, lanes: dict[str, Lane]) -> None:
+    def __init__(
+        self,
+        lanes: dict[str, Lane],
+        retention: Retention | None = None,
+        reuse: str = "failed",
+        check_payload: bool = True,
+        strict_payload: bool = True,
+    ) -> None:
         self.lock = threading.Lock()
         self.lanes = {name: LaneState(name, spec) for name, spec in lanes.items()}
         self.default_lane = next(iter(self.lanes.values()))
-        self._keys: dict[str, Entry | Completed[Any] | Failed] = {}
+        self._keys: dict[str, Entry | Record] = {}
         self._ids = itertools.count(1)
+        self.reuse = reuse  # the queue's default reuse policy
+        self.check_payload = check_payload  # fingerprints are kept and compared
+        self.strict_payload = strict_payload  # a conflict refuses the claim (on_mismatch="raise")
+        self.keeper = Keeper(retention or Retention(), lambda rec: self._keys.get(rec.key) is rec)
         self.closing = False
         self.stopped = False  # the supervisor stopped: offer() refuses everything
         self.cancelled = False  # close(wait=False) began: offer() refuses everything
@@ -257,6 +126,10 @@ class Core:
         self.drained = threading.Event()  # set while closing and nothing is live
         # Deadlines of running jobs with a timeout: (deadline, job_id, entry).
         self._deadlines: list[tuple[float, int, Entry]] = []
+        # Entries waiting for their time: (due, job_id, entry). An item is
+        # current while its entry is timed and its due equals the item's.
+        self._timers: list[tuple[float, int, Entry]] = []
+        self._random = random.Random()
         # Called (no lock held) when a new deadline may be earlier than the one
         # the I/O thread is sleeping towards.
         self.on_new_deadline: Wakeup = lambda: None
@@ -275,62 +148,147 @@ class Core:
             raise ValueError(f"job {job.key!r}: unknown lane {job.lane!r}; this queue's lanes are {known}")
         return lane
 
-    def claim(self, job: Job[Any], lane: LaneState) -> tuple[str, Any]:
-        """Check and claim ``job.key`` in one critical section.
+    def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None = None, due: float | None = None) -> Claim:
+        """Check and claim ``job.key`` in one critical section (see ``claim_all``)."""
+        claims, _ = self.claim_all([(job, lane, fp, due)])
+        return claims[0]
 
-        Returns ("queued", new Entry), ("inflight", live Entry) or
-        ("cached", output). A new entry is PENDING and in no lane yet: the
-        caller must ``offer`` it or ``abandon`` it.
+    def claim_all(self, items: list[tuple[Job[Any], LaneState, bytes | None, float | None]]) -> tuple[list[Claim], int | None]:
+        """Check and claim every job's key in one critical section.
+
+        Returns a ``Claim`` per job and the index of the first job whose
+        payload conflicts with its key's holder. With ``strict_payload`` a
+        conflict claims nothing at all (the claims made before it in the batch
+        are taken back: nobody can have joined them, the lock was held
+        throughout) and the list stops there. A new entry is PENDING and in no
+        lane yet: the caller must ``offer`` it or ``abandon`` it. A key that
+        appears twice resolves the second job to the first's claim.
         """
+        now = time.monotonic()
+        claims: list[Claim] = []
+        kept = self.keeper.clock()
+        fresh: list[Entry] = []
+        conflict_at: int | None = None
         with self.lock:
             if self.closing:
-                raise QueueClosed(f"the queue is closed; cannot push job {job.key!r}")
-            current = self._keys.get(job.key)
-            if type(current) is Entry:
-                return "inflight", current
-            if type(current) is Completed:
-                return "cached", current.output
-            entry = Entry(job, lane, next(self._ids), current)  # type: ignore[arg-type]
-            self._keys[job.key] = entry
-            if current is not None:
-                self._failed -= 1
-            self._pending += 1
-            self._live += 1
-            return "queued", entry
+                raise QueueClosed(f"the queue is closed; cannot push job {items[0][0].key!r}")
+            self._sweep(kept)
+            for i, (job, lane, fp, due) in enumerate(items):
+                claim = self._claim(job, lane, fp, due, now, kept)
+                if claim[2] is not None and conflict_at is None:
+                    conflict_at = i
+                    if self.strict_payload:
+                        for entry in reversed(fresh):
+                            self._abandon(entry, "its batch was refused")
+                        claims.append(claim)
+                        return claims, conflict_at
+                if claim[0] == "queued":
+                    fresh.append(claim[1])
+                claims.append(claim)
+        return claims, conflict_at
+
+    def _claim(
+        self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, now: float, kept: float
+    ) -> Claim:
+        key = job.key
+        current = self._lookup(key, kept)
+        if type(current) is Entry:
+            return "inflight", current, self._conflict(current.fp, fp, current.job.fn)
+        reuse = job.reuse or self.reuse
+        if type(current) is Done:
+            if reuse != "always":
+                conflict = self._conflict(current.fp, fp, None)
+                if conflict is None or not self.strict_payload:
+                    self.keeper.used(current)
+                return "cached", current.output, conflict
+        elif type(current) is Fell and reuse == "never":
+            return "failed", current.failure, self._conflict(current.fp, fp, None)
+        entry = Entry(job, lane, next(self._ids), current)  # type: ignore[arg-type]
+        entry.fp = fp if self.check_payload else None
+        if due is not None and due > now:
+            entry.due = due
+        self._keys[key] = entry
+        if current is not None:
+            self._detach(current)  # type: ignore[arg-type]
+        self._pending += 1
+        self._live += 1
+        return "queued", entry, None
+
+    def _conflict(self, held: bytes | None, pushed: bytes | None, held_fn: Any) -> tuple[str, Any] | None:
+        if held is None or pushed is None:
+            return None
+        if held[:8] != pushed[:8]:
+            return "function", held_fn
+        if len(held) == 16 and len(pushed) == 16 and held != pushed:
+            return "arguments", held_fn
+        return None
 
     def offer(self, entry: Entry, blocked_wakeup: Wakeup | None = None) -> Offer:
         """Hand a claimed entry to its lane.
 
         Returns the ``WorkerSlot`` the caller must now send the job to (an
-        idle worker took it), ``QUEUED`` (it waits in the lane), or, when the
-        lane is full, ``FULL`` (nothing changed) or, given ``blocked_wakeup``,
-        ``BLOCKED``: the entry waits for room and ``blocked_wakeup`` runs once
-        it has been accepted (see ``unblock``).
+        idle worker took it), ``QUEUED`` (it waits in the lane), ``SCHEDULED``
+        (it waits for its time first), or, when the lane is full, ``FULL``
+        (nothing changed) or, given ``blocked_wakeup``, ``BLOCKED``: the entry
+        waits for room and ``blocked_wakeup`` runs once it has been accepted
+        (see ``unblock``).
         """
         lane = entry.lane
+        result: Offer
         with self.lock:
             if self.stopped or self.cancelled:
                 return STOPPED
-            if entry.kill_reason is not None:  # cancelled while its push pickled it
+            if entry.kill_reason is not None:  # q.cancel() came while its push pickled it
                 self._pending -= 1
                 wakeups = self._settle(entry, Failed(entry.kill_reason))
-                cancelled = True
-            elif lane.idle:
-                worker = lane.idle.pop()
-                self._assign(worker, entry)
-                wake = entry.deadline is not None or entry.memory_limit is not None
-                cancelled = False
-            elif len(lane.ready) < lane.spec.capacity:
-                lane.ready.append(entry)
-                return QUEUED
-            elif blocked_wakeup is None:
-                return FULL
+                result, wake = CANCELLED, False
+            elif entry.due is not None and entry.due > time.monotonic():
+                wakeups = []
+                self._set_timer(entry, entry.due)
+                result, wake = SCHEDULED, True
             else:
-                lane.blocked.append((entry, blocked_wakeup))
-                return BLOCKED
-        if cancelled:
-            run_wakeups(wakeups)
-            return CANCELLED
+                wakeups = []
+                entry.due = None
+                if lane.idle:
+                    worker = lane.idle.pop()
+                    self._assign(worker, entry)
+                    result, wake = worker, entry.deadline is not None or entry.memory_limit is not None
+                elif len(lane.ready) < lane.spec.capacity:
+                    lane.ready.append(entry)
+                    return QUEUED
+                elif blocked_wakeup is None:
+                    return FULL
+                else:
+                    lane.blocked.append((entry, blocked_wakeup))
+                    return BLOCKED
+        run_wakeups(wakeups)
+        if wake:
+            self.on_new_deadline()
+        return result
+
+    def wake(self, entry: Entry, target: float) -> WorkerSlot | None:
+        """Move a holder waiting for its ``not_before`` time earlier, to
+        ``target`` (monotonic). Never later, never a holder waiting out a retry
+        backoff (``attempt > 1``), never one already in its lane or running:
+        those are no-ops, so repeated wakes are too. A holder now due enters
+        its lane at once; returns the worker to send it to, if an idle one
+        took it."""
+        with self.lock:
+            if entry.outcome is not None or entry.status != PENDING or entry.attempt > 1:
+                return None
+            if entry.due is None or target >= entry.due:
+                return None
+            if not entry.timed:  # its pusher has not offered it yet: offer() sees the new time
+                entry.due = target
+                return None
+            if target > time.monotonic():
+                self._set_timer(entry, target)
+                worker = None
+            else:
+                entry.timed = False
+                entry.due = None
+                worker = self._enter_lane(entry)
+            wake = worker is None or entry.deadline is not None or entry.memory_limit is not None
         if wake:
             self.on_new_deadline()
         return worker
@@ -356,19 +314,33 @@ class Core:
 
     def abandon(self, entry: Entry, why: str) -> None:
         """Release a claim that was never offered to its lane."""
+        self.abandon_all([entry], why)
+
+    def abandon_all(self, entries: list[Entry], why: str) -> None:
+        """Release claims that were never offered to their lanes, last first
+        (so a key claimed twice in a batch goes back to what it was at first)."""
+        wakeups: list[Wakeup] = []
         with self.lock:
-            wakeups = self._abandon(entry, why)
+            for entry in reversed(entries):
+                if entry.status == PENDING and entry.outcome is None and not entry.timed:
+                    wakeups += self._abandon(entry, why)
         run_wakeups(wakeups)
 
     def _abandon(self, entry: Entry, why: str) -> list[Wakeup]:
         """Put the key back to what it was before ``entry`` claimed it, and
         wake whoever joined the claim with ``cancelled`` (lock held)."""
         assert entry.status == PENDING and entry.outcome is None
-        if entry.prev is None:
+        prev = entry.prev
+        entry.prev = None
+        if prev is None or self.keeper.expired(prev, self.keeper.clock()):
             del self._keys[entry.key]
+            if prev is not None:
+                self.keeper.dropped(prev)
         else:
-            self._keys[entry.key] = entry.prev
-            self._failed += 1
+            self._keys[entry.key] = prev
+            self._count(prev, 1)
+            for old in self.keeper.restored(prev):
+                self._drop(old)
         self._pending -= 1
         failure = Failure("cancelled", f"job {entry.key!r} was abandoned before it ran: {why}")
         wakeups = self._settle(entry, Failed(failure), count=False)
@@ -379,7 +351,9 @@ class Core:
 
     def _assign(self, worker: WorkerSlot, entry: Entry) -> None:
         entry.status = PROCESSING
-        entry.prev = None  # past its lane's door: the claim can no longer be abandoned
+        if entry.prev is not None:  # past its lane's door: the claim can no longer be abandoned
+            self.keeper.dropped(entry.prev)
+            entry.prev = None
         entry.worker = worker
         worker.entry = entry
         worker.fresh = False
@@ -395,6 +369,26 @@ class Core:
             entry.deadline = time.monotonic() + timeout
             heapq.heappush(self._deadlines, (entry.deadline, entry.job_id, entry))
 
+    def _enter_lane(self, entry: Entry) -> WorkerSlot | None:
+        """A claimed entry whose time has come goes to its lane: to an idle
+        worker (returned: the caller sends it), into ready, or into overdue
+        when ready is full (lock held)."""
+        lane = entry.lane
+        if lane.idle:
+            worker = lane.idle.pop()
+            self._assign(worker, entry)
+            return worker
+        if len(lane.ready) < lane.spec.capacity:
+            lane.ready.append(entry)
+        else:
+            lane.overdue.append(entry)
+        return None
+
+    def _set_timer(self, entry: Entry, due: float) -> None:
+        entry.due = due
+        entry.timed = True
+        heapq.heappush(self._timers, (due, entry.job_id, entry))
+
     def _next_job(self, worker: WorkerSlot, wakeups: list[Wakeup]) -> Entry | None:
         """Give a free worker its next job, or park it idle (lock held)."""
         lane = worker.lane
@@ -402,6 +396,8 @@ class Core:
             return None
         if lane.ready:
             entry = lane.ready.popleft()
+        elif lane.overdue:  # only with capacity 0
+            entry = lane.overdue.popleft()
         elif lane.blocked:  # only with capacity 0: hand over directly
             entry, wakeup = lane.blocked.popleft()
             wakeups.append(wakeup)
@@ -418,7 +414,10 @@ class Core:
         return entry
 
     def _refill(self, lane: LaneState, wakeups: list[Wakeup]) -> None:
-        """Accept blocked pushes while the lane has room (lock held)."""
+        """Move overdue jobs, then blocked pushes, into ready while the lane
+        has room (lock held)."""
+        while lane.overdue and len(lane.ready) < lane.spec.capacity:
+            lane.ready.append(lane.overdue.popleft())
         while lane.blocked and len(lane.ready) < lane.spec.capacity:
             entry, wakeup = lane.blocked.popleft()
             lane.ready.append(entry)
@@ -440,19 +439,30 @@ class Core:
 
     def _settle(self, entry: Entry, outcome: Completed[Any] | Failed, count: bool = True) -> list[Wakeup]:
         """Make ``outcome`` final for ``entry`` (lock held); return its wake-ups."""
+        if entry.history and type(outcome) is Failed:
+            outcome = Failed(_summarize(entry.history, outcome.failure))
         entry.outcome = outcome
         entry.status = DONE
         entry.worker = None
+        entry.timed = False
         entry.fn_bytes = entry.args_bytes = b""  # handles may live on; the payload need not
         self._live -= 1
         if count:
-            self._keys[entry.key] = outcome
+            if entry.prev is not None:  # ended before it ever ran (cancelled, lane failed)
+                self.keeper.dropped(entry.prev)
+                entry.prev = None
+            at = self.keeper.stamp(self.keeper.clock())
+            rec: Record
             if type(outcome) is Completed:
-                self._completed += 1
+                rec = Done(entry.key, outcome.output, entry.fp, at)
                 entry.lane.completed += 1
             else:
-                self._failed += 1
+                rec = Fell(entry.key, outcome.failure, entry.fp, at)  # type: ignore[union-attr]
                 entry.lane.failed += 1
+            self._keys[entry.key] = rec
+            self._count(rec, 1)
+            for old in self.keeper.added(rec):
+                self._drop(old)
         wakeups: list[Wakeup] = []
         if entry.event is not None:
             wakeups.append(entry.event.set)
@@ -462,6 +472,35 @@ class Core:
         if self._live == 0 and self.closing:
             wakeups.append(self.drained.set)
         return wakeups
+
+    def _end(self, entry: Entry, outcome: Completed[Any] | Failed) -> list[Wakeup]:
+        """An attempt ended (its worker is already released; lock held):
+        settle the entry, or, for a failure its Retry covers, schedule the
+        next attempt and keep the key live."""
+        retry = entry.job.retry
+        if (
+            retry is None
+            or type(outcome) is not Failed
+            or outcome.failure.kind not in retry.on
+            or entry.attempt >= retry.attempts
+            or self.cancelled
+            or self.stopped
+        ):
+            return self._settle(entry, outcome)
+        if entry.history is None:
+            entry.history = []
+        entry.history.append(outcome.failure)
+        delay = retry.delay(entry.attempt, self._random.random())
+        entry.attempt += 1
+        entry.job_id = next(self._ids)
+        entry.status = PENDING
+        entry.worker = None
+        entry.kill_reason = None
+        entry.deadline = None
+        entry.lane.retries += 1
+        self._pending += 1
+        self._set_timer(entry, time.monotonic() + delay)
+        return []
 
     def job_done(
         self, worker: WorkerSlot, job_id: int, outcome: Completed[Any] | Failed, retire: bool = False
@@ -485,7 +524,7 @@ class Core:
                 # Its end was decided (cancel, timeout, memory) before this
                 # report arrived: it ends as decided, exactly once.
                 outcome = Failed(entry.kill_reason)
-            wakeups = self._settle(entry, outcome)
+            wakeups = self._end(entry, outcome)
             limit = worker.lane.spec.max_jobs_per_worker
             if (retire or (limit is not None and worker.jobs >= limit)) and not worker.doomed:
                 self._retire(worker)
@@ -547,7 +586,7 @@ class Core:
                     lane.crashes += 1
                 else:
                     failure = replace(failure, exitcode=exitcode, signal=signal)
-                wakeups = self._settle(entry, Failed(failure))
+                wakeups = self._end(entry, Failed(failure))
             return worker.sending == 0, wakeups
 
     def reserve_restart(self, lane: LaneState) -> None:
@@ -584,8 +623,9 @@ class Core:
         """Fail every job waiting in ``lane`` (its workers cannot start), so
         that no handle waits forever on a lane that cannot run anything."""
         with self.lock:
-            waiting = list(lane.ready)
+            waiting = [*lane.ready, *lane.overdue]
             lane.ready.clear()
+            lane.overdue.clear()
             wakeups: list[Wakeup] = []
             for entry in waiting:
                 self._pending -= 1
@@ -593,14 +633,19 @@ class Core:
             self._refill(lane, wakeups)
         run_wakeups(wakeups)
 
-    # --- time limits --------------------------------------------------------
+    # --- time: deadlines of running jobs, timers of waiting ones -----------------
 
     def next_deadline(self) -> float | None:
+        """The nearest running job's deadline or waiting job's due time."""
         with self.lock:
             heap = self._deadlines
-            while heap and heap[0][2].status != PROCESSING:
+            while heap and (heap[0][2].status != PROCESSING or heap[0][2].deadline != heap[0][0]):
                 heapq.heappop(heap)
-            return heap[0][0] if heap else None
+            timers = self._timers
+            while timers and not _current_timer(timers[0]):
+                heapq.heappop(timers)
+            times = [h[0][0] for h in (heap, timers) if h]
+            return min(times) if times else None
 
     def expired(self, now: float) -> list[WorkerSlot]:
         """Workers whose job ran past its deadline; each is marked doomed, its
@@ -609,8 +654,8 @@ class Core:
         with self.lock:
             heap = self._deadlines
             while heap and heap[0][0] <= now:
-                _, _, entry = heapq.heappop(heap)
-                if entry.status != PROCESSING or entry.kill_reason is not None:
+                deadline, _, entry = heapq.heappop(heap)
+                if entry.status != PROCESSING or entry.kill_reason is not None or entry.deadline != deadline:
                     continue
                 worker = entry.worker
                 if worker is None or worker.entry is not entry:
@@ -678,7 +723,10 @@ class Core:
                 worker.doomed = True
                 return True, worker
             lane = entry.lane
-            if _remove(lane.ready, entry):
+            if entry.timed:  # waiting for its not_before time or a retry's backoff
+                self._pending -= 1
+                wakeups = self._settle(entry, Failed(failure))  # (its timer goes stale)
+            elif _remove(lane.ready, entry) or _remove(lane.overdue, entry):
                 self._pending -= 1
                 wakeups = self._settle(entry, Failed(failure))
                 self._refill(lane, wakeups)
@@ -696,6 +744,26 @@ class Core:
                     entry.kill_reason = failure
         run_wakeups(wakeups)
         return True, None
+
+    def due(self, now: float) -> list[tuple[WorkerSlot, Entry]]:
+        """Entries whose time has come enter their lanes. Returns the jobs the
+        caller must send, each with the idle worker that took it."""
+        sends: list[tuple[WorkerSlot, Entry]] = []
+        with self.lock:
+            if self.stopped or self.cancelled:
+                return sends
+            timers = self._timers
+            while timers and timers[0][0] <= now:
+                item = heapq.heappop(timers)
+                if not _current_timer(item):
+                    continue
+                entry = item[2]
+                entry.timed = False
+                entry.due = None
+                worker = self._enter_lane(entry)
+                if worker is not None:
+                    sends.append((worker, entry))
+        return sends
 
     # --- closing ------------------------------------------------------------
 
@@ -720,12 +788,17 @@ class Core:
             # From here on offer() refuses: a push that claimed its key just
             # before (and is still pickling) finds the door shut, not a worker.
             self.cancelled = True
+            waiting = [item[2] for item in self._timers if _current_timer(item)]
+            self._timers.clear()
             for lane in self.lanes.values():
-                waiting = list(lane.ready)
+                waiting += lane.ready
+                waiting += lane.overdue
                 lane.ready.clear()
-                for entry in waiting:
-                    self._pending -= 1
-                    wakeups += self._settle(entry, Failed(Failure("cancelled", f"job {entry.key!r} {why}")))
+                lane.overdue.clear()
+            for entry in waiting:
+                self._pending -= 1
+                wakeups += self._settle(entry, Failed(Failure("cancelled", f"job {entry.key!r} {why}")))
+            for lane in self.lanes.values():
                 for worker in lane.workers:
                     held = worker.entry
                     if held is not None and held.kill_reason is None:
@@ -767,25 +840,32 @@ class Core:
 
     def state(self, key: str) -> State | None:
         with self.lock:
-            current = self._keys.get(key)
-        if type(current) is Entry:
-            return current.state()
-        return current  # type: ignore[return-value]
+            now = self.keeper.clock()
+            self._sweep(now)
+            current = self._lookup(key, now)
+            if current is None:
+                return None
+            if isinstance(current, Entry):
+                return current.state()
+            self.keeper.used(current)
+        return current.state()
 
     def stats(self) -> QueueStats:
         with self.lock:
+            self._sweep(self.keeper.clock())
             lanes = {
                 name: LaneStats(
                     name=name,
                     workers=lane.spec.workers,
                     capacity=lane.spec.capacity,
-                    waiting=len(lane.ready) + len(lane.blocked),
+                    waiting=len(lane.ready) + len(lane.overdue) + len(lane.blocked),
                     running=lane.running,
                     workers_alive=len(lane.workers) + lane.starting,
                     crashes=lane.crashes,
                     worker_restarts=lane.restarts,
                     completed=lane.completed,
                     failed=lane.failed,
+                    retries=lane.retries,
                 )
                 for name, lane in self.lanes.items()
             }
@@ -810,19 +890,27 @@ class Core:
                 if type(value) is Entry:
                     assert value.key == key
                     assert value.outcome is None and value.status in (PENDING, PROCESSING), key
+                    assert not value.timed or (value.status == PENDING and value.due is not None), key
+                    assert value.status == PENDING or value.prev is None, key
                     counts[value.status] += 1
-                elif type(value) is Completed:
+                elif type(value) is Done:
+                    assert value.key == key
                     completed += 1
                 else:
-                    assert type(value) is Failed, (key, value)
+                    assert type(value) is Fell and value.key == key, (key, value)
                     failed += 1
             assert counts[PENDING] == self._pending, (counts, self._pending)
             assert counts[PROCESSING] == self._processing, (counts, self._processing)
             assert completed == self._completed and failed == self._failed
+            self.keeper.check(completed)
+            for item in self._timers:
+                if _current_timer(item):
+                    assert self._keys.get(item[2].key) is item[2]
             for lane in self.lanes.values():
                 assert len(lane.ready) <= lane.spec.capacity
                 assert not lane.blocked or len(lane.ready) == lane.spec.capacity
-                assert not lane.idle or not lane.ready, lane.name
+                assert not lane.overdue or len(lane.ready) == lane.spec.capacity
+                assert not lane.idle or not (lane.ready or lane.overdue), lane.name
                 assert len(lane.workers) + lane.starting <= lane.spec.workers
                 busy = [w for w in lane.workers if w.entry is not None]
                 assert len(busy) == lane.running
@@ -831,8 +919,22 @@ class Core:
                 for w in busy:
                     assert w.entry is not None and w.entry.status == PROCESSING
                     assert self._keys.get(w.entry.key) is w.entry
-                for e in lane.ready:
-                    assert e.status == PENDING and self._keys.get(e.key) is e
+                for e in (*lane.ready, *lane.overdue):
+                    assert e.status == PENDING and not e.timed and self._keys.get(e.key) is e
+
+
+def _current_timer(item: tuple[float, int, Entry]) -> bool:
+    entry = item[2]
+    return entry.timed and entry.due == item[0] and entry.outcome is None
+
+
+def _summarize(history: list[Failure], last: Failure) -> Failure:
+    """The final failure of a job that ran more than once: the last attempt's,
+    saying how many ran and why each failed."""
+    every = (*history, last)
+    n = len(every)
+    why = "; ".join(f"#{i} {f}" for i, f in enumerate(every, 1))
+    return replace(last, message=f"{last.message} [{n} attempts, all failed: {why}]", attempts=n, history=every)
 
 
 def _remove(queue: deque[Entry], entry: Entry) -> bool:

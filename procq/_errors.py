@@ -4,11 +4,14 @@ The tree is small on purpose, and keeps "you closed it" apart from "it broke"::
 
     Exception
     ├── ProcQueueError            base of everything procq raises about the queue itself
+    │   ├── KeyConflict           (also a ValueError) a push's payload differs from the key's job
     │   ├── LaneFull              (also a TimeoutError) a push waited for room past its timeout
     │   └── QueueClosed           a push after close(): you closed it, nothing broke
     ├── JobFailed                 a job ended in Failed; .key and .failure say which and why
-    └── TypeError, pickle.PicklingError
-        └── JobPicklingError      a push's function or arguments cannot be pickled
+    ├── TypeError, pickle.PicklingError
+    │   └── JobPicklingError      a push's function or arguments cannot be pickled
+    └── UserWarning
+        └── KeyConflictWarning    as KeyConflict, with ProcQueue(on_mismatch="warn")
 
 ``JobFailed`` is deliberately not a ``ProcQueueError``: the queue is healthy, one
 job's work failed. Where the job raised an exception that could be unpickled in
@@ -29,7 +32,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from procq._values import Failure
 
-__all__ = ["JobFailed", "JobPicklingError", "LaneFull", "ProcQueueError", "QueueClosed"]
+__all__ = [
+    "JobFailed",
+    "JobPicklingError",
+    "KeyConflict",
+    "KeyConflictWarning",
+    "LaneFull",
+    "ProcQueueError",
+    "QueueClosed",
+]
 
 
 class ProcQueueError(Exception):
@@ -41,6 +52,28 @@ class LaneFull(ProcQueueError, TimeoutError):
 
     The key is left exactly as it was before the push.
     """
+
+
+class KeyConflict(ProcQueueError, ValueError):
+    """A push names a key whose job (live, or kept after it ended) has a
+    different payload: another function, or other arguments.
+
+    ``key`` is the key, ``differs`` what differs (``"function"`` or
+    ``"arguments"``). Nothing changed: the key is left as it was. Raised with
+    ``ProcQueue(on_mismatch="raise")``.
+    """
+
+    def __init__(self, message: str, key: str, differs: str) -> None:
+        super().__init__(message)
+        self.key = key
+        self.differs = differs
+
+    def __reduce__(self) -> tuple[type[KeyConflict], tuple[str, str, str]]:
+        return (type(self), (str(self), self.key, self.differs))
+
+
+class KeyConflictWarning(UserWarning):
+    """What ``KeyConflict`` says, as a warning: ``ProcQueue(on_mismatch="warn")``."""
 
 
 class QueueClosed(ProcQueueError):

@@ -9,7 +9,8 @@ from procq._errors import JobFailed
 from procq._values import Completed, State, check_wait
 
 if TYPE_CHECKING:
-    from procq._core import Core, Entry
+    from procq._core import Core
+    from procq._entries import Ended, Entry
 
 __all__ = ["JobHandle"]
 
@@ -26,7 +27,7 @@ class JobHandle(Generic[T]):
 
     __slots__ = ("_core", "_entry", "_owner")
 
-    def __init__(self, core: Core, entry: Entry, owner: object = None) -> None:
+    def __init__(self, core: Core, entry: Entry | Ended, owner: object = None) -> None:
         self._core = core
         self._entry = entry
         # The queue, kept alive while a handle on one of its jobs exists.
@@ -82,7 +83,7 @@ class JobHandle(Generic[T]):
         return f"<JobHandle key={self.key!r} state={self.state!r}>"
 
 
-def _unwrap(entry: Entry) -> Any:  # the T of the handle it serves
+def _unwrap(entry: Entry | Ended) -> Any:  # the T of the handle it serves
     outcome = entry.outcome
     if type(outcome) is Completed:
         return outcome.output

@@ -16,19 +16,41 @@ import sys
 import threading
 import time
 import types
+import warnings
 import weakref
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
-from procq._core import BLOCKED, CANCELLED, FULL, STOPPED, Core, Entry, LaneState, Offer, WorkerSlot
-from procq._errors import JobPicklingError, LaneFull, QueueClosed
+from procq._core import BLOCKED, CANCELLED, FULL, STOPPED, Claim, Core, Ended, Entry, LaneState, Offer, WorkerSlot
+from procq._errors import JobPicklingError, KeyConflict, KeyConflictWarning, LaneFull, QueueClosed
+from procq._fingerprint import fingerprint, fn_name
 from procq._handle import JobHandle
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
 from procq._supervisor import Supervisor, send_job
-from procq._values import Cached, InFlight, Job, Lane, PushOutcome, QueueStats, Queued, State, check_wait
+from procq._values import (
+    REUSE_POLICIES,
+    Cached,
+    Completed,
+    Failed,
+    InFlight,
+    Job,
+    Lane,
+    Pending,
+    Processing,
+    PushOutcome,
+    QueueStats,
+    Queued,
+    Retention,
+    Reuse,
+    State,
+    check_wait,
+)
 
 __all__ = ["ProcQueue"]
 
 T = TypeVar("T")
+
+_STATES = (Pending, Processing, Completed, Failed)
+MISMATCH_POLICIES = ("raise", "warn", "ignore")
 
 _names = itertools.count(1)
 
@@ -89,6 +111,16 @@ class ProcQueue:
     ``multiprocessing`` start method for workers: ``"forkserver"`` on Linux
     and ``"spawn"`` elsewhere by default.
 
+    ``retention`` (a :class:`Retention`) limits how long ended keys are kept;
+    by default every key is kept for the life of the queue. ``reuse`` is the
+    default of ``Job.reuse``: how an ended key answers a push (``"failed"``:
+    a failed key runs again, a completed one answers ``Cached``).
+    ``on_mismatch`` says what a push does when its key's holder (live, or
+    kept after it ended) has another function or other arguments:
+    ``"raise"`` ``KeyConflict``, ``"warn"`` (a ``KeyConflictWarning``, then
+    as ``"ignore"``) or ``"ignore"`` (the default: the key alone decides, as
+    the contract says; no fingerprint is taken).
+
     Use it as a context manager, or call :meth:`close`: leaving the ``with``
     block waits for every waiting and running job, then stops and reaps every
     worker. (On ``KeyboardInterrupt`` it does not wait: waiting jobs are
@@ -100,8 +132,17 @@ class ProcQueue:
         lanes: int | Mapping[str, int | Lane] | None = None,
         *,
         start_method: str | None = None,
+        retention: Retention | None = None,
+        reuse: Reuse = "failed",
+        on_mismatch: str = "ignore",
     ) -> None:
         parsed = _parse_lanes(lanes)
+        if retention is not None and not isinstance(retention, Retention):
+            raise TypeError(f"retention must be a procq.Retention or None, got {type(retention).__name__}")
+        if reuse not in REUSE_POLICIES:
+            raise ValueError(f"reuse must be 'failed', 'always' or 'never', got {reuse!r}")
+        if on_mismatch not in MISMATCH_POLICIES:
+            raise ValueError(f"on_mismatch must be 'raise', 'warn' or 'ignore', got {on_mismatch!r}")
         method = start_method or _default_start_method()
         if method == "fork":
             # The supervisor runs a thread, and a fork copies a threaded process
@@ -117,7 +158,13 @@ class ProcQueue:
             known = ", ".join(multiprocessing.get_all_start_methods())
             raise ValueError(f"unknown start method {method!r}; this platform has {known}") from None
         self.start_method = method
-        self._core = Core(parsed)
+        self._core = Core(
+            parsed,
+            retention,
+            reuse,
+            check_payload=on_mismatch != "ignore",
+            strict_payload=on_mismatch == "raise",
+        )
         self._life = _Life.OPEN
         self._close_lock = threading.Lock()
         # Pickles of module-level functions, made once per queue (see _serialize).
@@ -130,18 +177,43 @@ class ProcQueue:
 
     # --- pushing ------------------------------------------------------------
 
-    def push(self, job: Job[T], *, timeout: float | None = None) -> PushOutcome:
+    def push(self, job: Job[T], *, timeout: float | None = None, wake: bool = False) -> PushOutcome:
         """Push ``job``: ``Queued(handle)``, ``InFlight(handle)`` or ``Cached(output)``.
 
         Blocks while the job's lane is full; past ``timeout`` seconds raises
         ``LaneFull`` and leaves the key exactly as it was. Raises
-        ``QueueClosed`` after ``close()``, ``ValueError`` for an unknown lane and
-        ``TypeError`` when the function or arguments cannot be pickled.
+        ``QueueClosed`` after ``close()``, ``ValueError`` for an unknown lane,
+        ``TypeError`` when the function or arguments cannot be pickled and
+        ``KeyConflict`` when the key's holder has another payload.
+
+        With ``wake=True``, a live holder of the key that waits for its
+        ``not_before`` time is moved earlier: to this job's own
+        ``not_before``, or now. Never later, and never a holder waiting out a
+        retry backoff (a key pushed on every upstream event must not hot-loop
+        while it is failing); repeated wakes change nothing more. A holder
+        that is now due starts at once, without waiting for a timer.
         """
         timeout = check_wait(timeout)
-        outcome, entry = self._claim(job)
-        if entry is None:
-            return outcome
+        outcome, entry = self._claim(job, wake)
+        if entry is not None:
+            self._offer(entry, timeout)
+        return outcome
+
+    async def apush(self, job: Job[T], *, timeout: float | None = None, wake: bool = False) -> PushOutcome:
+        """The asyncio form of :meth:`push`.
+
+        While the lane is full the task waits without blocking its loop. A task
+        cancelled while it waits for room releases its claim: the key goes back
+        to what it was and any push that joined it is woken with ``cancelled``.
+        """
+        timeout = check_wait(timeout)
+        outcome, entry = self._claim(job, wake)
+        if entry is not None:
+            await self._aoffer(entry, timeout)
+        return outcome
+
+    def _offer(self, entry: Entry, timeout: float | None) -> None:
+        """Hand a fresh claim to its lane, waiting for room up to ``timeout``."""
         core = self._core
         offered = core.offer(entry)
         if offered is FULL and _may_wait(timeout):
@@ -154,21 +226,10 @@ class ProcQueue:
                     core.unblock(entry, "the push was interrupted while it waited for room")
                     raise
                 self._after_block(entry, timeout)
-                return outcome
+                return
         self._hand_over(entry, offered, timeout)
-        return outcome
 
-    async def apush(self, job: Job[T], *, timeout: float | None = None) -> PushOutcome:
-        """The asyncio form of :meth:`push`.
-
-        While the lane is full the task waits without blocking its loop. A task
-        cancelled while it waits for room releases its claim: the key goes back
-        to what it was and any push that joined it is woken with ``cancelled``.
-        """
-        timeout = check_wait(timeout)
-        outcome, entry = self._claim(job)
-        if entry is None:
-            return outcome
+    async def _aoffer(self, entry: Entry, timeout: float | None) -> None:
         core = self._core
         offered = core.offer(entry)
         if offered is FULL and _may_wait(timeout):
@@ -186,9 +247,40 @@ class ProcQueue:
                     core.unblock(entry, "the pushing task was cancelled while it waited for room")
                     raise
                 self._after_block(entry, timeout)
-                return outcome
+                return
         self._hand_over(entry, offered, timeout)
-        return outcome
+
+    def push_all(self, jobs: Iterable[Job[Any]], *, wake: bool = False) -> list[PushOutcome]:
+        """Push many jobs: one outcome per job, in the order given.
+
+        Every key is checked and claimed in one critical section; a key that
+        appears twice resolves the later job to the earlier one's claim. If
+        any job cannot be pickled (or, with ``on_mismatch="raise"``, conflicts
+        with its key's holder), nothing is pushed: every claim is released and
+        the error names the job. Then the fresh jobs enter their lanes in
+        order, each waiting for room like :meth:`push`.
+        """
+        outcomes, fresh, woken = self._claim_all(jobs, wake)
+        for i, entry in enumerate(fresh):
+            try:
+                self._offer(entry, None)
+            except BaseException:
+                self._core.abandon_all(fresh[i + 1 :], "an earlier job of its batch could not be pushed")
+                raise
+        self._wake_all(woken)
+        return outcomes
+
+    async def apush_all(self, jobs: Iterable[Job[Any]], *, wake: bool = False) -> list[PushOutcome]:
+        """The asyncio form of :meth:`push_all`."""
+        outcomes, fresh, woken = self._claim_all(jobs, wake)
+        for i, entry in enumerate(fresh):
+            try:
+                await self._aoffer(entry, None)
+            except BaseException:
+                self._core.abandon_all(fresh[i + 1 :], "an earlier job of its batch could not be pushed")
+                raise
+        self._wake_all(woken)
+        return outcomes
 
     def push_and_wait(self, job: Job[T], timeout: float | None = None) -> T:
         """Push ``job`` and return its output (``Cached``, or once it ends).
@@ -223,25 +315,109 @@ class ProcQueue:
         except asyncio.TimeoutError:
             raise _unfinished(job, timeout) from None
 
-    def _claim(self, job: Job[T]) -> tuple[PushOutcome, Entry | None]:
+    def _claim(self, job: Job[T], wake: bool = False) -> tuple[PushOutcome, Entry | None]:
         """Claim ``job.key``. For a fresh claim, serialize the job (releasing
         the claim if that fails) and return the entry to offer to its lane."""
+        core = self._core
+        item = self._item(job, None)
+        claims, conflict_at = core.claim_all([item])
+        kind, value, conflict = claims[0]
+        if conflict is not None:
+            self._mismatch(job, conflict)
+        if kind == "queued":
+            entry: Entry = value
+            try:
+                self._serialize(entry)
+            except BaseException:
+                core.abandon(entry, "its function or arguments could not be pickled")
+                raise
+            return Queued(JobHandle(core, entry, self)), entry
+        if wake and kind == "inflight":
+            self._wake_all([(value, job)])
+        return self._answer(job, claims[0]), None
+
+    def _item(self, job: Job[Any], index: int | None) -> tuple[Job[Any], LaneState, bytes | None, float | None]:
         if not isinstance(job, Job):
-            raise TypeError(f"push() takes a procq.Job, got {type(job).__name__}")
+            where = "push()" if index is None else f"push_all(): job #{index}"
+            raise TypeError(f"{where} takes a procq.Job, got {type(job).__name__}")
         core = self._core
         lane = core.lane_for(job)
-        kind, value = core.claim(job, lane)
+        fp = fingerprint(job.fn, job.args, job.kwargs) if core.check_payload else None
+        return job, lane, fp, job.due(time.monotonic())
+
+    def _answer(self, job: Job[Any], claim: Claim) -> PushOutcome:
+        """The outcome of a claim that started nothing."""
+        kind, value, _ = claim
+        core = self._core
         if kind == "cached":
-            return Cached(value), None
+            return Cached(value)
         if kind == "inflight":
-            return InFlight(JobHandle(core, value, self)), None
-        entry: Entry = value
-        try:
-            self._serialize(entry)
-        except BaseException:
-            core.abandon(entry, "its function or arguments could not be pickled")
-            raise
-        return Queued(JobHandle(core, entry, self)), entry
+            return InFlight(JobHandle(core, value, self))
+        assert kind == "failed"  # reuse="never": the key answers with its failure
+        return InFlight(JobHandle(core, Ended(job.key, Failed(value)), self))
+
+    def _mismatch(self, job: Job[Any], conflict: tuple[str, Any]) -> None:
+        differs, held_fn = conflict
+        if differs == "function":
+            held = "a job that ended (its function is not kept)" if held_fn is None else fn_name(held_fn)
+            detail = f"another function: this push runs {fn_name(job.fn)}, the key's job {held}"
+        else:
+            detail = f"other arguments to the same function, {fn_name(job.fn)}"
+        message = (
+            f"key {job.key!r} is held by a job with {detail}. A key names one "
+            "piece of work: use another key for other work, forget() an ended key to run it anew, "
+            "or choose ProcQueue(on_mismatch='warn' or 'ignore')"
+        )
+        if self._core.strict_payload:
+            raise KeyConflict(message, job.key, differs)
+        warnings.warn(KeyConflictWarning(message), stacklevel=4)
+
+    def _claim_all(
+        self, jobs: Iterable[Job[Any]], wake: bool
+    ) -> tuple[list[PushOutcome], list[Entry], list[tuple[Entry, Job[Any]]]]:
+        """Claim a batch: its outcomes, its fresh (serialized) entries in
+        order, and the live holders to wake."""
+        jobs = list(jobs)
+        if not jobs:
+            return [], [], []
+        core = self._core
+        items = [self._item(job, i) for i, job in enumerate(jobs)]
+        claims, conflict_at = core.claim_all(items)
+        if conflict_at is not None and core.strict_payload:
+            self._mismatch(jobs[conflict_at], claims[conflict_at][2])  # type: ignore[arg-type]
+        for job, claim in zip(jobs, claims):
+            if claim[2] is not None:
+                self._mismatch(job, claim[2])
+        fresh = [value for kind, value, _ in claims if kind == "queued"]
+        for i, (job, (kind, value, _)) in enumerate(zip(jobs, claims)):
+            if kind != "queued":
+                continue
+            try:
+                self._serialize(value)
+            except BaseException as exc:
+                core.abandon_all(fresh, f"job #{i} of its batch could not be pickled")
+                if isinstance(exc, JobPicklingError):
+                    raise JobPicklingError(f"push_all(): nothing was pushed: job #{i} {exc}") from exc
+                raise
+        outcomes: list[PushOutcome] = []
+        woken: list[tuple[Entry, Job[Any]]] = []
+        for job, claim in zip(jobs, claims):
+            if claim[0] == "queued":
+                outcomes.append(Queued(JobHandle(core, claim[1], self)))
+            else:
+                outcomes.append(self._answer(job, claim))
+                if wake and claim[0] == "inflight":
+                    woken.append((claim[1], job))
+        return outcomes, fresh, woken
+
+    def _wake_all(self, woken: list[tuple[Entry, Job[Any]]]) -> None:
+        core = self._core
+        for entry, job in woken:
+            now = time.monotonic()
+            target = job.due(now)
+            worker = core.wake(entry, now if target is None else target)
+            if worker is not None:
+                send_job(core, worker, entry)
 
     def _serialize(self, entry: Entry) -> None:
         job = entry.job
@@ -305,17 +481,67 @@ class ProcQueue:
 
         It never blocks, so it is safe to call from an event loop as it is.
         """
-        if not isinstance(key, str):
-            raise TypeError(f"a key is a str, got {type(key).__name__}: {key!r}")
+        _check_key(key)
         return self._supervisor.cancel(key)
+
+    # --- keys ---------------------------------------------------------------
+
+    def map(
+        self,
+        fn: Callable[[Any], T],
+        iterable: Iterable[Any],
+        *,
+        key: Callable[[Any], str] | None = None,
+        lane: str | None = None,
+        ordered: bool = True,
+        return_failures: bool = False,
+    ) -> Iterator[Any]:
+        """``fn(item)`` for every item, run as jobs: a lazy iterator over the outputs.
+
+        Items are pulled from ``iterable`` only as the lane has room (at most
+        twice its workers' count are out at once), so an endless or huge input
+        runs in bounded memory. Each job's key is ``key(item)``, or a content
+        hash of ``fn`` and the item (``"map:<fn digest>:<item digest>"``): an
+        item seen before answers from the queue like any push. With
+        ``ordered=True`` outputs come in input order, else as jobs end. A
+        failed job raises ``JobFailed`` where its output would come (ending
+        the iteration), or with ``return_failures=True`` is yielded as the
+        ``JobFailed`` exception itself.
+        """
+        from procq._map import map_jobs
+
+        return map_jobs(self, fn, iterable, key, lane, ordered, return_failures)
+
+    def forget(self, key: str) -> bool:
+        """Drop an ended key (completed or failed), as if it was never pushed.
+
+        Returns False for a key the queue does not hold. A live key (pending
+        or running) cannot be forgotten: ``ValueError``.
+        """
+        _check_key(key)
+        return self._core.forget(key)
+
+    def keys(self, prefix: str | None = None, state: Any = None) -> list[str]:
+        """Every key the queue holds, sorted; only those starting with
+        ``prefix`` and, given ``state`` (a state class such as ``Completed``,
+        or a tuple of them), only those in that state."""
+        return [e.key for e in self._core.snapshot(*_filters(prefix, state))]
+
+    def handles(self, prefix: str | None = None, state: Any = None) -> list[JobHandle[Any]]:
+        """A handle on every key the queue holds (filtered as :meth:`keys`),
+        sorted by key: ``handle.key`` and ``handle.state`` answer "where is
+        each key now?", and a live key's handle waits like any other. A
+        snapshot: keys pushed later are not in it."""
+        core = self._core
+        return [JobHandle(core, e, self) for e in core.snapshot(*_filters(prefix, state))]
 
     # --- reading ------------------------------------------------------------
 
     def state(self, key: str) -> State | None:
         """The key's state: ``Pending()``, ``Processing()``, ``Completed(output)``,
-        ``Failed(failure)``, or ``None`` for a key this queue has never kept."""
-        if not isinstance(key, str):
-            raise TypeError(f"a key is a str, got {type(key).__name__}: {key!r}")
+        ``Failed(failure)``, or ``None`` for a key this queue does not hold
+        (never pushed, forgotten, or dropped by its retention)."""
+        _check_key(key)
         return self._core.state(key)
 
     def stats(self) -> QueueStats:
@@ -379,6 +605,25 @@ class ProcQueue:
 
     def _worker_pids(self) -> list[int]:
         return self._supervisor.pids()
+
+
+def _check_key(key: Any) -> None:
+    if not isinstance(key, str):
+        raise TypeError(f"a key is a str, got {type(key).__name__}: {key!r}")
+
+
+def _filters(prefix: Any, state: Any) -> tuple[str | None, tuple[type, ...] | None]:
+    if prefix is not None and not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str or None, got {type(prefix).__name__}")
+    if state is None:
+        return prefix, None
+    kinds = tuple(state) if isinstance(state, (tuple, list, set, frozenset)) else (state,)
+    for kind in kinds:
+        if kind not in _STATES:
+            raise TypeError(
+                f"state must be Pending, Processing, Completed or Failed (or a tuple of them), got {kind!r}"
+            )
+    return prefix, kinds
 
 
 def _unfinished(job: Job[Any], timeout: float | None) -> TimeoutError:

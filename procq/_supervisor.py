@@ -9,12 +9,17 @@ Who owns what, and what each pipe carries::
       Core.offer():                 │            - every worker's pidfd    (deaths)
         idle worker? send the job   │            - the wake-up pipe        (close, cancel, new deadline)
         directly on its pipe ───────┼──┐         with the nearest deadline as timeout (job time
-        else wait in the lane       │  │         limits, SIGKILLs due after a SIGTERM, memory samples)
-    handle.result() / await ────────┘  │       on READY:     Core.worker_ready -> send it a waiting job
-      wait for the entry's event       │       on a result:  Core.job_done -> send the next job, or
-    q.cancel(key): Core.cancel ────────┤                     retire the worker and start another
+        else wait in the lane       │  │         limits, due times, SIGKILLs due after a SIGTERM,
+    handle.result() / await ────────┘  │         memory samples)
+      wait for the entry's event       │       on READY:     Core.worker_ready -> send it a waiting job
+    q.cancel(key): Core.cancel ────────┤       on a result:  Core.job_done -> send the next job, or
+                                       │                     retire the worker and start another
                                        │       on a death:   Core.worker_died -> SIGKILL its group,
                                        │                     wake the dead job's waiters, replace it
+                                       │       (a failed attempt with a Retry left is not ended:
+                                       │        Core re-times it for its backoff; no wake-up)
+                                       │       on a due time: Core.due -> the job enters its lane
+                                       │                      (an idle worker? send it the job)
                                        │       on a deadline, a cancel, memory past a limit:
                                        │                     SIGTERM the worker's tree, SIGKILL after
                                        │                     the lane's kill_grace
@@ -330,6 +335,8 @@ class Supervisor:
             now = time.monotonic()
             for worker in core.expired(now):
                 self._terminate(worker)
+            for worker, entry in core.due(now):
+                send_job(core, worker, entry)
             if core.memory_jobs and now >= self._next_sample:
                 self._check_memory()
                 self._next_sample = time.monotonic() + MEMORY_CHECK_INTERVAL

@@ -6,11 +6,12 @@ loops and never change once made.
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generic, Mapping, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, Mapping, TypeVar, Union
 
 if TYPE_CHECKING:
     from procq._handle import JobHandle
@@ -32,6 +33,10 @@ __all__ = [
     "PushOutcome",
     "QueueStats",
     "Queued",
+    "RETRYABLE_KINDS",
+    "Retention",
+    "Retry",
+    "Reuse",
     "State",
 ]
 
@@ -86,6 +91,13 @@ def parse_size(what: str, value: int | str | None) -> int | None:
     if value < 1:
         raise ValueError(f"{what} must be at least 1 byte, got {value!r}")
     return value
+#: How a terminal key answers a new push (see ``Job.reuse``).
+Reuse = Literal["failed", "always", "never"]
+REUSE_POLICIES = ("failed", "always", "never")
+
+#: The failure kinds a ``Retry`` may retry. ``"cancelled"`` is never retried:
+#: a cancelled job was stopped on purpose.
+RETRYABLE_KINDS = frozenset({"error", "crashed", "timeout", "memory", "protocol"})
 
 
 def _check_timeout(what: str, value: float | None) -> float | None:
@@ -121,6 +133,15 @@ class Job(Generic[T]):
     is killed and the job fails with kind ``"timeout"``. ``memory_limit``
     (bytes, or a string such as ``"512M"``; ``None``: the lane's) bounds the
     memory the job may use; past it the job fails with kind ``"memory"``.
+
+    ``reuse`` says how a key that already ended answers this push
+    (``None``: the queue's default, ``"failed"`` unless the queue says
+    otherwise): ``"failed"`` runs a failed key again and answers a completed
+    one with its output; ``"always"`` runs any ended key again; ``"never"``
+    runs no ended key again (a failed one answers with its failure).
+    ``retry`` (a :class:`Retry`) runs a failed attempt again after a backoff.
+    ``not_before`` (a ``datetime``, or a delay in seconds from the push)
+    holds the job until then.
     """
 
     key: str
@@ -130,6 +151,9 @@ class Job(Generic[T]):
     lane: str | None = None
     timeout: float | None = None
     memory_limit: int | None = None
+    reuse: Reuse | None = None
+    retry: Retry | None = None
+    not_before: datetime.datetime | float | None = None
 
     def __init__(
         self,
@@ -141,6 +165,9 @@ class Job(Generic[T]):
         lane: str | None = None,
         timeout: float | None = None,
         memory_limit: int | str | None = None,
+        reuse: Reuse | None = None,
+        retry: Retry | None = None,
+        not_before: datetime.datetime | float | None = None,
     ) -> None:
         if not isinstance(key, str):
             raise TypeError(f"job key must be a str, got {type(key).__name__}: {key!r}")
@@ -174,6 +201,138 @@ class Job(Generic[T]):
         object.__setattr__(self, "lane", lane)
         object.__setattr__(self, "timeout", _check_timeout(f"job {key!r}: timeout", timeout))
         object.__setattr__(self, "memory_limit", parse_size(f"job {key!r}: memory_limit", memory_limit))
+        if reuse is not None and reuse not in REUSE_POLICIES:
+            raise ValueError(f"job {key!r}: reuse must be 'failed', 'always', 'never' or None, got {reuse!r}")
+        if retry is not None and not isinstance(retry, Retry):
+            raise TypeError(f"job {key!r}: retry must be a procq.Retry or None, got {type(retry).__name__}")
+        if not_before is not None and not isinstance(not_before, datetime.datetime):
+            if isinstance(not_before, bool) or not isinstance(not_before, (int, float)):
+                raise TypeError(
+                    f"job {key!r}: not_before must be a datetime, a delay in seconds or None, "
+                    f"got {type(not_before).__name__}"
+                )
+            if not math.isfinite(not_before) or not_before < 0:
+                raise ValueError(f"job {key!r}: not_before as a delay must be a number of seconds >= 0, got {not_before!r}")
+            not_before = float(not_before)
+        object.__setattr__(self, "reuse", reuse)
+        object.__setattr__(self, "retry", retry)
+        object.__setattr__(self, "not_before", not_before)
+
+    def due(self, now: float) -> float | None:
+        """When the job may start, on the ``time.monotonic()`` clock (None: at once).
+
+        A delay counts from ``now`` (the push); a ``datetime`` is converted
+        through the wall clock at the same moment (a naive one is local time).
+        """
+        nb = self.not_before
+        if nb is None:
+            return None
+        if isinstance(nb, datetime.datetime):
+            wall = datetime.datetime.now(nb.tzinfo)
+            return now + (nb - wall).total_seconds()
+        return now + nb
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Run a failed attempt again, after a growing backoff.
+
+    At most ``attempts`` attempts run in all (the first included). After
+    attempt ``n`` fails with a kind in ``on``, attempt ``n + 1`` starts
+    ``min(max_backoff, backoff * factor ** (n - 1))`` seconds later, that
+    delay scaled by a random factor in ``[1 - jitter, 1 + jitter]``. Between
+    attempts the key stays live: ``state()`` is ``Pending(attempt=n + 1)`` and
+    a push joins it (``InFlight``). The key becomes ``Failed`` only when an
+    attempt fails with a kind not in ``on`` or the last attempt fails; that
+    failure says how many attempts ran and why each failed.
+
+    ``on`` takes kinds from ``"error"``, ``"crashed"``, ``"timeout"``,
+    ``"memory"`` and ``"protocol"``; a ``"cancelled"`` job is never retried.
+    """
+
+    attempts: int = 3
+    backoff: float = 0.1
+    factor: float = 2.0
+    max_backoff: float = 30.0
+    jitter: float = 0.2
+    on: tuple[str, ...] = ("crashed", "timeout", "error")
+
+    def __post_init__(self) -> None:
+        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
+            raise TypeError(f"Retry attempts must be an int, got {type(self.attempts).__name__}")
+        if self.attempts < 1:
+            raise ValueError(f"Retry needs at least 1 attempt, got {self.attempts}")
+        for name in ("backoff", "factor", "max_backoff", "jitter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"Retry {name} must be a finite number, got {value!r}")
+            if value < 0:
+                raise ValueError(f"Retry {name} must be >= 0, got {value!r}")
+        if self.factor < 1:
+            raise ValueError(f"Retry factor must be >= 1 (a backoff never shrinks), got {self.factor!r}")
+        if self.jitter > 1:
+            raise ValueError(f"Retry jitter must be between 0 and 1, got {self.jitter!r}")
+        on = self.on
+        if isinstance(on, str):
+            on = (on,)
+        if not isinstance(on, (tuple, list, set, frozenset)):
+            raise TypeError(f"Retry on must be a tuple of failure kinds, got {type(on).__name__}")
+        for kind in on:
+            if kind == "cancelled":
+                raise ValueError("Retry on cannot include 'cancelled': a cancelled job is never retried")
+            if kind not in RETRYABLE_KINDS:
+                known = ", ".join(repr(k) for k in sorted(RETRYABLE_KINDS))
+                raise ValueError(f"Retry on: unknown failure kind {kind!r}; the kinds are {known}")
+        object.__setattr__(self, "on", tuple(on))
+
+    def delay(self, attempt: int, rand: float) -> float:
+        """Seconds to wait after failed attempt ``attempt`` (1-based), for a
+        ``rand`` drawn uniformly from [0, 1)."""
+        base = min(self.max_backoff, self.backoff * self.factor ** (attempt - 1))
+        return max(0.0, base * (1.0 + self.jitter * (2.0 * rand - 1.0)))
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long a queue keeps keys that ended. The default keeps every key forever.
+
+    - ``ttl``: a completed key is dropped this many seconds after it completed.
+    - ``max_completed``: at most this many completed keys are kept; beyond it
+      the least recently used are dropped (a push answered ``Cached`` and a
+      ``state()`` read count as uses).
+    - ``failed_ttl``: a failed key's record (what ``state()`` reports) is
+      dropped this many seconds after it failed. A failed key stays retryable
+      either way.
+
+    A dropped key is as if never pushed: ``state()`` is ``None`` and the next
+    push runs it. Expiry is decided from the times stored with each key
+    whenever the key is read, so an expired key is never answered from the
+    store; the memory of expired keys is reclaimed as the queue is used.
+    """
+
+    ttl: float | None = None
+    max_completed: int | None = None
+    failed_ttl: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttl", "failed_ttl"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"Retention {name} must be a number of seconds or None, got {type(value).__name__}")
+            if math.isnan(value) or value < 0:
+                raise ValueError(f"Retention {name} must be None or a number of seconds >= 0, got {value!r}")
+        limit = self.max_completed
+        if limit is not None:
+            if isinstance(limit, bool) or not isinstance(limit, int):
+                raise TypeError(f"Retention max_completed must be an int or None, got {type(limit).__name__}")
+            if limit < 0:
+                raise ValueError(f"Retention max_completed must be >= 0, got {limit}")
+
+    @property
+    def bounded(self) -> bool:
+        return self.ttl is not None or self.max_completed is not None or self.failed_ttl is not None
 
 
 @dataclass(frozen=True)
@@ -318,7 +477,14 @@ def _check_rlimits(rlimits: Mapping[str, int | str] | None) -> dict[str, int] | 
 
 @dataclass(frozen=True)
 class Pending:
-    """Claimed and queued in its lane; no worker has started it yet."""
+    """Claimed; no worker has started it yet (waiting in its lane, for its
+    ``not_before`` time, or for its retry backoff).
+
+    ``attempt`` is the attempt that will run next: 1, or more while a job
+    with a ``Retry`` waits to run again. ``Pending() == Pending(attempt=1)``.
+    """
+
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
@@ -357,6 +523,10 @@ class Failure:
       malformed, out of turn, about another job, not JSON in an untrusted
       lane, or a result larger than the lane's ``max_result_bytes``. The
       worker is replaced.
+
+    ``attempts`` is how many attempts ran (more than 1 only with a ``Retry``);
+    ``history`` then holds each attempt's own failure, first to last, and the
+    message lists them.
     """
 
     kind: str
@@ -366,6 +536,8 @@ class Failure:
     exitcode: int | None = None
     signal: str | None = None
     pid: int | None = None
+    attempts: int = 1
+    history: tuple[Failure, ...] = field(default=(), repr=False)
     #: The job's exception itself, where it could be unpickled in the supervisor.
     exception: BaseException | None = field(default=None, repr=False, compare=False)
 
@@ -440,6 +612,7 @@ class LaneStats(_ItemAccess):
     worker_restarts: int  # replacement workers started
     completed: int
     failed: int
+    retries: int = 0  # failed attempts that a Retry ran again
 
 
 @dataclass(frozen=True)

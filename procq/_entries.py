@@ -1,0 +1,230 @@
+"""The core's bookkeeping objects: a claim (``Entry``), a worker (``WorkerSlot``),
+a lane (``LaneState``). ``Core`` (``_core.py``) changes them, under its lock;
+nothing here takes a lock or does I/O.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any, Callable
+
+from procq._protocol import FnMirror
+from procq._values import Completed, Failed, Failure, Job, Lane, Pending, Processing, State
+
+if TYPE_CHECKING:
+    from procq._retention import Record
+
+__all__ = ["ABANDONED", "DONE", "PENDING", "PROCESSING", "Ended", "Entry", "LaneState", "WorkerSlot"]
+
+Wakeup = Callable[[], None]
+
+# An entry's status. PENDING: claimed, not yet given to a worker (it may still
+# be waiting for room, for its time, or in its lane). PROCESSING: a worker
+# holds it. DONE: ``outcome`` is set and will never change. ABANDONED: DONE,
+# but the claim never reached its lane: the key went back to what it was
+# before the claim.
+PENDING, PROCESSING, DONE, ABANDONED = 0, 1, 2, 3
+
+_PENDING = Pending()
+_PROCESSING = Processing()
+
+
+class Entry:
+    """One claim of a key: a job from its claim to its terminal state, through
+    every attempt (a retried job keeps its entry, so its handles keep waiting)."""
+
+    __slots__ = (
+        "args_bytes",
+        "attempt",
+        "callbacks",
+        "deadline",
+        "due",
+        "event",
+        "fn_bytes",
+        "fn_id",
+        "fp",
+        "history",
+        "job",
+        "job_id",
+        "kill_reason",
+        "lane",
+        "memory_limit",
+        "outcome",
+        "prev",
+        "rss_base",
+        "status",
+        "timed",
+        "worker",
+    )
+
+    def __init__(self, job: Job[Any], lane: LaneState, job_id: int, prev: Record | None) -> None:
+        self.job = job
+        self.lane = lane
+        # Changes with each attempt: a worker's report names the attempt it ran.
+        self.job_id = job_id
+        # What the key held before this claim; restored if the claim is abandoned.
+        self.prev = prev
+        self.status = PENDING
+        # Completed | Failed once DONE; never changes after.
+        self.outcome: Completed[Any] | Failed | None = None
+        # Serialized once, by the pusher, before the entry enters its lane.
+        self.fn_id = b""
+        self.fn_bytes = b""
+        self.args_bytes = b""
+        # The job's fingerprint (see _fingerprint), None when not checked.
+        self.fp: bytes | None = None
+        # Waiters: a threading.Event made on demand by a blocking result(), and
+        # callbacks from awaiting tasks. Both are fired with no lock held.
+        self.event: threading.Event | None = None
+        self.callbacks: list[Wakeup] | None = None
+        self.deadline: float | None = None
+        # The job's memory limit, or its lane's (bytes), and the worker's
+        # resident memory when the job was sent (what the limit is on top of).
+        self.memory_limit: int | None = job.memory_limit if job.memory_limit is not None else lane.spec.memory_limit_bytes
+        self.rss_base = 0
+        # Set when the attempt's end was decided from outside (timeout, memory,
+        # q.cancel, close without waiting): the failure it ends with, whatever
+        # the worker reports or however it dies after that.
+        self.kill_reason: Failure | None = None
+        # The worker holding it while PROCESSING.
+        self.worker: WorkerSlot | None = None
+        # The attempt that runs next (or runs now), from 1; earlier attempts' failures.
+        self.attempt = 1
+        self.history: list[Failure] | None = None
+        # When it may enter its lane (monotonic clock), while PENDING and not
+        # yet there: a not_before time or a retry backoff. None: at once.
+        self.due: float | None = None
+        # In Core._timers, waiting for ``due`` (invariant: timed => due is not None).
+        self.timed = False
+
+    @property
+    def key(self) -> str:
+        return self.job.key
+
+    def state(self) -> State:
+        if self.outcome is not None:
+            return self.outcome
+        if self.status == PROCESSING:
+            return _PROCESSING
+        return _PENDING if self.attempt == 1 else Pending(attempt=self.attempt)
+
+
+class Ended:
+    """Stands in for an entry that ended long ago, so a handle can be made on a
+    key that is only a record now (``q.handles()``, ``reuse="never"``)."""
+
+    __slots__ = ("key", "outcome")
+
+    status = DONE
+
+    def __init__(self, key: str, outcome: Completed[Any] | Failed) -> None:
+        self.key = key
+        self.outcome = outcome
+
+    def state(self) -> State:
+        return self.outcome
+
+
+class WorkerSlot:
+    """The core's view of one worker process: which job it holds, if any.
+
+    ``process`` and ``conn`` are owned by the supervisor's I/O thread; the core
+    only keeps them beside the slot's bookkeeping.
+    """
+
+    __slots__ = (
+        "booting",
+        "conn",
+        "dead",
+        "doomed",
+        "entry",
+        "fns",
+        "fresh",
+        "jobs",
+        "lane",
+        "pid",
+        "process",
+        "reader",
+        "retired",
+        "sending",
+        "sentinel",
+    )
+
+    def __init__(self, lane: LaneState, process: Any, conn: Any, sentinel: Any = None, reader: Any = None) -> None:
+        self.lane = lane
+        self.process = process
+        self.conn = conn
+        # What the I/O thread waits on for the worker's death (a pidfd where
+        # the platform has them), and for untrusted lanes the FrameReader.
+        self.sentinel = sentinel if sentinel is not None else getattr(process, "sentinel", None)
+        self.reader = reader
+        self.pid: int | None = process.pid if process is not None else None
+        self.entry: Entry | None = None
+        # Mirror of the worker's function cache (see _protocol.FnMirror).
+        self.fns = FnMirror()
+        # Threads that have been given this worker's pipe to send on and have
+        # not reported back yet. The pipe is closed only when this is 0, so a
+        # descriptor is never closed (and reused) under a sender.
+        self.sending = 0
+        # doomed: the supervisor is killing it; it gets no more jobs.
+        # dead: its death has been handled.
+        self.doomed = False
+        self.dead = False
+        self.fresh = True  # has never been given a job
+        self.jobs = 0  # jobs it has been given
+        # retired: replaced between jobs (max_jobs_per_worker, max_worker_rss);
+        # no longer in lane.workers, its replacement already counted.
+        self.retired = False
+        # Started, not yet READY: takes no job, so a worker that dies while it
+        # starts (a signal, a main module that fails to import) fails none.
+        self.booting = True
+
+
+class LaneState:
+    """A lane's limit, queues and counters."""
+
+    __slots__ = (
+        "blocked",
+        "boot_failures",
+        "completed",
+        "crashes",
+        "failed",
+        "idle",
+        "name",
+        "overdue",
+        "ready",
+        "restarts",
+        "retries",
+        "running",
+        "spec",
+        "starting",
+        "workers",
+    )
+
+    def __init__(self, name: str, spec: Lane) -> None:
+        self.name = name
+        self.spec = spec
+        # Jobs accepted into the lane, waiting for a worker: len(ready) <= capacity.
+        self.ready: deque[Entry] = deque()
+        # Scheduled jobs and retries that fell due while ready was full. They
+        # were accepted long ago, so they neither fail nor block anyone: they
+        # go into ready first when room appears, before blocked pushes.
+        # Non-empty only while ready is full.
+        self.overdue: deque[Entry] = deque()
+        # Pushes waiting for room, in arrival order, each with its wake-up.
+        # Non-empty only while ready is full.
+        self.blocked: deque[tuple[Entry, Wakeup]] = deque()
+        self.workers: list[WorkerSlot] = []
+        # Live workers holding no job. Non-empty only while ready and overdue are empty.
+        self.idle: list[WorkerSlot] = []
+        self.running = 0
+        self.boot_failures = 0  # workers in a row that died before they were ready
+        self.crashes = 0
+        self.restarts = 0
+        # Replacements decided on but whose process is not started yet: they
+        # count as alive, so a waiter woken by a crash sees the lane whole.
+        self.starting = 0
+        self.completed = 0
+        self.failed = 0
+        self.retries = 0  # failed attempts that were run again

@@ -1,0 +1,167 @@
+"""Job fingerprints: what a claim remembers of its payload, to catch a key
+pushed again with different work.
+
+A fingerprint is 8 bytes naming the function, followed by 8 bytes digesting
+the arguments when they can be read cheaply (16 bytes in all), or by nothing
+when they cannot (8 bytes: the function alone is compared).
+
+The function is named by its module and qualified name, and for a function
+defined inside another (a closure, a lambda) also by the file and line of its
+code, so two lambdas written on different lines differ. What a closure
+captures is not part of it: two closures from the same line are the same
+function here. A ``functools.partial`` is its function plus its bound
+arguments.
+
+Arguments are read cheaply when they are built only from ``None``, ``bool``,
+``int``, ``float``, ``complex``, ``str``, ``bytes``, and tuples, lists, dicts
+(with str keys), sets and frozensets of those, with at most
+``MAX_NODES`` values and ``MAX_BYTES`` of text in all. Anything else (an array,
+an object of your own class, a very large argument) is not read: such a job's
+fingerprint is its function alone. Reading is exact on types: ``1``, ``1.0``
+and ``True`` are different arguments.
+
+Why not hash the pickle the push makes anyway: a push that joins a live key or
+answers from the store never pickles (that is most of its speed), and pickles
+of equal dicts differ with their insertion order.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import weakref
+from typing import Any, Callable
+
+__all__ = ["MAX_BYTES", "MAX_NODES", "content_key", "describe", "fingerprint", "fn_name"]
+
+#: Beyond this many values, arguments are not read (the function alone counts).
+MAX_NODES = 10_000
+#: Beyond this much str / bytes data, arguments are not read.
+MAX_BYTES = 1 << 20
+
+_SCALARS = (type(None), bool, int, float, complex)
+
+
+class _TooCostly(Exception):
+    pass
+
+
+def fn_name(fn: Callable[..., Any]) -> str:
+    """A readable name for ``fn``: ``module.qualname`` (plus where a local
+    function or lambda is defined)."""
+    if isinstance(fn, functools.partial):
+        return f"functools.partial({fn_name(fn.func)})"
+    module = getattr(fn, "__module__", None) or "?"
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    name = f"{module}.{qualname}"
+    if "<" in qualname:  # <lambda>, <locals>: defined inside something
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            name += f" ({code.co_filename}:{code.co_firstlineno})"
+    return name
+
+
+def _digest(text: str | bytes) -> bytes:
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    return hashlib.blake2b(data, digest_size=8).digest()
+
+
+_heads: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+
+
+def _head(fn: Callable[..., Any]) -> bytes:
+    try:
+        head = _heads.get(fn)
+    except TypeError:  # not hashable or not weakly referable: named each time
+        return _digest(fn_name(fn))
+    if head is None:
+        head = _digest(fn_name(fn))
+        try:
+            _heads[fn] = head
+        except TypeError:
+            pass
+    return head
+
+
+def fingerprint(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> bytes:
+    """The fingerprint of a job (see the module docstring)."""
+    while isinstance(fn, functools.partial):
+        args = (*fn.args, *args)
+        kwargs = {**fn.keywords, **(kwargs or {})}
+        fn = fn.func
+    head = _head(fn)
+    parts: list[str] = []
+    budget = [MAX_NODES, MAX_BYTES]
+    try:
+        _encode(args, parts, budget)
+        _encode(kwargs or {}, parts, budget)
+    except (_TooCostly, RecursionError):
+        return head
+    return head + _digest("".join(parts))
+
+
+def content_key(fn: Callable[..., Any], item: Any) -> str:
+    """``q.map``'s key for ``fn(item)`` when none is given:
+    ``"map:<function>:<item>"``, two hex digests (8 and 16 bytes) of the
+    function's name and of the item, read as arguments are (see the module
+    docstring) or, when that is too costly, of its pickle."""
+    parts: list[str] = []
+    try:
+        _encode(item, parts, [MAX_NODES, MAX_BYTES])
+        data: str | bytes = "".join(parts)
+    except (_TooCostly, RecursionError):
+        from procq._protocol import dumps  # pickle, or cloudpickle for what pickle refuses
+
+        data = b"p" + dumps(item)
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    return f"map:{_head(fn).hex()}:{hashlib.blake2b(data, digest_size=16).hexdigest()}"
+
+
+def _encode(value: Any, out: list[str], budget: list[int]) -> None:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _TooCostly
+    t = type(value)
+    if t in _SCALARS:
+        out.append(f"{t.__name__[0]}{value!r};")
+    elif t is str or t is bytes:
+        budget[1] -= len(value)
+        if budget[1] < 0:
+            raise _TooCostly
+        out.append(f"{'s' if t is str else 'b'}{len(value)}:")
+        out.append(value if t is str else value.hex())
+    elif t is tuple or t is list:
+        out.append(f"{'t' if t is tuple else 'l'}{len(value)}(")
+        for item in value:
+            _encode(item, out, budget)
+        out.append(")")
+    elif t is dict:
+        if not all(type(k) is str for k in value):
+            raise _TooCostly
+        out.append(f"d{len(value)}(")
+        for k in sorted(value):
+            _encode(k, out, budget)
+            _encode(value[k], out, budget)
+        out.append(")")
+    elif t is set or t is frozenset:
+        items = []
+        for item in value:
+            sub: list[str] = []
+            _encode(item, sub, budget)
+            items.append("".join(sub))
+        out.append(f"{'S' if t is set else 'F'}{len(items)}(")
+        out.extend(sorted(items))
+        out.append(")")
+    else:
+        raise _TooCostly
+
+
+def describe(held: bytes, pushed: bytes) -> str | None:
+    """What differs between two fingerprints: "function", "arguments" or
+    None (the same, as far as both can tell)."""
+    if held[:8] != pushed[:8]:
+        return "function"
+    if len(held) == 16 and len(pushed) == 16 and held != pushed:
+        return "arguments"
+    return None

@@ -1,0 +1,210 @@
+"""Retention of ended keys (ttl, max_completed, failed_ttl), forget(), and the
+enumeration of keys. Time is a test clock set on the queue's retention
+bookkeeping (stored times are read from it), so nothing here sleeps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jobs
+import jobs_lifecycle
+import pytest
+from core_support import WAIT, Gates, open_queue
+
+from procq import Cached, Completed, Failed, Job, JobFailed, Pending, Processing, ProcQueue, Queued, Retention
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def clocked(q: ProcQueue) -> Clock:
+    clock = Clock()
+    q._core.keeper.clock = clock
+    return clock
+
+
+def run(q: ProcQueue, key: str, value: Any = None) -> Any:
+    return q.push_and_wait(Job(key, jobs.identity, args=(key if value is None else value,)), timeout=WAIT)
+
+
+def fail(q: ProcQueue, key: str) -> None:
+    with pytest.raises(JobFailed):
+        q.push_and_wait(Job(key, jobs.boom, args=(key,)), timeout=WAIT)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"ttl": -1}, ValueError, r"^Retention ttl must be None or a number of seconds >= 0, got -1$"),
+        ({"failed_ttl": "1"}, TypeError, r"^Retention failed_ttl must be a number of seconds or None, got str$"),
+        ({"max_completed": -1}, ValueError, r"^Retention max_completed must be >= 0, got -1$"),
+        ({"max_completed": 1.5}, TypeError, r"^Retention max_completed must be an int or None, got float$"),
+    ],
+)
+def test_retention_rejects_bad_limits(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        Retention(**kwargs)
+
+
+def test_a_queue_takes_only_a_retention() -> None:
+    with pytest.raises(TypeError, match=r"^retention must be a procq.Retention or None, got dict$"):
+        ProcQueue(1, retention={"ttl": 1})  # type: ignore[arg-type]
+
+
+def test_by_default_every_ended_key_is_kept() -> None:
+    with open_queue(1) as q:
+        clock = clocked(q)
+        run(q, "a")
+        fail(q, "b")
+        clock.now += 10**9
+        assert q.state("a") == Completed("a")
+        assert isinstance(q.state("b"), Failed)
+        assert q.push(Job("a", jobs.identity, args=("a",))) == Cached("a")
+
+
+def test_a_completed_key_expires_after_its_ttl_and_then_runs_again(tmp_path: Any) -> None:
+    counter = str(tmp_path / "runs")
+    with open_queue(1, retention=Retention(ttl=10)) as q:
+        clock = clocked(q)
+        job = Job("k", jobs_lifecycle.counted, args=(counter, "v"))
+        assert q.push_and_wait(job, timeout=WAIT) == "v"
+        clock.now += 9.5
+        assert q.push(job) == Cached("v")
+        assert q.stats().completed == 1
+        clock.now += 0.5  # 10 s after it completed
+        assert q.state("k") is None
+        assert q.stats().completed == 0
+        q._check_invariants()
+        outcome = q.push(job)
+        assert type(outcome) is Queued and outcome.handle.result(WAIT) == "v"
+        assert jobs_lifecycle.attempts(counter) == 2
+
+
+def test_expired_keys_are_reclaimed_without_being_read() -> None:
+    with open_queue(1, retention=Retention(ttl=5, failed_ttl=5)) as q:
+        clock = clocked(q)
+        for i in range(20):
+            run(q, f"k{i}")
+        fail(q, "f")
+        clock.now += 5
+        run(q, "fresh")  # any use of the map reclaims what expired
+        assert len(q._core._keys) == 1
+        assert q.keys() == ["fresh"]
+
+
+def test_beyond_max_completed_the_least_recently_used_key_goes() -> None:
+    with open_queue(1, retention=Retention(max_completed=2)) as q:
+        run(q, "a")
+        run(q, "b")
+        assert q.state("a") == Completed("a")  # a read is a use: b is now the oldest
+        run(q, "c")
+        assert q.state("b") is None
+        assert q.keys() == ["a", "c"]
+        assert q.push(Job("a", jobs.identity, args=("a",))) == Cached("a")  # a use too
+        run(q, "d")
+        assert q.keys() == ["a", "d"]
+        assert q.stats().completed == 2
+
+
+def test_max_completed_zero_keeps_no_output_but_the_handle_has_it() -> None:
+    with open_queue(1, retention=Retention(max_completed=0)) as q:
+        outcome = q.push(Job("k", jobs.identity, args=(5,)))
+        assert type(outcome) is Queued and outcome.handle.result(WAIT) == 5
+        assert q.state("k") is None and outcome.handle.state == Completed(5)
+
+
+def test_a_failed_record_is_kept_for_failed_ttl_and_stays_retryable() -> None:
+    with open_queue(1, retention=Retention(failed_ttl=30)) as q:
+        clock = clocked(q)
+        fail(q, "f")
+        clock.now += 29
+        state = q.state("f")
+        assert isinstance(state, Failed) and state.failure.kind == "error"
+        assert q.push_and_wait(Job("f", jobs.identity, args=(1,)), timeout=WAIT) == 1  # retryable
+        fail(q, "g")
+        clock.now += 30
+        assert q.state("g") is None
+        assert q.stats().failed == 0
+        assert q.state("f") == Completed(1)  # completed keys have no ttl here
+
+
+def test_an_abandoned_claim_gives_back_a_record_unless_it_expired_meanwhile() -> None:
+    with open_queue({"w": 1}, retention=Retention(failed_ttl=10)) as q:
+        clock = clocked(q)
+        fail(q, "f")
+        core = q._core
+        kind, entry, _ = core.claim(Job("f", jobs.identity, args=(1,)), core.default_lane)
+        assert kind == "queued" and q.state("f") == Pending()
+        core.abandon(entry, "test")
+        assert isinstance(q.state("f"), Failed)
+        kind, entry, _ = core.claim(Job("f", jobs.identity, args=(1,)), core.default_lane)
+        clock.now += 10
+        core.abandon(entry, "test")
+        assert q.state("f") is None
+        q._check_invariants()
+
+
+def test_forget_drops_an_ended_key_and_refuses_a_live_one(gates: Gates) -> None:
+    gate = gates("live")
+    with open_queue(1) as q:
+        run(q, "done")
+        fail(q, "failed")
+        assert q.forget("done") is True and q.state("done") is None
+        assert q.forget("failed") is True and q.state("failed") is None
+        assert q.forget("never") is False
+        outcome = q.push(Job("live", jobs.signal_and_wait, args=(gate.started, gate.go)))
+        gate.wait_started()
+        with pytest.raises(ValueError, match=r"^cannot forget key 'live': it is live \(running\); only a key that ended"):
+            q.forget("live")
+        assert q.state("live") == Processing()
+        gate.open()
+        assert type(outcome) is Queued and outcome.handle.result(WAIT) > 0
+        with pytest.raises(TypeError, match=r"^a key is a str, got int: 3$"):
+            q.forget(3)  # type: ignore[arg-type]
+        assert q.stats().completed == 1 and q.stats().failed == 0
+
+
+def test_keys_and_handles_list_every_key_with_its_state(gates: Gates) -> None:
+    gate = gates("shard")
+    with open_queue(1) as q:
+        run(q, "shard:1")
+        fail(q, "shard:2")
+        run(q, "other")
+        live = q.push(Job("shard:3", jobs.signal_and_wait, args=(gate.started, gate.go)))
+        gate.wait_started()
+        waiting = q.push(Job("shard:4", jobs.identity, args=(4,)))
+        assert q.keys() == ["other", "shard:1", "shard:2", "shard:3", "shard:4"]
+        assert q.keys(prefix="shard:") == ["shard:1", "shard:2", "shard:3", "shard:4"]
+        assert q.keys(prefix="shard:", state=Completed) == ["shard:1"]
+        assert q.keys(state=(Pending, Processing)) == ["shard:3", "shard:4"]
+        handles = {h.key: h for h in q.handles(prefix="shard:")}
+        assert handles["shard:1"].state == Completed("shard:1") and handles["shard:1"].result() == "shard:1"
+        assert handles["shard:2"].done()
+        with pytest.raises(JobFailed, match=r"^job 'shard:2' failed: error: ValueError: shard:2$"):
+            handles["shard:2"].result()
+        assert handles["shard:3"].state == Processing() and handles["shard:4"].state == Pending()
+        assert not all(h.done() for h in handles.values())  # "is every shard caught up?": not yet
+        gate.open()
+        assert type(live) is Queued and type(waiting) is Queued
+        assert handles["shard:4"].result(WAIT) == 4 and handles["shard:3"].result(WAIT) > 0
+        assert all(h.done() for h in q.handles(prefix="shard:"))
+        with pytest.raises(TypeError, match=r"^state must be Pending, Processing, Completed or Failed"):
+            q.keys(state="completed")
+        with pytest.raises(TypeError, match=r"^prefix must be a str or None, got int$"):
+            q.handles(prefix=1)  # type: ignore[arg-type]
+
+
+def test_enumeration_leaves_out_expired_keys() -> None:
+    with open_queue(1, retention=Retention(ttl=5)) as q:
+        clock = clocked(q)
+        run(q, "a")
+        clock.now += 3
+        run(q, "b")
+        clock.now += 2
+        assert q.keys() == ["b"] and [h.key for h in q.handles()] == ["b"]
+        q._check_invariants()
