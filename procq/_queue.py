@@ -117,9 +117,10 @@ class ProcQueue:
     a failed key runs again, a completed one answers ``Cached``).
     ``on_mismatch`` says what a push does when its key's holder (live, or
     kept after it ended) has another function or other arguments:
-    ``"raise"`` ``KeyConflict``, ``"warn"`` (a ``KeyConflictWarning``, then
-    as ``"ignore"``) or ``"ignore"`` (the default: the key alone decides, as
-    the contract says; no fingerprint is taken).
+    ``"raise"`` ``KeyConflict`` (the default: a key names one piece of work,
+    so other work under the same key is almost always a bug), ``"warn"`` (a
+    ``KeyConflictWarning``, then as ``"ignore"``) or ``"ignore"`` (the key
+    alone decides; no fingerprint is taken).
 
     Use it as a context manager, or call :meth:`close`: leaving the ``with``
     block waits for every waiting and running job, then stops and reaps every
@@ -134,7 +135,7 @@ class ProcQueue:
         start_method: str | None = None,
         retention: Retention | None = None,
         reuse: Reuse = "failed",
-        on_mismatch: str = "ignore",
+        on_mismatch: str = "raise",
     ) -> None:
         parsed = _parse_lanes(lanes)
         if retention is not None and not isinstance(retention, Retention):

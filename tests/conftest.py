@@ -79,10 +79,19 @@ def start_method(request: pytest.FixtureRequest) -> str:
     return method
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "key_decides: the test pushes other work under a key that is held, to show the key alone "
+        "decides; its queue fixture is made with on_mismatch='ignore' (the default raises KeyConflict)",
+    )
+
+
 @pytest.fixture
-def queue() -> Iterator[ProcQueue]:
+def queue(request: pytest.FixtureRequest) -> Iterator[ProcQueue]:
     """A two-lane queue (cpu: 2 workers, io: 1), closed and checked after the test."""
-    with open_queue({"cpu": 2, "io": 1}) as q:
+    kwargs = {"on_mismatch": "ignore"} if request.node.get_closest_marker("key_decides") else {}
+    with open_queue({"cpu": 2, "io": 1}, **kwargs) as q:
         yield q
 
 

@@ -270,6 +270,7 @@ def test_unpicklable_input_leaves_a_failed_key_failed_with_the_same_failure(queu
     assert type(queue.push(Job("k", jobs.square, args=(5,)))) is Queued
 
 
+@pytest.mark.key_decides  # pushes other work under a held key on purpose: on_mismatch="ignore"
 def test_a_push_joined_to_a_claim_that_fails_to_pickle_is_woken_cancelled(queue: ProcQueue) -> None:
     joined: dict[str, Any] = {}
 
@@ -472,7 +473,7 @@ def test_close_waiting_lets_a_push_blocked_for_room_in_and_runs_it(gates: Gates,
 
 
 def test_close_without_waiting_cancels_waiting_and_running_jobs(gates: Gates, log: str) -> None:
-    with open_queue({"one": Lane(workers=1, capacity=1)}) as q:
+    with open_queue({"one": Lane(workers=1, capacity=1)}, on_mismatch="ignore") as q:
         gate = gates("running")
         running = q.push(Job("running", jobs_core.record_signal_wait, args=(log, gate.started, gate.go, "running")))
         pid = gate.wait_started()
@@ -584,6 +585,7 @@ def test_job_failed_carries_the_exception_and_the_childs_traceback(start_method:
 # --- push_and_wait -------------------------------------------------------------------------------
 
 
+@pytest.mark.key_decides  # pushes other work under a held key on purpose: on_mismatch="ignore"
 def test_push_and_wait_returns_cached_output_and_raises_job_failed(queue: ProcQueue, log: str) -> None:
     pid = queue.push_and_wait(Job("p", jobs_core.record, args=(log,)), timeout=WAIT)
     assert queue.push(Job("p", jobs_core.record, args=(log,))) == Cached(pid)
@@ -603,6 +605,7 @@ def test_push_and_wait_returns_cached_output_and_raises_job_failed(queue: ProcQu
     assert read_log(log) == [f"ran {pid}"]
 
 
+@pytest.mark.key_decides  # pushes other work under a held key on purpose: on_mismatch="ignore"
 def test_push_and_wait_joins_a_running_job(queue: ProcQueue, gates: Gates, log: str) -> None:
     gate = gates("held")
     first = queue.push(Job("held", jobs_core.record_signal_wait, args=(log, gate.started, gate.go)))

@@ -211,7 +211,7 @@ def test_lane_full_leaves_a_failed_key_failed_with_the_same_failure(gates: Gates
 def test_a_push_joined_to_a_claim_abandoned_by_lane_full_is_woken_cancelled(
     gates: Gates, log: str, before: str
 ) -> None:
-    with open_queue(ONE) as q:
+    with open_queue(ONE, on_mismatch="ignore") as q:  # the joiner pushes other work on purpose
         if before == "failed":
             with pytest.raises(JobFailed):
                 q.push_and_wait(Job("c", jobs.boom), timeout=WAIT)
@@ -291,7 +291,7 @@ def test_capacity_zero_lets_a_push_in_only_when_a_worker_is_free(gates: Gates, l
 
 @pytest.mark.parametrize("before", ["absent", "failed"])
 def test_a_cancelled_apush_releases_its_claim_and_wakes_its_joiner(gates: Gates, log: str, before: str) -> None:
-    with open_queue(ONE) as q:
+    with open_queue(ONE, on_mismatch="ignore") as q:  # the joiner pushes other work on purpose
         if before == "failed":
             with pytest.raises(JobFailed):
                 q.push_and_wait(Job("c", jobs.boom), timeout=WAIT)

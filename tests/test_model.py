@@ -59,7 +59,7 @@ class KeyMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="procq-model-")
         self.fds: list[int] = []
-        self.q = ProcQueue(lanes={LANE: WORKERS})
+        self.q = ProcQueue(lanes={LANE: WORKERS}, on_mismatch="ignore")  # the model pushes any job under any key
         self.keys: dict[str, Live | Done] = {}
         self.held: list[str] = []  # live keys in push order: the lane runs them in this order
         self.n = 0

@@ -52,7 +52,11 @@ class LifecycleMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="procq-lifecycle-")
-        self.q = ProcQueue(1, retention=Retention(ttl=TTL, max_completed=MAX_COMPLETED, failed_ttl=FAILED_TTL))
+        self.q = ProcQueue(
+            1,
+            retention=Retention(ttl=TTL, max_completed=MAX_COMPLETED, failed_ttl=FAILED_TTL),
+            on_mismatch="ignore",  # the model pushes any job under any key
+        )
         self.clock = Clock()
         self.q._core.keeper.clock = self.clock
         self.recs: dict[str, Rec] = {}

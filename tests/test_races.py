@@ -92,6 +92,7 @@ def test_threads_racing_to_push_one_key_run_it_once(
     assert queue.state("race") == Completed(pid)
 
 
+@pytest.mark.key_decides  # pushes other work under a held key on purpose: on_mismatch="ignore"
 def test_threads_racing_after_completion_all_get_the_cached_output(queue: ProcQueue, log: str) -> None:
     pid = queue.push_and_wait(Job("settled", jobs_core.record, args=(log,)), timeout=WAIT)
     start = threading.Barrier(N, timeout=WAIT)

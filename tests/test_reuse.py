@@ -192,7 +192,15 @@ def test_on_mismatch_warn_warns_then_answers_as_the_key_says() -> None:
         assert outcome == Cached(1)
 
 
-def test_on_mismatch_ignore_is_the_default() -> None:
+def test_on_mismatch_raise_is_the_default() -> None:
     with open_queue(1) as q:
+        assert q.push_and_wait(Job("k", jobs.identity, args=(1,)), timeout=WAIT) == 1
+        with pytest.raises(KeyConflict, match=r"^key 'k' is held by a job with another function"):
+            q.push(Job("k", jobs.square, args=(7,)))
+        assert q.push(Job("k", jobs.identity, args=(1,))) == Cached(1)
+
+
+def test_on_mismatch_ignore_lets_the_key_alone_decide() -> None:
+    with open_queue(1, on_mismatch="ignore") as q:
         assert q.push_and_wait(Job("k", jobs.identity, args=(1,)), timeout=WAIT) == 1
         assert q.push(Job("k", jobs.square, args=(7,))) == Cached(1)

@@ -57,6 +57,7 @@ def test_unknown_keys_have_no_state(queue: ProcQueue, log: str) -> None:
     assert isinstance(queue.state("somebody"), Completed)
 
 
+@pytest.mark.key_decides  # pushes other work under a held key on purpose: on_mismatch="ignore"
 def test_pending_and_processing_keys_are_joined_as_inflight(
     queue: ProcQueue, gates: Gates, log: str
 ) -> None:
@@ -94,6 +95,7 @@ def test_pending_and_processing_keys_are_joined_as_inflight(
     assert queue.state("behind") == Completed(pid)
 
 
+@pytest.mark.key_decides  # pushes other work under a held key on purpose: on_mismatch="ignore"
 def test_a_completed_key_answers_cached_and_nothing_runs(queue: ProcQueue, log: str) -> None:
     first = queue.push(Job("done", jobs_core.record, args=(log,)))
     assert type(first) is Queued
@@ -113,6 +115,7 @@ def test_a_completed_key_answers_cached_and_nothing_runs(queue: ProcQueue, log: 
     assert (stats.completed, stats.lanes["cpu"].completed, stats.lanes["io"].completed) == (1, 1, 0)
 
 
+@pytest.mark.key_decides  # pushes other work under a held key on purpose: on_mismatch="ignore"
 def test_a_cached_output_is_the_stored_value(queue: ProcQueue) -> None:
     value = {"nested": [1, 2.5, "three", (4, None)], "bytes": b"\x00\xff"}
     assert queue.push_and_wait(Job("value", jobs.identity, args=(value,)), timeout=WAIT) == value
