@@ -135,12 +135,13 @@ def getcwd() -> str:
 
 
 def open_fds() -> dict[int, str]:
-    """This process's open descriptors and what each refers to (the listing's
-    own descriptor, closed by the time it is read, is left out)."""
+    """This process's open descriptors and what each refers to. (Read link by
+    link, not by listing /proc/self/fd, which needs a descriptor of its own:
+    the job may run under a tight ``nofile`` limit.)"""
     fds = {}
-    for name in os.listdir("/proc/self/fd"):
+    for fd in range(1024):
         try:
-            fds[int(name)] = os.readlink(f"/proc/self/fd/{name}")
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             pass
     return fds

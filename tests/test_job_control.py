@@ -652,11 +652,21 @@ def test_env_and_cwd(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, method: str
 
 
 @pytest.mark.parametrize(
-    ("method", "trusted"),
-    [("forkserver", True), ("spawn", True), (None, False)],
-    ids=["forkserver-trusted", "spawn-trusted", "untrusted"],
+    ("method", "trusted", "nofile"),
+    [
+        ("forkserver", True, None),
+        ("spawn", True, None),
+        (None, False, None),
+        # A tight descriptor limit must not stop the worker from closing what it inherited.
+        ("forkserver", True, 5),
+        ("spawn", True, 5),
+        (None, False, 5),
+    ],
+    ids=["forkserver-trusted", "spawn-trusted", "untrusted", "forkserver-nofile", "spawn-nofile", "untrusted-nofile"],
 )
-def test_a_worker_inherits_no_descriptor_but_its_pipes(tmp_path: Any, method: str | None, trusted: bool, gates: Gates) -> None:
+def test_a_worker_inherits_no_descriptor_but_its_pipes(
+    tmp_path: Any, method: str | None, trusted: bool, nofile: int | None, gates: Gates
+) -> None:
     """The worker holds stdio, its own pipe (a socket) and one pipe that tells
     it the supervisor died: nothing the supervisor had open, not even a file
     it made inheritable, and not another worker's pipe."""
@@ -664,7 +674,8 @@ def test_a_worker_inherits_no_descriptor_but_its_pipes(tmp_path: Any, method: st
     fd = os.open(secret, os.O_CREAT | os.O_RDWR, 0o600)
     os.set_inheritable(fd, True)
     try:
-        with open_queue({"t": Lane(workers=2, trusted=trusted)}, start_method=method) as q:
+        rlimits = None if nofile is None else {"nofile": nofile}
+        with open_queue({"t": Lane(workers=2, trusted=trusted, rlimits=rlimits)}, start_method=method) as q:
             first, _, go = hold(q, gates, "busy")  # so the next job runs on the other worker
             fds = q.push_and_wait(Job("fds", jobs_control.open_fds), timeout=WAIT)
             go.open()
