@@ -157,6 +157,8 @@ def setup(config: dict[str, Any], keep_fds: set[int]) -> None:
         os.environ.clear()
     if env:
         os.environ.update(env)
+    # Before the limits: under a tight "nofile" the listing of /proc/self/fd would fail.
+    _close_inherited_fds(keep_fds | {0, 1, 2})
     rlimits = config.get("rlimits") or {}
     if rlimits:
         import resource
@@ -167,7 +169,6 @@ def setup(config: dict[str, Any], keep_fds: set[int]) -> None:
             resource.setrlimit(_rlimit(name), (value, value))
         if "cpu" in rlimits:  # SIGXCPU ends the worker: no core file for it
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    _close_inherited_fds(keep_fds | {0, 1, 2})
 
 
 def _close_inherited_fds(keep: set[int]) -> None:

@@ -1,10 +1,13 @@
-"""Test-side helpers for test_states, test_races, test_lanes and test_api
-(job functions live in jobs_core.py, which workers import; this module they never do)."""
+"""Test-side helpers for test_states, test_races, test_lanes, test_api,
+test_job_control and test_hostile (job functions live in jobs*.py, which
+workers import; this module they never do)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
+import select
 import sys
 import threading
 from collections.abc import Iterator, Mapping
@@ -12,8 +15,9 @@ from contextlib import contextmanager
 from typing import Any, Callable, TypeVar
 
 import jobs
+import pytest
 
-from procq import JobHandle, Lane, ProcQueue
+from procq import Failure, Job, JobFailed, JobHandle, Lane, ProcQueue, Queued
 
 T = TypeVar("T")
 
@@ -161,3 +165,76 @@ class BlockingCall:
         if self._error is not None:
             raise self._error
         return self._result
+
+
+# --- For test_job_control and test_hostile: jobs that must end badly ------------------
+
+
+def wait_started(handle: JobHandle[Any], started: str, timeout: float = WAIT) -> bytes:
+    """What a job sends on the FIFO ``started``; fails at once, with the job's
+    failure, if the job ends before it sends anything."""
+    r, w = os.pipe()
+
+    def watch() -> None:  # wakes the select below if the job ends first
+        try:
+            handle.result(timeout=timeout)
+        except BaseException:  # noqa: BLE001, S110 - only the wake-up matters here
+            pass
+        try:
+            os.write(w, b"x")
+        except OSError:
+            pass
+        finally:
+            os.close(w)
+
+    fifo = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        threading.Thread(target=watch, daemon=True).start()
+        ready, _, _ = select.select([fifo, r], [], [], timeout)
+        if fifo in ready:
+            data = os.read(fifo, 4096)
+            if data:
+                return data
+        if r in ready:
+            raise AssertionError(f"job {handle.key!r} ended before it started: {handle.state}")
+        raise TimeoutError(f"job {handle.key!r} did not start within {timeout}s")
+    finally:
+        os.close(fifo)
+        os.close(r)
+
+
+def hold(q: ProcQueue, gates: Gates, key: str, lane: str | None = None) -> tuple[JobHandle[Any], int, Gate]:
+    """Push a job that reports its pid and waits at its own gate until
+    ``gate.open()``. Returns (handle, worker pid, gate)."""
+    gate = gates(key)
+    outcome = q.push(Job(key, jobs.signal_and_wait, args=(gate.started, gate.go), lane=lane))
+    assert isinstance(outcome, Queued), outcome
+    return outcome.handle, int(wait_started(outcome.handle, gate.started)), gate
+
+
+def failure_of(handle: JobHandle[Any], kind: str, timeout: float = WAIT) -> Failure:
+    """The handle's job must fail with ``kind``; returns its Failure."""
+    with pytest.raises(JobFailed, match=rf"^job {re.escape(repr(handle.key))} failed: {kind}: ") as info:
+        handle.result(timeout=timeout)
+    return info.value.failure
+
+
+def assert_all_gone(pids: list[int]) -> None:
+    """Every process in ``pids`` exits (within a bounded wait). Call it under
+    process_support.subreaper(), so that orphans are ours to reap."""
+    import psutil
+
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    for p in alive:  # by pid, only what the test's own jobs started
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=10)
+    assert not alive, f"processes outlived their job: {[p.pid for p in alive]}"
