@@ -343,7 +343,7 @@ class Supervisor:
             for worker, when in list(self._kill_at.items()):
                 if when <= now:
                     del self._kill_at[worker]
-                    self._kill_tree(worker)
+                    self._eof_overdue(worker)
             if self._kills and self._kills[0][0] <= now:
                 due = [k for k in self._kills if k[0] <= now]
                 self._kills = [k for k in self._kills if k[0] > now]
@@ -532,6 +532,16 @@ class Supervisor:
         self._refresh_objects()
         self._kill_at[worker] = time.monotonic() + EOF_GRACE
 
+    def _eof_overdue(self, worker: WorkerSlot) -> None:
+        """A worker lives on after its pipe closed (or after it was retired):
+        kill it. Holding a job, it broke the protocol: a worker only closes
+        its pipe by exiting."""
+        entry = worker.entry
+        if entry is not None and not worker.retired:
+            what = f"closing its pipe and running on ({EOF_GRACE:g}s later it was still alive, and was killed)"
+            self.core.decide_kill(worker, entry, _protocol_failure(worker, entry, what))
+        self._kill_tree(worker)
+
     def _on_message(self, worker: WorkerSlot, message: tuple[Any, ...]) -> None:
         """Act on one decoded message: READY, or the end of the worker's job."""
         if len(message) == 1:  # READY
@@ -558,7 +568,9 @@ class Supervisor:
             # max_result_bytes; it broke nothing and stays.)
             kind, exc_type, text, tb, exception = message[2:7]
             outcome = Failed(Failure(kind, text, exc_type, tb, pid=worker.pid, exception=exception))
-        retire = False
+        # A job that went over its memory limit leaves a worker that may be
+        # bloated or half broken (and maybe children): it is replaced.
+        retire = tag == ERROR and message[2] == "memory"
         limit = worker.lane.spec.max_worker_rss_bytes
         if limit is not None and process_rss(worker.pid) > limit:
             retire = True
@@ -572,15 +584,8 @@ class Supervisor:
         """The worker broke the protocol: fail its job (if it holds one) with
         kind "protocol", kill it, and let ``_on_death`` replace it."""
         entry = worker.entry
-        lane = worker.lane.name
         if entry is not None:
-            failure = Failure(
-                "protocol",
-                f"the worker (pid {worker.pid}, lane {lane!r}) running job {entry.key!r} broke procq's "
-                f"protocol with {what}; the job failed and the worker was replaced",
-                pid=worker.pid,
-            )
-            self.core.decide_kill(worker, entry, failure)
+            self.core.decide_kill(worker, entry, _protocol_failure(worker, entry, what))
         self.core.doom(worker)
         self._by_object.pop(worker.conn, None)
         self._refresh_objects()
@@ -758,6 +763,15 @@ class Supervisor:
             os.close(self._wake_w)
 
 
+def _protocol_failure(worker: WorkerSlot, entry: Entry, what: str) -> Failure:
+    return Failure(
+        "protocol",
+        f"the worker (pid {worker.pid}, lane {worker.lane.name!r}) running job {entry.key!r} broke procq's "
+        f"protocol with {what}; the job failed and the worker was replaced",
+        pid=worker.pid,
+    )
+
+
 def _decode_trusted(frame: bytes) -> tuple[Any, ...]:
     """A trusted worker's message, with its payload unpickled:
     ``(0, READY)``, ``(job_id, OK, Completed | Failed)`` or
@@ -795,6 +809,9 @@ def _worker_config(spec: Lane) -> dict[str, Any]:
         "rlimits": spec.rlimits,
         "env": spec.env,
         "inherit_env": spec.inherit_env,
+        # A trusted worker may be forked from a forkserver started long ago:
+        # it takes the supervisor's environment as it is now, not as it was then.
+        "environ": dict(os.environ) if spec.trusted and spec.inherit_env else None,
         "cwd": spec.cwd,
     }
 

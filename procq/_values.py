@@ -82,6 +82,7 @@ def parse_size(what: str, value: int | str | None) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise TypeError(f"{what} must be a number of bytes or a string such as '512M', got {type(value).__name__}")
+    given = value
     if isinstance(value, str):
         match = _SIZE.match(value)
         if match is None:
@@ -89,7 +90,7 @@ def parse_size(what: str, value: int | str | None) -> int | None:
         number, unit, _ = match.groups()
         value = int(float(number) * _UNITS[unit.lower()])
     if value < 1:
-        raise ValueError(f"{what} must be at least 1 byte, got {value!r}")
+        raise ValueError(f"{what} must be at least 1 byte, got {given!r}")
     return value
 #: How a terminal key answers a new push (see ``Job.reuse``).
 Reuse = Literal["failed", "always", "never"]

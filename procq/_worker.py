@@ -155,6 +155,9 @@ def setup(config: dict[str, Any], keep_fds: set[int]) -> None:
     env = config.get("env")
     if not config.get("inherit_env", True):
         os.environ.clear()
+    elif config.get("environ") is not None:
+        os.environ.clear()
+        os.environ.update(config["environ"])
     if env:
         os.environ.update(env)
     # Before the limits: under a tight "nofile" the listing of /proc/self/fd would fail.
