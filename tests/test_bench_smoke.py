@@ -27,16 +27,16 @@ def test_quick_run_reports_procq_and_the_floor() -> None:
     ).stdout
     assert "| workload | metric | better | procq | raw pipe |" in out, out
     # Each row shows a figure for procq and one for the floor, with procq / floor beside it.
-    assert re.search(r"^\| tiny \| throughput, jobs/s \| higher \| [\d,]+ \| [\d,]+ \[\d+\.\d\d\] \|$", out, re.M), out
-    assert re.search(r"^\| latency \| p50, us \| lower \| [\d,]+ \| [\d,]+ \[\d+\.\d\d\] \|$", out, re.M), out
+    assert re.search(r"^\| tiny \| throughput, jobs/s \| higher \| [\d,]+ \| [\d,]+ \[\d+\.\d\d\] \|$", out, re.MULTILINE), out
+    assert re.search(r"^\| latency \| p50, us \| lower \| [\d,]+ \| [\d,]+ \[\d+\.\d\d\] \|$", out, re.MULTILINE), out
     # Crash isolation is counted, not timed: every good job right, every crash named with its signal.
-    assert re.search(r"^\| crash \| good jobs correct \(of 36\) \| higher \| 36 \| 36 \|$", out, re.M), out
+    assert re.search(r"^\| crash \| good jobs correct \(of 36\) \| higher \| 36 \| 36 \|$", out, re.MULTILINE), out
     assert "[MET] crash: reported with their signal 4/4" in out, out
     assert "[MET] crash: queue usable after: yes" in out, out
     from procq import ProcQueue
 
     if hasattr(ProcQueue, "map"):
-        assert re.search(r"^\| map \| items/s \| higher \| [\d,]+ \|", out, re.M), out
+        assert re.search(r"^\| map \| items/s \| higher \| [\d,]+ \|", out, re.MULTILINE), out
     else:
         assert "[N/A] map: procq has no map yet" in out, out
 
