@@ -1,9 +1,15 @@
 """procq's benchmark: ``python -m bench`` from the repository root.
 
-Runs each workload in :mod:`bench.workloads` for procq and for
-``concurrent.futures.ProcessPoolExecutor`` side by side (2 workers each, both
-warmed up, both with the forkserver start method), interleaved over rounds,
-and prints one table of medians with procq/PPE ratios and the targets.
+Runs each workload of issue 5 for procq and for each peer
+(``concurrent.futures.ProcessPoolExecutor``, ``multiprocessing.Pool``, loky,
+pebble, mpire, and a raw pipe floor with no engine at all), 2 workers each,
+warmed up, forkserver where the peer allows it, interleaved over rounds, and
+prints one table of medians with procq / peer ratios and the targets.
 
-Peers are benchmark-only: nothing here is a runtime dependency of procq.
+Modules by role: :mod:`bench.jobs` (what the workers run),
+:mod:`bench.engines` (procq and the peers behind one face),
+:mod:`bench.floor` (the raw pipe floor), :mod:`bench.workloads` (what is
+measured; add a workload there), :mod:`bench.report` (machine, table,
+targets). Peers are benchmark-only (the ``bench`` extra), never runtime
+dependencies of procq.
 """

@@ -1,76 +1,44 @@
-"""The benchmark's workloads, each written once for procq and once for
-``concurrent.futures.ProcessPoolExecutor`` (PPE).
+"""The benchmark's workloads, each written once for every engine.
 
-Every runner opens its own engine with ``Config.workers`` workers and the
-forkserver start method, warms it up (every worker has run a job, the job
-module is imported everywhere), measures, and closes it. Runners return a dict
-of metric name -> value; ``bench.__main__`` interleaves them over rounds and
-takes medians.
+A workload is a :class:`Workload`: a name, a ``run(peer, cfg, tmp)`` that opens
+the engine, measures, closes it and returns ``{metric: value}``, the metrics it
+reports (how to label and format them) and the targets of issue 5 it checks.
+To add one, write its ``run`` and append a ``Workload`` to ``WORKLOADS``; the
+runner, the table and the targets pick it up. ``engines`` limits a workload to
+some engines (``cached`` is procq's alone).
 
-The job functions live at the top of this module, so that workers of both
-engines import them by reference (this module is small and imports nothing
-heavy).
+Values are floats. ``math.inf`` means "never" (a waiter that was never told,
+a peer that hung until the bench's own timeout). A run that raises
+:class:`NotApplicable` is shown as ``n/a`` with its reason.
 
 What is timed, and what is not:
 
-- tiny: the keys (``"tiny-0"``, ...) are built before the clock starts; the
-  ``Job`` objects are built inside it, since they are part of what a procq user
-  pays per push. PPE's ``submit`` takes the function directly.
-- latency: each sample is one ``push_and_wait`` (a fresh key, ``Job`` built
-  inside the sample) vs one ``submit(...).result()``.
-- cpu: wall time from the first push/submit to the last result.
-- crash: the job writes ``time.monotonic()`` (CLOCK_MONOTONIC, one clock for
-  every process on Linux) to a file, then SIGKILLs its own worker; the waiter
-  takes ``time.monotonic()`` the moment ``result()`` raises. The difference is
-  the time from the kill to the waiter being notified.
+- every engine is opened and warmed up (each worker has run a job, then
+  ``warmup_jobs`` no-op round trips) before its clock starts, except in
+  ``startup``, which times exactly that;
+- tiny: for procq the key (``"b<n>"``) and the ``Job`` are built inside the
+  clock, one per push, since they are part of what a procq user pays;
+- latency: each sample is one ``submit`` and one wait for its result;
+- cpu: wall time from the first submit to the last result; ideal time is the
+  sum of the times the jobs measured inside their workers, over the workers;
+- crash: a crashing job writes ``time.monotonic()`` (one clock for every process
+  on Linux) to a file, then SIGKILLs its own worker.
 """
 
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
-import signal
 import statistics
+import threading
 import time
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
-START_METHOD = "forkserver"
-
-
-# --- job functions (run in the workers) -------------------------------------------
-
-
-def noop() -> None:
-    return None
-
-
-def nap(seconds: float) -> int:
-    time.sleep(seconds)
-    return os.getpid()
-
-
-def spin(n: int) -> float:
-    """Pure-Python CPU work; returns how long it ran, measured in the worker."""
-    t0 = time.perf_counter()
-    x = 0
-    for i in range(n):
-        x = (x * 31 + i) & 0xFFFFFFFF
-    return time.perf_counter() - t0
-
-
-def stamp_and_die(path: str) -> None:
-    """Write the time to ``path``, then SIGKILL this worker."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    stamp = time.monotonic()
-    os.write(fd, repr(stamp).encode())
-    os.kill(os.getpid(), signal.SIGKILL)
-
+from bench import jobs
+from bench.engines import Engine, Peer, rss_bytes, warm
 
 # --- configuration ------------------------------------------------------------
 
@@ -78,279 +46,499 @@ def stamp_and_die(path: str) -> None:
 @dataclass(frozen=True)
 class Config:
     workers: int = 2
+    warmup_jobs: int = 200
     tiny_jobs: int = 20_000
     latency_samples: int = 2_000
     latency_warmup: int = 200
     cpu_jobs: int = 32
-    cpu_job_seconds: float = 0.040
-    crashes: int = 20
-    warmup_jobs: int = 200
+    cpu_job_seconds: float = 0.043
+    big_jobs: int = 200
+    big_bytes: int = 1_000_000
+    crash_jobs: int = 200
+    crash_every: int = 10
+    crash_timeout: float = 3.0  # for the whole batch: past it, a peer counts as hung
+    crash_probes: int = 5  # sequential kills timed for the waiter's notification
+    probe_timeout: float = 2.0
+    cached_pushes: int = 200_000
+    cached_threads: int = 8
+    map_items: int = 1_000_000
+    map_chunksizes: tuple[int, ...] = (100, 1_000, 10_000)
     # Set by calibrate(): spin() iterations for about cpu_job_seconds.
     spin_n: int = 0
 
+    def labels(self) -> dict[str, int]:
+        """What metric labels may name: ``{good}``, ``{crashes}``, ``{threads}``."""
+        crashes = self.crash_jobs // self.crash_every
+        return {"good": self.crash_jobs - crashes, "crashes": crashes, "threads": self.cached_threads}
 
-QUICK = dict(tiny_jobs=2_000, latency_samples=300, latency_warmup=50, crashes=3, warmup_jobs=50)
+
+QUICK: dict[str, Any] = {
+    "warmup_jobs": 30,
+    "tiny_jobs": 2_000,
+    "latency_samples": 300,
+    "latency_warmup": 30,
+    "cpu_jobs": 8,
+    "cpu_job_seconds": 0.02,
+    "big_jobs": 30,
+    "crash_jobs": 40,
+    "crash_timeout": 2.0,
+    "crash_probes": 1,
+    "probe_timeout": 1.0,
+    "cached_pushes": 20_000,
+    "map_items": 50_000,
+    "map_chunksizes": (1_000,),
+}
 
 
 def calibrate(seconds: float) -> int:
     """How many spin() iterations take about ``seconds`` here (best of 3)."""
     n = 200_000
-    best = min(spin(n) for _ in range(3))
+    best = min(jobs.spin(n) for _ in range(3))
     n = max(1, int(n * seconds / best))
-    best = min(spin(n) for _ in range(3))
+    best = min(jobs.spin(n) for _ in range(3))
     return max(1, int(n * seconds / best))
 
 
-# --- engines, opened and warmed up ---------------------------------------------------
-
-_key_ids = iter(range(1, 1 << 62))
-
-
-def fresh_keys(prefix: str, n: int) -> list[str]:
-    """``n`` keys never used before in this process."""
-    return [f"{prefix}-{next(_key_ids)}" for _ in range(n)]
-
-
-def _context() -> Any:
-    return multiprocessing.get_context(START_METHOD)
-
-
-def _every_worker(naps: Callable[[float], set[int]], cfg: Config, engine: str) -> None:
-    """Run naps, one per worker at once, until every worker has run one: each
-    has then started and imported this module. (A worker that is slow to start
-    can let another take both naps, so a round may not reach all of them.)"""
-    seen: set[int] = set()
-    seconds = 0.02
-    for _ in range(8):
-        seen |= naps(seconds)
-        if len(seen) >= cfg.workers:
-            return
-        seconds *= 2
-    raise RuntimeError(f"warm-up reached {len(seen)} of {cfg.workers} {engine} workers")
-
-
-def _warm_procq(q: Any, cfg: Config, jobs: int) -> None:
-    from procq import Job
-
-    def naps(seconds: float) -> set[int]:
-        keys = fresh_keys("warm-nap", cfg.workers)
-        handles = [q.push(Job(k, nap, args=(seconds,))).handle for k in keys]
-        return {h.result(timeout=60) for h in handles}
-
-    _every_worker(naps, cfg, "procq")
-    for key in fresh_keys("warm", jobs):
-        q.push_and_wait(Job(key, noop), timeout=60)
-
-
-def _warm_ppe(ex: ProcessPoolExecutor, cfg: Config, jobs: int) -> None:
-    def naps(seconds: float) -> set[int]:
-        futures = [ex.submit(nap, seconds) for _ in range(cfg.workers)]
-        return {f.result(timeout=60) for f in futures}
-
-    _every_worker(naps, cfg, "PPE")
-    for _ in range(jobs):
-        ex.submit(noop).result(timeout=60)
+class NotApplicable(Exception):
+    """This engine cannot run this workload; the message says why."""
 
 
 @contextmanager
-def procq_queue(cfg: Config, warm_jobs: int | None = None) -> Iterator[Any]:
-    from procq import ProcQueue
-
-    with ProcQueue(lanes=cfg.workers, start_method=START_METHOD) as q:
-        _warm_procq(q, cfg, cfg.warmup_jobs if warm_jobs is None else warm_jobs)
-        yield q
-
-
-@contextmanager
-def ppe_pool(cfg: Config, warm_jobs: int | None = None) -> Iterator[ProcessPoolExecutor]:
-    ex = ProcessPoolExecutor(max_workers=cfg.workers, mp_context=_context())
+def opened(peer: Peer, cfg: Config, warm_jobs: int | None = None) -> Iterator[Engine]:
+    engine = peer.open(cfg.workers)
     try:
-        _warm_ppe(ex, cfg, cfg.warmup_jobs if warm_jobs is None else warm_jobs)
-        yield ex
-    finally:
-        ex.shutdown(wait=True)
+        warm(engine, cfg.workers, cfg.warmup_jobs if warm_jobs is None else warm_jobs)
+        yield engine
+    except BaseException:
+        engine.abort()
+        raise
+    else:
+        engine.close()
 
 
-# --- 1. tiny: throughput of no-op jobs pushed one by one -------------------------------
+# --- the workloads ----------------------------------------------------------------
 
 
-def procq_tiny(cfg: Config, tmp: str) -> dict[str, float]:
-    from procq import Job
-
-    keys = fresh_keys("tiny", cfg.tiny_jobs)
-    with procq_queue(cfg) as q:
-        push = q.push
+def run_tiny(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    n = cfg.tiny_jobs
+    with opened(peer, cfg) as e:
+        submit, result, noop = e.submit, e.result, jobs.noop
         t0 = time.perf_counter()
-        handles = [push(Job(key, noop)).handle for key in keys]
-        for h in handles:
-            h.result(timeout=120)
-        wall = time.perf_counter() - t0
-    return {"jobs_per_s": cfg.tiny_jobs / wall}
-
-
-def ppe_tiny(cfg: Config, tmp: str) -> dict[str, float]:
-    with ppe_pool(cfg) as ex:
-        submit = ex.submit
-        t0 = time.perf_counter()
-        futures = [submit(noop) for _ in range(cfg.tiny_jobs)]
+        futures = [submit(noop) for _ in range(n)]
         for f in futures:
-            f.result(timeout=120)
+            result(f, 120.0)
         wall = time.perf_counter() - t0
-    return {"jobs_per_s": cfg.tiny_jobs / wall}
+    return {"jobs_per_s": n / wall}
 
 
-# --- 2. latency: one no-op job at a time, round trip -------------------------------------
+def _percentile(sorted_values: list[int], q: float) -> int:
+    return sorted_values[max(0, math.ceil(q * len(sorted_values)) - 1)]
 
 
-def _percentiles(samples_ns: list[int]) -> dict[str, float]:
-    s = sorted(samples_ns)
-    p99 = s[max(0, math.ceil(0.99 * len(s)) - 1)]
-    return {"p50_us": statistics.median(s) / 1e3, "p99_us": p99 / 1e3}
-
-
-def procq_latency(cfg: Config, tmp: str) -> dict[str, float]:
-    from procq import Job
-
-    keys = fresh_keys("lat", cfg.latency_warmup + cfg.latency_samples)
+def run_latency(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
     clock = time.perf_counter_ns
     samples: list[int] = []
-    with procq_queue(cfg) as q:
-        pw = q.push_and_wait
-        for key in keys[: cfg.latency_warmup]:
-            pw(Job(key, noop), timeout=60)
-        for key in keys[cfg.latency_warmup :]:
-            t0 = clock()
-            pw(Job(key, noop), timeout=60)
-            samples.append(clock() - t0)
-    return _percentiles(samples)
-
-
-def ppe_latency(cfg: Config, tmp: str) -> dict[str, float]:
-    clock = time.perf_counter_ns
-    samples: list[int] = []
-    with ppe_pool(cfg) as ex:
-        submit = ex.submit
+    with opened(peer, cfg) as e:
+        submit, result, noop = e.submit, e.result, jobs.noop
         for _ in range(cfg.latency_warmup):
-            submit(noop).result(timeout=60)
+            result(submit(noop), 60.0)
         for _ in range(cfg.latency_samples):
             t0 = clock()
-            submit(noop).result(timeout=60)
+            result(submit(noop), 60.0)
             samples.append(clock() - t0)
-    return _percentiles(samples)
+    s = sorted(samples)
+    return {"p50_us": statistics.median(s) / 1e3, "p99_us": _percentile(s, 0.99) / 1e3}
 
 
-# --- 3. cpu: CPU-bound jobs on every worker ------------------------------------------------
-
-
-def _efficiency(cfg: Config, durations: list[float], wall: float) -> dict[str, float]:
+def run_cpu(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    with opened(peer, cfg) as e:
+        t0 = time.perf_counter()
+        futures = [e.submit(jobs.spin, cfg.spin_n) for _ in range(cfg.cpu_jobs)]
+        durations = [e.result(f, 120.0) for f in futures]
+        wall = time.perf_counter() - t0
     # Ideal wall time: all the in-job work spread perfectly over the workers.
+    # The jobs' own clocks, not a calibration, so a VM's slow-downs count against no engine.
     ideal = sum(durations) / cfg.workers
+    return {"efficiency": ideal / wall, "job_ms": statistics.median(durations) * 1e3}
+
+
+def run_bigdata(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    size = cfg.big_bytes
+    with opened(peer, cfg) as e:
+        t0 = time.perf_counter()
+        futures = [e.submit(jobs.blob, size) for _ in range(cfg.big_jobs)]
+        for f in futures:
+            out = e.result(f, 120.0)
+            if len(out) != size:
+                raise RuntimeError(f"{peer.name}: a bigdata result had {len(out)} bytes, not {size}")
+            del out
+        wall = time.perf_counter() - t0
+    return {"mb_per_s": cfg.big_jobs * size / 1e6 / wall}
+
+
+def _stamp(path: str) -> float | None:
+    try:
+        with open(path) as f:
+            return float(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _crash_batch(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    """``crash_jobs`` jobs at once, every ``crash_every``-th SIGKILLs its worker."""
+    tag = f"{peer.name.replace(' ', '_')}-{time.monotonic_ns()}"
+    paths = [
+        os.path.join(tmp, f"batch-{tag}-{i}") if i % cfg.crash_every == cfg.crash_every - 1 else ""
+        for i in range(cfg.crash_jobs)
+    ]
+    e = peer.open(cfg.workers)
+    clean = False
+    try:
+        warm(e, cfg.workers, cfg.warmup_jobs)
+        futures: list[Any] = []
+        for i, p in enumerate(paths):
+            try:
+                futures.append(e.submit(jobs.double_or_die, i, p))
+            except Exception as exc:  # noqa: BLE001 - a broken pool refuses later submits (PPE)
+                futures.append(exc)
+        deadline = time.monotonic() + cfg.crash_timeout
+        good = [i for i, p in enumerate(paths) if not p]
+        bad = [i for i, p in enumerate(paths) if p]
+        good_ok = good_hung = crash_told = crash_signal = crash_hung = 0
+        for i in good:
+            if isinstance(futures[i], Exception):
+                continue  # refused at submit: not correct
+            try:
+                good_ok += e.result(futures[i], max(0.0, deadline - time.monotonic())) == 2 * i
+            except TimeoutError:
+                good_hung += 1
+            except Exception:  # noqa: BLE001, S110 - any failure of a good job counts as not correct
+                pass
+        for i in bad:
+            if isinstance(futures[i], Exception):
+                continue  # refused at submit: it never ran, so never crashed
+            try:
+                e.result(futures[i], max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                crash_hung += 1
+            except Exception as exc:  # noqa: BLE001 - each engine has its own type for a dead worker
+                crash_told += 1
+                crash_signal += e.crash_signal(exc) == "SIGKILL"
+        last_any = time.monotonic()
+        stamps = [s for s in map(_stamp, filter(None, paths)) if s is not None]
+        # A job that never answered means the last answer never came.
+        recover_ms = math.inf if good_hung or crash_hung or not stamps else (last_any - max(stamps)) * 1e3
+        try:
+            usable = e.result(e.submit(jobs.inc, 41), cfg.probe_timeout) == 42
+        except Exception:  # noqa: BLE001 - a broken engine raises its own type
+            usable = False
+        clean = usable and not good_hung and not crash_hung
+    finally:
+        e.close() if clean else e.abort()
     return {
-        "efficiency": ideal / wall,
-        "wall_s": wall,
-        "job_ms": statistics.median(durations) * 1e3,
+        "good_ok": good_ok,
+        "good_hung": good_hung,
+        "crash_signal": crash_signal,
+        "crash_told": crash_told,
+        "crash_hung": crash_hung,
+        "usable_after": float(usable),
+        "recover_ms": recover_ms,
     }
 
 
-def procq_cpu(cfg: Config, tmp: str) -> dict[str, float]:
-    from procq import Job
-
-    keys = fresh_keys("cpu", cfg.cpu_jobs)
-    with procq_queue(cfg) as q:
-        t0 = time.perf_counter()
-        handles = [q.push(Job(key, spin, args=(cfg.spin_n,))).handle for key in keys]
-        durations = [h.result(timeout=120) for h in handles]
-        wall = time.perf_counter() - t0
-    return _efficiency(cfg, durations, wall)
-
-
-def ppe_cpu(cfg: Config, tmp: str) -> dict[str, float]:
-    with ppe_pool(cfg) as ex:
-        t0 = time.perf_counter()
-        futures = [ex.submit(spin, cfg.spin_n) for _ in range(cfg.cpu_jobs)]
-        durations = [f.result(timeout=120) for f in futures]
-        wall = time.perf_counter() - t0
-    return _efficiency(cfg, durations, wall)
-
-
-# --- 4. crash: from a worker's SIGKILL to its waiter being told --------------------------
-
-
-def _read_stamp(path: str) -> float:
-    with open(path) as f:
-        return float(f.read())
-
-
-def _full_strength(q: Any, cfg: Config, restarts: int) -> None:
-    """Wait until the lane has replaced every killed worker, then warm the
-    replacement, so the next crash starts from the same state as the first.
-
-    ``workers_alive`` counts a replacement that is still starting, so it is
-    at full size right after the crash. It is the warm-up (a nap run on
-    ``cfg.workers`` different pids, which the dead one cannot be) that proves
-    the replacement has started and taken a job."""
-    deadline = time.monotonic() + 60
-    while True:
-        lane = next(iter(q.stats().lanes.values()))
-        if lane.worker_restarts >= restarts and lane.workers_alive == cfg.workers:
-            break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"procq lane did not recover after crash {restarts}: {lane}")
-        time.sleep(0.002)  # a benchmark's bounded poll, not synchronisation in a test
-    _warm_procq(q, cfg, jobs=10)
-
-
-def procq_crash(cfg: Config, tmp: str) -> dict[str, float]:
-    from procq import Job, JobFailed
-
+def _notify_probes(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    """Kill one worker at a time with nothing else running; time from the kill to
+    its waiter being told. An engine the kill breaks is opened anew for the next
+    probe (not timed); one whose waiter is never told stops the probes."""
     samples: list[float] = []
-    with procq_queue(cfg) as q:
-        for i, key in enumerate(fresh_keys("crash", cfg.crashes)):
-            path = os.path.join(tmp, key)
-            handle = q.push(Job(key, stamp_and_die, args=(path,))).handle
-            try:
-                handle.result(timeout=60)
-            except JobFailed as exc:
-                notified = time.monotonic()
-                if exc.failure.kind != "crashed":
-                    raise
+    breaks = 0
+    e: Engine | None = None
+    try:
+        for k in range(cfg.crash_probes):
+            if e is None:
+                e = peer.open(cfg.workers)
+                warm(e, cfg.workers, 10)
             else:
-                raise RuntimeError("the crash job returned")
-            samples.append(notified - _read_stamp(path))
-            _full_strength(q, cfg, restarts=i + 1)
-        lane = next(iter(q.stats().lanes.values()))
-        assert lane.crashes == cfg.crashes, lane
-    return {"notify_ms": statistics.median(samples) * 1e3, "pool_broken": 0.0}
-
-
-def ppe_crash(cfg: Config, tmp: str) -> dict[str, float]:
-    samples: list[float] = []
-    broken = 0
-    for i, key in enumerate(fresh_keys("ppe-crash", cfg.crashes)):
-        path = os.path.join(tmp, key)
-        # A killed worker breaks the whole pool: every crash needs a new one.
-        with ppe_pool(cfg, warm_jobs=10) as ex:
-            future = ex.submit(stamp_and_die, path)
+                try:  # the replacement is up and has run a job
+                    warm(e, cfg.workers, 10, timeout=cfg.probe_timeout)
+                except Exception:  # noqa: BLE001 - a broken engine raises its own type
+                    breaks += 1
+                    e.abort()
+                    e = peer.open(cfg.workers)
+                    warm(e, cfg.workers, 10)
+            path = os.path.join(tmp, f"probe-{peer.name.replace(' ', '_')}-{time.monotonic_ns()}-{k}")
+            future = e.submit(jobs.stamp_and_die, path)
             try:
-                future.result(timeout=60)
-            except BrokenProcessPool:
+                e.result(future, cfg.probe_timeout)
+            except TimeoutError:
+                samples.append(math.inf)
+                break
+            except Exception:  # noqa: BLE001 - each engine has its own type for a dead worker
                 notified = time.monotonic()
+                stamp = _stamp(path)
+                samples.append(math.inf if stamp is None else notified - stamp)
             else:
-                raise RuntimeError("the crash job returned")
-            samples.append(notified - _read_stamp(path))
+                raise RuntimeError(f"{peer.name}: the crash job returned")
+            # Broken engines (every later job fails) are found by the next warm-up.
+        if e is not None and samples and samples[-1] != math.inf:
             try:
-                ex.submit(noop)
-            except BrokenProcessPool:
-                broken += 1
-    return {"notify_ms": statistics.median(samples) * 1e3, "pool_broken": broken / cfg.crashes}
+                warm(e, cfg.workers, 0, timeout=cfg.probe_timeout)
+            except Exception:  # noqa: BLE001 - a broken engine raises its own type
+                breaks += 1
+    finally:
+        if e is not None:
+            e.abort()
+    return {"notify_ms": statistics.median(samples) * 1e3, "broken_by_kill": breaks / max(1, len(samples))}
 
 
-Runner = Callable[[Config, str], "dict[str, float]"]
+def run_crash(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    figures = _crash_batch(peer, cfg, tmp)
+    figures.update(_notify_probes(peer, cfg, tmp))
+    return figures
 
-#: name -> (procq runner, PPE runner), in the order they run in a round.
-WORKLOADS: dict[str, tuple[Runner, Runner]] = {
-    "tiny": (procq_tiny, ppe_tiny),
-    "latency": (procq_latency, ppe_latency),
-    "cpu": (procq_cpu, ppe_cpu),
-    "crash": (procq_crash, ppe_crash),
+
+def run_startup(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    t0 = time.perf_counter()
+    e = peer.open(cfg.workers)
+    try:
+        e.result(e.submit(jobs.noop), 60.0)
+        took = time.perf_counter() - t0
+    finally:
+        e.close()
+    return {"startup_ms": took * 1e3}
+
+
+def run_close(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    e = peer.open(cfg.workers)
+    try:
+        warm(e, cfg.workers, cfg.warmup_jobs)
+    except BaseException:
+        e.abort()
+        raise
+    t0 = time.perf_counter()
+    e.close()
+    return {"close_ms": (time.perf_counter() - t0) * 1e3}
+
+
+def run_cached(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    """``push`` of a key that completed: no IPC, one lock. 1 thread, then N at once."""
+    from procq import Cached, Job
+
+    n = cfg.cached_pushes
+    with opened(peer, cfg, warm_jobs=0) as e:
+        q = e.q  # type: ignore[attr-defined]
+        key = f"cached-{time.monotonic_ns()}"
+        q.push_and_wait(Job(key, jobs.noop), timeout=60)
+        job = Job(key, jobs.noop)
+        push = q.push
+        if not isinstance(push(job), Cached):
+            raise RuntimeError("a completed key did not push as Cached")  # noqa: TRY004 - not a caller's type error
+        t0 = time.perf_counter()
+        for _ in range(n):
+            push(job)
+        single = n / (time.perf_counter() - t0)
+
+        threads = cfg.cached_threads
+        per_thread = n // threads
+        start = threading.Barrier(threads + 1)
+
+        def pusher() -> None:
+            mine = Job(key, jobs.noop)
+            start.wait()
+            for _ in range(per_thread):
+                push(mine)
+
+        workers = [threading.Thread(target=pusher) for _ in range(threads)]
+        for t in workers:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in workers:
+            t.join()
+        together = per_thread * threads / (time.perf_counter() - t0)
+    return {"single_per_s": single, "threads_per_s": together, "scaling": together / single}
+
+
+class _PeakRSS:
+    """Samples this process's RSS every 5 ms on a thread; ``peak`` after ``stop``."""
+
+    def __init__(self) -> None:
+        self.peak = rss_bytes()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(0.005):
+            self.peak = max(self.peak, rss_bytes())
+
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss_bytes())
+        return self.peak
+
+
+def run_map(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    """``map_items`` tiny items through procq's ``map``, or ``Pool.imap`` with the
+    best of a few chunksizes. Peak RSS is the supervisor's (this process)."""
+    n = cfg.map_items
+    expected = n * (n + 1) // 2  # sum of inc(x) for x in range(n)
+    if peer.name == "procq":
+        from procq import ProcQueue
+
+        if not hasattr(ProcQueue, "map"):
+            raise NotApplicable("procq has no map yet")
+        with opened(peer, cfg, warm_jobs=10) as e:
+            q = e.q  # type: ignore[attr-defined]
+            tag = time.monotonic_ns()
+            before = rss_bytes()
+            sampler = _PeakRSS()
+            t0 = time.perf_counter()
+            total = sum(q.map(jobs.inc, iter(range(n)), key=lambda x: f"map-{tag}-{x}"))
+            wall = time.perf_counter() - t0
+            peak = sampler.stop()
+        best_chunk = 0.0
+    else:
+        best: tuple[float, int, int, int] | None = None
+        with opened(peer, cfg, warm_jobs=10) as e:
+            pool = e.pool  # type: ignore[attr-defined]
+            for chunksize in cfg.map_chunksizes:
+                before = rss_bytes()
+                sampler = _PeakRSS()
+                t0 = time.perf_counter()
+                total = sum(pool.imap(jobs.inc, iter(range(n)), chunksize))
+                wall = time.perf_counter() - t0
+                peak = sampler.stop()
+                if total != expected:
+                    raise RuntimeError(f"imap summed to {total}, not {expected}")
+                if best is None or wall < best[0]:
+                    best = (wall, chunksize, before, peak)
+        assert best is not None
+        wall, chunk, before, peak = best
+        best_chunk = float(chunk)
+    if total != expected:
+        raise RuntimeError(f"{peer.name} map summed to {total}, not {expected}")
+    return {
+        "items_per_s": n / wall,
+        "peak_rss_mb": peak / 1e6,
+        "rss_growth_mb": (peak - before) / 1e6,
+        "chunksize": best_chunk,
+    }
+
+
+# --- the registry -------------------------------------------------------------------
+
+Fmt = Callable[[float], str]
+
+
+def num(pattern: str) -> Fmt:
+    def fmt(v: float) -> str:
+        return "never" if v == math.inf else pattern.format(v)
+
+    return fmt
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    better: str  # "higher", "lower" or "-"
+    fmt: Fmt
+    ratio: bool = True  # show procq / peer (not for counts, where it means little)
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    title: str
+    run: Callable[[Peer, Config, str], dict[str, float]]
+    metrics: tuple[Metric, ...]
+    engines: tuple[str, ...] | None = None  # None: every engine
+    notes: tuple[str, ...] = field(default=())
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in [
+        Workload(
+            "tiny",
+            "no-op jobs pushed one by one",
+            run_tiny,
+            (Metric("jobs_per_s", "throughput, jobs/s", "higher", num("{:,.0f}")),),
+        ),
+        Workload(
+            "latency",
+            "sequential submit-and-wait of one no-op job",
+            run_latency,
+            (
+                Metric("p50_us", "p50, us", "lower", num("{:,.0f}")),
+                Metric("p99_us", "p99, us", "lower", num("{:,.0f}")),
+            ),
+        ),
+        Workload(
+            "cpu",
+            "CPU-bound jobs on every worker",
+            run_cpu,
+            (
+                Metric("efficiency", "efficiency (ideal/wall)", "higher", num("{:.3f}")),
+                Metric("job_ms", "one job in its worker, ms", "-", num("{:.1f}")),
+            ),
+        ),
+        Workload(
+            "bigdata",
+            "jobs returning 1 MB each",
+            run_bigdata,
+            (Metric("mb_per_s", "MB/s", "higher", num("{:,.0f}")),),
+        ),
+        Workload(
+            "crash",
+            "every 10th job SIGKILLs its worker",
+            run_crash,
+            (
+                Metric("good_ok", "good jobs correct (of {good})", "higher", num("{:.0f}"), ratio=False),
+                Metric("crash_signal", "crashes reported with SIGKILL (of {crashes})", "higher", num("{:.0f}"), ratio=False),
+                Metric("crash_hung", "crashed jobs never resolved (of {crashes})", "lower", num("{:.0f}"), ratio=False),
+                Metric("usable_after", "usable after (1 = yes)", "higher", num("{:.0f}"), ratio=False),
+                Metric("recover_ms", "last crash -> last answer, ms", "lower", num("{:,.0f}")),
+                Metric("notify_ms", "kill -> waiter told, median ms", "lower", num("{:.2f}")),
+                Metric("broken_by_kill", "kills that broke the pool", "lower", num("{:.0%}"), ratio=False),
+            ),
+        ),
+        Workload(
+            "startup",
+            "open the engine + first no-op job",
+            run_startup,
+            (Metric("startup_ms", "create + first job, ms", "lower", num("{:,.0f}")),),
+        ),
+        Workload(
+            "close",
+            "close() of warmed, idle workers",
+            run_close,
+            (Metric("close_ms", "close(), ms", "lower", num("{:,.1f}")),),
+        ),
+        Workload(
+            "cached",
+            "push of a completed key (no IPC)",
+            run_cached,
+            (
+                Metric("single_per_s", "pushes/s, 1 thread", "higher", num("{:,.0f}")),
+                Metric("threads_per_s", "pushes/s, {threads} threads together", "higher", num("{:,.0f}")),
+                Metric("scaling", "{threads} threads / 1 thread", "higher", num("{:.2f}")),
+            ),
+            engines=("procq",),
+        ),
+        Workload(
+            "map",
+            "tiny items through map / Pool.imap",
+            run_map,
+            (
+                Metric("items_per_s", "items/s", "higher", num("{:,.0f}")),
+                Metric("peak_rss_mb", "peak RSS of the supervisor (the bench process), MB", "lower", num("{:,.0f}")),
+                Metric("rss_growth_mb", "RSS growth during the map, MB", "lower", num("{:,.1f}")),
+                Metric("chunksize", "best imap chunksize", "-", num("{:,.0f}")),
+            ),
+            engines=("procq", "mp.Pool"),
+        ),
+    ]
 }

@@ -1,0 +1,299 @@
+"""The engines the benchmark compares: procq and its peers, behind one small face.
+
+Each engine is opened with ``workers`` worker processes and, wherever the
+engine lets us choose, the forkserver start method. An :class:`Engine` can
+``submit(fn, *args)`` and wait for a ``result(future, timeout)``; a timeout
+always raises the built-in ``TimeoutError``, whatever the engine's own type.
+``crash_signal(exc)`` says which signal, if any, the engine's exception for a
+killed worker names.
+
+Peers are benchmark-only dependencies (``pip install -e '.[bench]'``); one that
+is not installed is left out of the run, with the reason printed. procq and
+the three that need nothing beyond the standard library (ProcessPoolExecutor,
+multiprocessing.Pool, the raw pipe floor) always run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import multiprocessing
+import os
+import signal
+from collections.abc import Callable
+from concurrent.futures import TimeoutError as FuturesTimeout
+from dataclasses import dataclass
+from typing import Any
+
+from bench import jobs
+
+START_METHOD = "forkserver"
+
+_key_ids = itertools.count(1)
+
+
+def context() -> Any:
+    return multiprocessing.get_context(START_METHOD)
+
+
+def _signal_in(exc: BaseException) -> str | None:
+    """A signal name or negative exit code that an exception's text or attributes name."""
+    code = getattr(exc, "exitcode", None)
+    if isinstance(code, int) and code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    text = str(exc)
+    for sig in (signal.SIGKILL, signal.SIGSEGV, signal.SIGTERM, signal.SIGABRT):
+        if sig.name in text:
+            return sig.name
+    return None
+
+
+class Engine:
+    """One opened engine. Subclasses fill in the four operations."""
+
+    name = "?"
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        raise NotImplementedError
+
+    def result(self, future: Any, timeout: float) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close an idle engine the normal, waiting way."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Tear the engine down without waiting (after a hang or a break)."""
+        self.close()
+
+    def crash_signal(self, exc: BaseException) -> str | None:
+        return _signal_in(exc)
+
+
+class ProcqEngine(Engine):
+    name = "procq"
+
+    def __init__(self, workers: int) -> None:
+        from procq import Job, ProcQueue
+
+        self.q = ProcQueue(lanes=workers, start_method=START_METHOD)
+        self._job = Job
+        self._push = self.q.push
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        # A fresh key per job: the full state map is part of what procq pays.
+        return self._push(self._job(f"b{next(_key_ids)}", fn, args=args)).handle
+
+    def result(self, future: Any, timeout: float) -> Any:
+        return future.result(timeout)
+
+    def close(self) -> None:
+        self.q.close()
+
+    def abort(self) -> None:
+        self.q.close(wait=False)
+
+    def crash_signal(self, exc: BaseException) -> str | None:
+        failure = getattr(exc, "failure", None)
+        return getattr(failure, "signal", None) if failure is not None else _signal_in(exc)
+
+
+class FuturesEngine(Engine):
+    """Any engine whose submit returns a ``concurrent.futures.Future``."""
+
+    def result(self, future: Any, timeout: float) -> Any:
+        try:
+            return future.result(timeout)
+        except FuturesTimeout:  # not the built-in TimeoutError before Python 3.11
+            raise TimeoutError(f"{self.name}: no result within {timeout}s") from None
+
+
+class PPEEngine(FuturesEngine):
+    name = "PPE"
+
+    def __init__(self, workers: int) -> None:
+        from concurrent.futures import ProcessPoolExecutor
+
+        self.ex = ProcessPoolExecutor(max_workers=workers, mp_context=context())
+        self.submit = self.ex.submit  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        self.ex.shutdown(wait=True)
+
+    def abort(self) -> None:
+        self.ex.shutdown(wait=True, cancel_futures=True)
+
+
+class LokyEngine(FuturesEngine):
+    name = "loky"
+
+    def __init__(self, workers: int) -> None:
+        import loky
+        from loky.backend.context import get_context
+
+        self.ex = loky.ProcessPoolExecutor(max_workers=workers, context=get_context(START_METHOD))
+        self.submit = self.ex.submit  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        self.ex.shutdown(wait=True)
+
+    def abort(self) -> None:
+        self.ex.shutdown(wait=True, kill_workers=True)
+
+
+class PebbleEngine(FuturesEngine):
+    name = "pebble"
+
+    def __init__(self, workers: int) -> None:
+        import pebble
+
+        self.pool = pebble.ProcessPool(max_workers=workers, context=context())
+        self._schedule = self.pool.schedule
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self._schedule(fn, args=args)
+
+    def close(self) -> None:
+        self.pool.close()
+        self.pool.join()
+
+    def abort(self) -> None:
+        self.pool.stop()
+        self.pool.join()
+
+
+class MpPoolEngine(Engine):
+    name = "mp.Pool"
+
+    def __init__(self, workers: int) -> None:
+        self.pool = context().Pool(workers)
+        self._apply = self.pool.apply_async
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self._apply(fn, args)
+
+    def result(self, future: Any, timeout: float) -> Any:
+        try:
+            return future.get(timeout)
+        except multiprocessing.TimeoutError:
+            raise TimeoutError(f"{self.name}: no result within {timeout}s") from None
+
+    def close(self) -> None:
+        self.pool.close()
+        self.pool.join()
+
+    def abort(self) -> None:
+        self.pool.terminate()
+        self.pool.join()
+
+
+class MpireEngine(Engine):
+    name = "mpire"
+
+    def __init__(self, workers: int) -> None:
+        from mpire import WorkerPool
+
+        self.pool = WorkerPool(n_jobs=workers, start_method=START_METHOD)
+        self._apply = self.pool.apply_async
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self._apply(fn, args)
+
+    def result(self, future: Any, timeout: float) -> Any:
+        try:
+            return future.get(timeout)
+        except multiprocessing.TimeoutError:
+            raise TimeoutError(f"{self.name}: no result within {timeout}s") from None
+
+    def close(self) -> None:
+        self.pool.stop_and_join()
+
+    def abort(self) -> None:
+        self.pool.terminate()
+
+
+class FloorEngine(Engine):
+    name = "raw pipe"
+
+    def __init__(self, workers: int) -> None:
+        from bench.floor import RawPipes
+
+        self.pool = RawPipes(workers, context())
+        self.submit = self.pool.submit  # type: ignore[method-assign]
+
+    def result(self, future: Any, timeout: float) -> Any:
+        return future.result(timeout)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+@dataclass(frozen=True)
+class Peer:
+    """An engine the benchmark can run: how to open it, and what it needs installed."""
+
+    name: str
+    open: Callable[[int], Engine]
+    needs: str | None  # the module it imports, for the availability check
+    how: str  # how it is configured, for the report
+
+    def missing(self) -> str | None:
+        """Why this engine cannot run here, or None."""
+        if self.needs is None or importlib.util.find_spec(self.needs) is not None:
+            return None
+        return f"{self.needs} is not installed (pip install -e '.[bench]')"
+
+
+#: Every engine, in the table's column order. procq first, the floor last.
+PEERS: list[Peer] = [
+    Peer("procq", ProcqEngine, None, f"ProcQueue(lanes=2, start_method={START_METHOD!r}), a fresh key per job"),
+    Peer("PPE", PPEEngine, None, "concurrent.futures.ProcessPoolExecutor(2, mp_context=forkserver)"),
+    Peer("mp.Pool", MpPoolEngine, None, "multiprocessing.get_context('forkserver').Pool(2).apply_async"),
+    Peer("loky", LokyEngine, "loky", "loky.ProcessPoolExecutor(2, context=loky forkserver)"),
+    Peer("pebble", PebbleEngine, "pebble", "pebble.ProcessPool(2, context=forkserver).schedule"),
+    Peer("mpire", MpireEngine, "mpire", "mpire.WorkerPool(2, start_method='forkserver').apply_async"),
+    Peer("raw pipe", FloorEngine, None, "one forkserver child per worker, its own Pipe, pickled tuples, no engine"),
+]
+BY_NAME = {p.name: p for p in PEERS}
+
+
+def every_worker(engine: Engine, workers: int, timeout: float = 60.0) -> None:
+    """Run naps, one per worker at once, until every worker has run one: each has
+    then started and imported the job module. (A worker slow to start can let
+    another take both naps, so a round may not reach all of them.)"""
+    seen: set[int] = set()
+    seconds = 0.02
+    for _ in range(8):
+        futures = [engine.submit(jobs.nap, seconds) for _ in range(workers)]
+        seen |= {engine.result(f, timeout) for f in futures}
+        if len(seen) >= workers:
+            return
+        seconds *= 2
+    raise RuntimeError(f"warm-up reached {len(seen)} of {workers} {engine.name} workers")
+
+
+def warm(engine: Engine, workers: int, jobs_after: int, timeout: float = 60.0) -> None:
+    """Every worker up and has run a job; then ``jobs_after`` no-op round trips.
+    Raises ``TimeoutError`` from an engine that does not answer within ``timeout``."""
+    every_worker(engine, workers, timeout)
+    for _ in range(jobs_after):
+        engine.result(engine.submit(jobs.noop), timeout)
+
+
+def ensure_forkserver() -> None:
+    """Start multiprocessing's forkserver (shared by every engine that uses it)
+    before anything is timed, so the first engine to start does not pay for it."""
+    p = context().Process(target=jobs.noop)
+    p.start()
+    p.join()
+    assert p.exitcode == 0, p.exitcode
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    import psutil
+
+    return int(psutil.Process(pid or os.getpid()).memory_info().rss)

@@ -1,0 +1,47 @@
+"""The benchmark runs end to end (``python -m bench --quick``), with nothing
+beyond the standard library's peers, and reports procq in every workload it ran.
+
+No timing is asserted: only that each workload produced figures, and the
+crash workload's counts, which do not depend on speed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from bench.engines import Peer, ProcqEngine
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_quick_run_reports_procq_and_the_floor() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--only", "tiny", "latency", "crash", "map", "--engines", "raw pipe"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=50,
+        check=True,
+    ).stdout
+    assert "| workload | metric | better | procq | raw pipe |" in out, out
+    # Each row shows a figure for procq and one for the floor, with procq / floor beside it.
+    assert re.search(r"^\| tiny \| throughput, jobs/s \| higher \| [\d,]+ \| [\d,]+ \[\d+\.\d\d\] \|$", out, re.MULTILINE), out
+    assert re.search(r"^\| latency \| p50, us \| lower \| [\d,]+ \| [\d,]+ \[\d+\.\d\d\] \|$", out, re.MULTILINE), out
+    # Crash isolation is counted, not timed: every good job right, every crash named with its signal.
+    assert re.search(r"^\| crash \| good jobs correct \(of 36\) \| higher \| 36 \| 36 \|$", out, re.MULTILINE), out
+    assert "[MET] crash: reported with their signal 4/4" in out, out
+    assert "[MET] crash: queue usable after: yes" in out, out
+    from procq import ProcQueue
+
+    if hasattr(ProcQueue, "map"):
+        assert re.search(r"^\| map \| items/s \| higher \| [\d,]+ \|", out, re.MULTILINE), out
+    else:
+        assert "[N/A] map: procq has no map yet" in out, out
+
+
+def test_a_peer_that_is_not_installed_says_why() -> None:
+    missing = Peer("nope", ProcqEngine, "no_such_module_procq_bench", "-")
+    assert missing.missing() == "no_such_module_procq_bench is not installed (pip install -e '.[bench]')"
+    assert Peer("procq", ProcqEngine, None, "-").missing() is None
