@@ -253,7 +253,8 @@ class Core(EndedKeys):
                     worker = lane.idle.pop()
                     self._assign(worker, entry)
                     result, wake = worker, entry.deadline is not None or entry.memory_limit is not None
-                elif len(lane.ready) < lane.spec.capacity:
+                elif not lane.blocked and len(lane.ready) < lane.spec.capacity:
+                    # (Never past a blocked push: pushes enter in arrival order.)
                     lane.ready.append(entry)
                     return QUEUED
                 elif blocked_wakeup is None:
@@ -415,10 +416,18 @@ class Core(EndedKeys):
 
     def _refill(self, lane: LaneState, wakeups: list[Wakeup]) -> None:
         """Move overdue jobs, then blocked pushes, into ready while the lane
-        has room (lock held)."""
-        while lane.overdue and len(lane.ready) < lane.spec.capacity:
+        has room (lock held).
+
+        Blocked pushes are let in only once the lane has drained to its low
+        mark (``_low_mark``), then as many as fit: a thread pushing into a
+        full lane then sleeps once per many jobs, not once per job (each
+        sleep is an Event and a thread switch, most of a tiny job's cost)."""
+        capacity = lane.spec.capacity
+        while lane.overdue and len(lane.ready) < capacity:
             lane.ready.append(lane.overdue.popleft())
-        while lane.blocked and len(lane.ready) < lane.spec.capacity:
+        if not lane.blocked or len(lane.ready) > _low_mark(capacity):
+            return
+        while lane.blocked and len(lane.ready) < capacity:
             entry, wakeup = lane.blocked.popleft()
             lane.ready.append(entry)
             wakeups.append(wakeup)
@@ -908,7 +917,7 @@ class Core(EndedKeys):
                     assert self._keys.get(item[2].key) is item[2]
             for lane in self.lanes.values():
                 assert len(lane.ready) <= lane.spec.capacity
-                assert not lane.blocked or len(lane.ready) == lane.spec.capacity
+                assert not lane.blocked or len(lane.ready) > _low_mark(lane.spec.capacity)
                 assert not lane.overdue or len(lane.ready) == lane.spec.capacity
                 assert not lane.idle or not (lane.ready or lane.overdue), lane.name
                 assert len(lane.workers) + lane.starting <= lane.spec.workers
@@ -921,6 +930,12 @@ class Core(EndedKeys):
                     assert self._keys.get(w.entry.key) is w.entry
                 for e in (*lane.ready, *lane.overdue):
                     assert e.status == PENDING and not e.timed and self._keys.get(e.key) is e
+
+
+def _low_mark(capacity: int) -> int:
+    """How far a full lane drains before its blocked pushes are let in: a
+    quarter of a large lane; a small lane takes one as soon as there is room."""
+    return capacity - capacity // 4 if capacity >= 16 else capacity - 1
 
 
 def _current_timer(item: tuple[float, int, Entry]) -> bool:
