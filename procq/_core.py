@@ -76,6 +76,12 @@ __all__ = ["Claim", "Core", "Ended", "Entry", "LaneState", "WorkerSlot", "run_wa
 
 Wakeup = Callable[[], None]
 
+#: A lane whose jobs run for less than this (on average, lately) has jobs sent
+#: ahead to its busy workers: enough to keep each busy for about this long.
+PIPELINE_WINDOW = 0.002
+#: At most this many jobs in flight to one worker (the running one included).
+PIPELINE_DEPTH = 16
+
 # Results of Core.offer.
 QUEUED = "queued"  # accepted into the lane's ready queue
 FULL = "full"  # no room; nothing changed
@@ -136,6 +142,8 @@ class Core(EndedKeys):
         # Running jobs with a memory limit: while there are any, the I/O
         # thread samples their process trees' memory.
         self.memory_jobs = 0
+        # Jobs given to idle workers while the I/O thread handled a death (see handoffs).
+        self._handoffs: list[tuple[WorkerSlot, Entry]] = []
 
     # --- claiming -----------------------------------------------------------
 
@@ -253,7 +261,7 @@ class Core(EndedKeys):
                     worker = lane.idle.pop()
                     self._assign(worker, entry)
                     result, wake = worker, entry.deadline is not None or entry.memory_limit is not None
-                elif not lane.blocked and len(lane.ready) < lane.spec.capacity:
+                elif not lane.blocked and len(lane.ready) + lane.prefetched < lane.spec.capacity:
                     # (Never past a blocked push: pushes enter in arrival order.)
                     lane.ready.append(entry)
                     return QUEUED
@@ -351,6 +359,12 @@ class Core(EndedKeys):
     # --- dispatch (lock held) -------------------------------------------------
 
     def _assign(self, worker: WorkerSlot, entry: Entry) -> None:
+        """Start ``entry`` on ``worker``; the caller sends it (lock held)."""
+        self._start(worker, entry)
+        worker.sending += 1
+
+    def _start(self, worker: WorkerSlot, entry: Entry) -> None:
+        """``entry`` is now the job ``worker`` runs (lock held)."""
         entry.status = PROCESSING
         if entry.prev is not None:  # past its lane's door: the claim can no longer be abandoned
             self.keeper.dropped(entry.prev)
@@ -359,7 +373,7 @@ class Core(EndedKeys):
         worker.entry = entry
         worker.fresh = False
         worker.jobs += 1
-        worker.sending += 1
+        worker.started = time.monotonic()
         entry.lane.running += 1
         self._pending -= 1
         self._processing += 1
@@ -379,7 +393,7 @@ class Core(EndedKeys):
             worker = lane.idle.pop()
             self._assign(worker, entry)
             return worker
-        if len(lane.ready) < lane.spec.capacity:
+        if len(lane.ready) + lane.prefetched < lane.spec.capacity:
             lane.ready.append(entry)
         else:
             lane.overdue.append(entry)
@@ -422,10 +436,10 @@ class Core(EndedKeys):
         mark (``_low_mark``), then as many as fit: a thread pushing into a
         full lane then sleeps once per many jobs, not once per job (each
         sleep is an Event and a thread switch, most of a tiny job's cost)."""
-        capacity = lane.spec.capacity
+        capacity = lane.spec.capacity - lane.prefetched
         while lane.overdue and len(lane.ready) < capacity:
             lane.ready.append(lane.overdue.popleft())
-        if not lane.blocked or len(lane.ready) > _low_mark(capacity):
+        if not lane.blocked or len(lane.ready) + lane.prefetched > _low_mark(lane.spec.capacity):
             return
         while lane.blocked and len(lane.ready) < capacity:
             entry, wakeup = lane.blocked.popleft()
@@ -437,11 +451,12 @@ class Core(EndedKeys):
         with self.lock:
             worker.doomed = True
 
-    def sent(self, worker: WorkerSlot) -> bool:
-        """A sender is done with ``worker``'s pipe. True: the worker died or
-        was retired meanwhile and the caller, the last sender, must close the pipe."""
+    def sent(self, worker: WorkerSlot, n: int = 1) -> bool:
+        """A sender is done with ``worker``'s pipe (``n`` rights to send, used
+        for one frame). True: the worker died or was retired meanwhile and the
+        caller, the last sender, must close the pipe."""
         with self.lock:
-            worker.sending -= 1
+            worker.sending -= n
             return (worker.dead or worker.retired) and worker.sending == 0
 
     # --- finishing ----------------------------------------------------------
@@ -513,20 +528,27 @@ class Core(EndedKeys):
 
     def job_done(
         self, worker: WorkerSlot, job_id: int, outcome: Completed[Any] | Failed, retire: bool = False
-    ) -> tuple[Entry | None, str]:
-        """A worker reported the end of its job. Returns the next job the
-        caller must send to the same worker (or None), and "done"; "retire"
-        when the worker must now be replaced (``retire``, or it has run its
-        lane's ``max_jobs_per_worker``; see ``_retire``); "unexpected" when
-        the report was not for the job the worker holds (a protocol violation:
-        nothing changed)."""
+    ) -> tuple[list[Entry], str]:
+        """A worker reported the end of its job. Returns the jobs the caller
+        must now send to the same worker (in one frame; empty: none), and
+        "done"; "retire" when the worker must now be replaced (``retire``, or
+        it has run its lane's ``max_jobs_per_worker``; see ``_retire``);
+        "unexpected" when the report was not for the job the worker holds (a
+        protocol violation: nothing changed).
+
+        The worker's next job is the first of its queue, if it has one: it
+        has already started it. Then its queue is topped up (``_top_up``)."""
         with self.lock:
             entry = worker.entry
             if entry is None or entry.job_id != job_id:
-                return None, "unexpected"
+                return [], "unexpected"
+            lane = worker.lane
+            now = time.monotonic()
+            ran = now - worker.started
+            lane.service = ran if lane.service is None else 0.8 * lane.service + 0.2 * ran
             worker.entry = None
             self._processing -= 1
-            entry.lane.running -= 1
+            lane.running -= 1
             if entry.memory_limit is not None:
                 self.memory_jobs -= 1
             if entry.kill_reason is not None:
@@ -534,14 +556,67 @@ class Core(EndedKeys):
                 # report arrived: it ends as decided, exactly once.
                 outcome = Failed(entry.kill_reason)
             wakeups = self._end(entry, outcome)
-            limit = worker.lane.spec.max_jobs_per_worker
-            if (retire or (limit is not None and worker.jobs >= limit)) and not worker.doomed:
-                self._retire(worker)
-                status, nxt = "retire", None
+            batch: list[Entry] = []
+            status = "done"
+            if worker.queue:
+                if retire:
+                    worker.retire_pending = True  # once its queue has run
+                nxt = worker.queue.popleft()
+                lane.prefetched -= 1
+                self._start(worker, nxt)
+                self._top_up(worker, batch)
+                if batch:
+                    worker.sending += 1
+                self._refill(lane, wakeups)
             else:
-                status, nxt = "done", self._next_job(worker, wakeups)
+                limit = lane.spec.max_jobs_per_worker
+                retire = retire or worker.retire_pending or (limit is not None and worker.jobs >= limit)
+                if retire and not worker.doomed:
+                    self._retire(worker)
+                    status = "retire"
+                else:
+                    first = self._next_job(worker, wakeups)
+                    if first is not None:
+                        batch.append(first)
+                        self._top_up(worker, batch)
         run_wakeups(wakeups)
-        return nxt, status
+        return batch, status
+
+    def _top_up(self, worker: WorkerSlot, batch: list[Entry]) -> None:
+        """Send short jobs ahead to a busy worker (lock held): while its lane's
+        jobs run for less than ``PIPELINE_WINDOW`` on average, keep up to
+        ``PIPELINE_DEPTH`` jobs in flight to it, so it goes from one to the
+        next without waiting for the supervisor. Never for untrusted lanes,
+        and never a job with a time or memory limit, or behind one: those
+        start only on a worker with nothing queued, so their limits count
+        from their real start."""
+        lane = worker.lane
+        spec = lane.spec
+        running = worker.entry
+        if (
+            lane.service is None
+            or running is None
+            or not spec.trusted
+            or worker.doomed
+            or worker.retire_pending
+            or running.deadline is not None
+            or running.memory_limit is not None
+        ):
+            return
+        room = min(PIPELINE_DEPTH - 1, int(PIPELINE_WINDOW / max(lane.service, 1e-6))) - len(worker.queue)
+        if spec.max_jobs_per_worker is not None:
+            room = min(room, spec.max_jobs_per_worker - worker.jobs - len(worker.queue))
+        ready = lane.ready
+        while room > 0 and ready:
+            entry = ready[0]
+            if entry.job.timeout is not None or spec.timeout is not None or entry.memory_limit is not None:
+                break
+            ready.popleft()
+            entry.worker = worker
+            worker.queue.append(entry)
+            lane.prefetched += 1
+            batch.append(entry)
+            room -= 1
 
     def _retire(self, worker: WorkerSlot) -> None:
         """Take an idle worker out of its lane and reserve its replacement
@@ -579,6 +654,7 @@ class Core(EndedKeys):
             entry = worker.entry
             worker.entry = None
             wakeups: list[Wakeup] = []
+            self._requeue(worker, wakeups)
             if worker.booting:
                 lane.boot_failures += 1
             if restart:
@@ -597,6 +673,36 @@ class Core(EndedKeys):
                     failure = replace(failure, exitcode=exitcode, signal=signal)
                 wakeups = self._end(entry, Failed(failure))
             return worker.sending == 0, wakeups
+
+    def _requeue(self, worker: WorkerSlot, wakeups: list[Wakeup]) -> None:
+        """A dead worker's queued jobs never started: back to the front of
+        their lane, in order (a cancelled one just ends), and to an idle
+        worker if there is one (lock held; see ``handoffs``)."""
+        if not worker.queue:
+            return
+        lane = worker.lane
+        queued = list(worker.queue)
+        worker.queue.clear()
+        lane.prefetched -= len(queued)
+        for entry in reversed(queued):
+            entry.worker = None
+            if entry.kill_reason is not None:
+                self._pending -= 1
+                wakeups += self._settle(entry, Failed(entry.kill_reason))
+            else:
+                lane.ready.appendleft(entry)
+        while lane.idle and lane.ready:
+            idle = lane.idle.pop()
+            first = lane.ready.popleft()
+            self._assign(idle, first)
+            self._handoffs.append((idle, first))
+
+    def handoffs(self) -> list[tuple[WorkerSlot, Entry]]:
+        """Jobs given to idle workers by ``worker_died`` (a dead worker's
+        queue): the I/O thread sends them."""
+        with self.lock:
+            sends, self._handoffs = self._handoffs, []
+            return sends
 
     def reserve_restart(self, lane: LaneState) -> None:
         """A replacement worker for ``lane`` is about to be started."""
@@ -749,7 +855,10 @@ class Core(EndedKeys):
                         break
                 else:
                     # Claimed, and its push has not offered it yet: offer()
-                    # ends it instead of queuing it.
+                    # ends it instead of queuing it. Or sent ahead to a busy
+                    # worker (see _top_up): it ends cancelled when the worker
+                    # gets to it (it may start it before it learns), or at
+                    # once if the worker dies first.
                     entry.kill_reason = failure
         run_wakeups(wakeups)
         return True, None
@@ -809,6 +918,12 @@ class Core(EndedKeys):
                 wakeups += self._settle(entry, Failed(Failure("cancelled", f"job {entry.key!r} {why}")))
             for lane in self.lanes.values():
                 for worker in lane.workers:
+                    for entry in worker.queue:  # sent ahead, not started: they end here
+                        entry.worker = None
+                        self._pending -= 1
+                        wakeups += self._settle(entry, Failed(Failure("cancelled", f"job {entry.key!r} {why}")))
+                    lane.prefetched -= len(worker.queue)
+                    worker.queue.clear()
                     held = worker.entry
                     if held is not None and held.kill_reason is None:
                         held.kill_reason = Failure("cancelled", f"job {held.key!r} {why}", pid=worker.pid)
@@ -867,7 +982,7 @@ class Core(EndedKeys):
                     name=name,
                     workers=lane.spec.workers,
                     capacity=lane.spec.capacity,
-                    waiting=len(lane.ready) + len(lane.overdue) + len(lane.blocked),
+                    waiting=len(lane.ready) + lane.prefetched + len(lane.overdue) + len(lane.blocked),
                     running=lane.running,
                     workers_alive=len(lane.workers) + lane.starting,
                     crashes=lane.crashes,
@@ -916,9 +1031,14 @@ class Core(EndedKeys):
                 if _current_timer(item):
                     assert self._keys.get(item[2].key) is item[2]
             for lane in self.lanes.values():
-                assert len(lane.ready) <= lane.spec.capacity
-                assert not lane.blocked or len(lane.ready) > _low_mark(lane.spec.capacity)
-                assert not lane.overdue or len(lane.ready) == lane.spec.capacity
+                assert len(lane.ready) + lane.prefetched <= lane.spec.capacity
+                assert not lane.blocked or len(lane.ready) + lane.prefetched > _low_mark(lane.spec.capacity)
+                assert not lane.overdue or len(lane.ready) + lane.prefetched == lane.spec.capacity
+                assert lane.prefetched == sum(len(w.queue) for w in lane.workers)
+                for w in lane.workers:
+                    assert not w.queue or w.entry is not None
+                    for e in w.queue:
+                        assert e.status == PENDING and e.worker is w and self._keys.get(e.key) is e
                 assert not lane.idle or not (lane.ready or lane.overdue), lane.name
                 assert len(lane.workers) + lane.starting <= lane.spec.workers
                 busy = [w for w in lane.workers if w.entry is not None]

@@ -144,11 +144,15 @@ class WorkerSlot:
         "jobs",
         "lane",
         "pid",
+        "inbox",
         "process",
+        "queue",
         "reader",
+        "retire_pending",
         "retired",
         "sending",
         "sentinel",
+        "started",
     )
 
     def __init__(self, lane: LaneState, process: Any, conn: Any, sentinel: Any = None, reader: Any = None) -> None:
@@ -159,8 +163,16 @@ class WorkerSlot:
         # the platform has them), and for untrusted lanes the FrameReader.
         self.sentinel = sentinel if sentinel is not None else getattr(process, "sentinel", None)
         self.reader = reader
+        # A trusted worker's messages, read without blocking (set by the supervisor).
+        self.inbox: Any = None
         self.pid: int | None = process.pid if process is not None else None
         self.entry: Entry | None = None
+        # Jobs sent to it behind ``entry``, not started yet (still Pending):
+        # several in flight per worker while a lane of short jobs has a backlog,
+        # so the worker never waits on the supervisor between jobs. Non-empty
+        # only while ``entry`` is set; the worker runs them in this order.
+        self.queue: deque[Entry] = deque()
+        self.started = 0.0  # when ``entry`` started, as far as the supervisor knows
         # Mirror of the worker's function cache (see _protocol.FnMirror).
         self.fns = FnMirror()
         # Threads that have been given this worker's pipe to send on and have
@@ -176,6 +188,8 @@ class WorkerSlot:
         # retired: replaced between jobs (max_jobs_per_worker, max_worker_rss);
         # no longer in lane.workers, its replacement already counted.
         self.retired = False
+        # To be retired once its queue has run (a job asked for it meanwhile).
+        self.retire_pending = False
         # Started, not yet READY: takes no job, so a worker that dies while it
         # starts (a signal, a main module that fails to import) fails none.
         self.booting = True
@@ -193,10 +207,12 @@ class LaneState:
         "idle",
         "name",
         "overdue",
+        "prefetched",
         "ready",
         "restarts",
         "retries",
         "running",
+        "service",
         "spec",
         "starting",
         "workers",
@@ -219,6 +235,12 @@ class LaneState:
         # Live workers holding no job. Non-empty only while ready and overdue are empty.
         self.idle: list[WorkerSlot] = []
         self.running = 0
+        # Jobs in workers' queues (see WorkerSlot.queue): they count against
+        # the capacity as waiting jobs do (len(ready) + prefetched <= capacity).
+        self.prefetched = 0
+        # Average seconds a job of this lane has run lately (None: none yet);
+        # short jobs are sent ahead to busy workers, long ones never are.
+        self.service: float | None = None
         self.boot_failures = 0  # workers in a row that died before they were ready
         self.crashes = 0
         self.restarts = 0

@@ -61,6 +61,7 @@ __all__ = [
     "OK",
     "READY",
     "RUN",
+    "RUN_MANY",
     "FnMirror",
     "FrameReader",
     "ProtocolError",
@@ -76,6 +77,7 @@ RUN = 0
 OK = 1
 ERROR = 2
 READY = 3
+RUN_MANY = 4
 
 #: How many distinct functions a worker keeps unpickled.
 FN_CACHE_SIZE = 128
@@ -214,71 +216,89 @@ def _preview(frame: bytes) -> str:
 
 
 class FrameReader:
-    """Reads ``multiprocessing.Connection`` frames from a worker's socket
-    without ever blocking: bytes are taken as they arrive, and a frame is
-    handed over only once whole. A frame announced larger than ``limit`` is
-    refused from its length prefix alone, before its body is read.
+    """Reads ``multiprocessing.Connection`` frames from a worker's socket:
+    whatever has arrived is taken in one read, and every frame completed by
+    it is handed over at once, so the supervisor wakes once for many results.
+    A frame announced larger than ``limit`` is refused from its length prefix
+    alone, before its body is read.
 
-    Why not ``Connection.recv_bytes``: it blocks until a frame is complete, so
-    a worker that writes half a frame and stops would stall the supervisor's
-    I/O thread, and with it every lane.
+    Untrusted workers are read without ever blocking: ``Connection.recv_bytes``
+    blocks until a frame is complete, so a worker that wrote half a frame and
+    stopped would stall the supervisor's I/O thread, and every lane with it.
+    A trusted worker writes each frame whole; with ``wait_whole`` the rest of
+    a large frame is read at once, straight into the buffer it is unpickled
+    from (one copy, as the pipe forces, and no wake-up per piece of it).
     """
 
-    __slots__ = ("_buffer", "_limit", "_sock", "_what")
+    __slots__ = ("_buffer", "_limit", "_sock", "_wait_whole", "_what")
 
-    def __init__(self, fd: int, limit: int, what: str = "") -> None:
+    #: Bytes asked for per read (below malloc's mmap threshold: cheap to allocate).
+    CHUNK = 1 << 16
+
+    def __init__(self, fd: int, limit: int, what: str = "", wait_whole: bool = False) -> None:
         # A duplicate of the descriptor, read with MSG_DONTWAIT: the original
         # stays blocking for the senders that share it.
         self._sock = socket.socket(fileno=os.dup(fd))
         self._limit = limit
         self._what = what or f"the limit of {limit}"
-        self._buffer = bytearray()
+        self._wait_whole = wait_whole
+        self._buffer = b""
 
-    def read(self) -> list[bytes]:
+    def read(self) -> list[bytes | bytearray]:
         """The frames completed by what has arrived. Raises ``EOFError`` at
         end of stream and ``ProtocolError`` for a frame past the limit."""
+        sock = self._sock
         try:
-            data = self._sock.recv(max(65536, self._wanted()), socket.MSG_DONTWAIT)
+            data = sock.recv(self.CHUNK, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return []
         except OSError as exc:
             raise EOFError(str(exc)) from None
         if not data:
             raise EOFError("the worker closed its pipe")
-        buffer = self._buffer
-        buffer += data
-        frames = []
-        while True:
-            size, header = self._header()
-            if size is None:
-                break
+        if self._buffer:
+            data = self._buffer + data
+        frames: list[bytes | bytearray] = []
+        pos, end = 0, len(data)
+        unpack = struct.unpack_from
+        while end - pos >= 4:
+            (size,) = unpack("!i", data, pos)
+            header = 4
+            if size == -1:  # a frame of 2 GiB or more: an 8-byte length follows
+                if end - pos < 12:
+                    break
+                (size,) = unpack("!Q", data, pos + 4)
+                header = 12
+            elif size < 0:
+                raise ProtocolError(f"a message with a negative length ({size})")
             if size > self._limit:
                 raise ProtocolError(f"a message of {size} bytes, more than {self._what} allows")
-            if len(buffer) < header + size:
+            start = pos + header
+            if start + size > end:
+                if self._wait_whole:
+                    frames.append(self._rest(data[start:], size))
+                    pos = end
                 break
-            frames.append(bytes(buffer[header : header + size]))
-            del buffer[: header + size]
+            frames.append(data[start : start + size])
+            pos = start + size
+        self._buffer = data[pos:] if pos < end else b""
         return frames
 
-    def _header(self) -> tuple[int | None, int]:
-        buffer = self._buffer
-        if len(buffer) < 4:
-            return None, 4
-        (size,) = struct.unpack("!i", buffer[:4])
-        if size == -1:  # a frame of 2 GiB or more: an 8-byte length follows
-            if len(buffer) < 12:
-                return None, 12
-            (size,) = struct.unpack("!Q", buffer[4:12])
-            return size, 12
-        if size < 0:
-            raise ProtocolError(f"a message with a negative length ({size})")
-        return size, 4
-
-    def _wanted(self) -> int:
-        size, header = self._header() if len(self._buffer) >= 4 else (None, 4)
-        if size is None or size > self._limit:
-            return 0
-        return header + size - len(self._buffer)
+    def _rest(self, head: bytes, size: int) -> bytearray:
+        """Read the rest of a frame whose first bytes are ``head`` (blocking)."""
+        frame = bytearray(size)
+        have = len(head)
+        frame[:have] = head
+        view = memoryview(frame)
+        while have < size:
+            try:
+                got = self._sock.recv_into(view[have:], size - have)
+            except OSError as exc:
+                raise EOFError(str(exc)) from None
+            if not got:
+                raise EOFError("the worker closed its pipe in the middle of a message")
+            have += got
+        return frame
 
     def close(self) -> None:
         self._sock.close()

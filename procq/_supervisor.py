@@ -56,6 +56,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import selectors
 import signal
 import subprocess
 import sys
@@ -68,7 +69,7 @@ from typing import Any, Callable
 
 from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
 from procq._errors import _RemoteTraceback
-from procq._protocol import ERROR, OK, READY, RUN, FrameReader, ProtocolError, decode_untrusted
+from procq._protocol import ERROR, OK, READY, RUN, RUN_MANY, FrameReader, ProtocolError, decode_untrusted
 from procq._values import Completed, Failed, Failure, Lane, format_size
 from procq._worker import worker_main
 
@@ -94,6 +95,8 @@ MESSAGE_SLACK = 1 << 20
 #: A job frame larger than this is sent to an untrusted worker from a thread of
 #: its own: a worker that stops reading its pipe can then stall nothing else.
 UNTRUSTED_SEND_INLINE = 1 << 16
+#: A trusted worker's messages have no size limit but the format's.
+TRUSTED_LIMIT = 1 << 62
 
 _SIGNAL_HINTS = {
     "SIGSEGV": "a segmentation fault: native code run by the job crashed",
@@ -127,13 +130,33 @@ def send_job(core: Core, worker: WorkerSlot, entry: Entry) -> None:
     _send_frame(core, worker, frame)
 
 
-def _send_frame(core: Core, worker: WorkerSlot, frame: bytes) -> None:
+def send_jobs(core: Core, worker: WorkerSlot, entries: list[Entry], rights: int = 1) -> None:
+    """Send ``entries`` to ``worker`` in one frame; the caller holds ``rights``
+    rights to send (see above), all given back after the one write."""
+    if len(entries) == 1 and rights == 1:
+        send_job(core, worker, entries[0])
+        return
+    try:
+        fns = worker.fns
+        runs = []
+        for entry in entries:  # (none has a memory limit: see Core._top_up)
+            fn_bytes: bytes | None = None if fns.touch(entry.fn_id) else entry.fn_bytes
+            runs.append((entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes, entry.memory_limit))
+        frame = pickle.dumps((RUN_MANY, runs), -1)
+    except BaseException:
+        if core.sent(worker, rights):
+            _close_worker_pipe(worker)
+        raise
+    _send_frame(core, worker, frame, rights)
+
+
+def _send_frame(core: Core, worker: WorkerSlot, frame: bytes, rights: int = 1) -> None:
     try:
         worker.conn.send_bytes(frame)
     except (OSError, ValueError):
         pass  # the worker died; its sentinel tells the I/O thread, which fails the job
     finally:
-        if core.sent(worker):
+        if core.sent(worker, rights):
             _close_worker_pipe(worker)
 
 
@@ -224,8 +247,12 @@ class Supervisor:
         # Untrusted workers watch the read end: it reaches EOF when this
         # process dies, since only this process holds the write end.
         self._alive_r, self._alive_w = os.pipe()
+        # What the I/O thread waits on: each worker's pipe and sentinel (a
+        # pidfd), and the wake-up pipe, registered once in a selector that
+        # lives as long as the thread (not rebuilt on every wait).
         self._by_object: dict[Any, WorkerSlot] = {}
-        self._objects: list[Any] = []
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._wake_r)
         self._retry_at: dict[str, list[float]] = {}  # lane name -> start retry times
         self._kill_at: dict[WorkerSlot, float] = {}  # workers at EOF or retired, killed if still alive then
         # SIGKILLs due after a SIGTERM's grace: (when, worker, its descendants then).
@@ -321,8 +348,9 @@ class Supervisor:
             while self._pending_terminations:  # from q.cancel(), on other threads
                 self._terminate(self._pending_terminations.pop())
             timeout = self._timeout()
-            for obj in wait(self._objects, timeout):
-                if obj == self._wake_r:
+            for key, _ in self._selector.select(timeout):
+                obj = key.data
+                if obj is self._wake_r:
                     self._drain_wakeups()
                     continue
                 worker = self._by_object.get(obj)
@@ -392,9 +420,10 @@ class Supervisor:
             self.core.add_worker(None, lane, reserved)
             self._retry_at.setdefault(lane.name, []).append(time.monotonic() + RESTART_BACKOFF)
             return
-        self._by_object[worker.conn] = worker
-        self._by_object[worker.sentinel] = worker
-        self._refresh_objects()
+        if worker.reader is None:
+            worker.inbox = FrameReader(worker.conn.fileno(), TRUSTED_LIMIT, wait_whole=True)
+        self._watch(worker.conn, worker)
+        self._watch(worker.sentinel, worker)
         self.core.add_worker(worker, lane, reserved)
 
     def _start_trusted(self, lane: LaneState) -> WorkerSlot:
@@ -464,8 +493,15 @@ class Supervisor:
                     self.core.reserve_restart(lane)
                     self._start_worker(lane, reserved=True)
 
-    def _refresh_objects(self) -> None:
-        self._objects = [self._wake_r, *self._by_object]
+    def _watch(self, obj: Any, worker: WorkerSlot) -> None:
+        self._by_object[obj] = worker
+        self._selector.register(obj, selectors.EVENT_READ, obj)
+
+    def _unwatch(self, obj: Any) -> None:
+        """Stop waiting on ``obj`` (before it is closed: a closed descriptor
+        cannot be taken out of an epoll set)."""
+        if self._by_object.pop(obj, None) is not None:
+            self._selector.unregister(obj)
 
     def _read(self, worker: WorkerSlot) -> bool:
         """Read and act on what the worker sent. False once nothing more can
@@ -473,12 +509,24 @@ class Supervisor:
         if worker.reader is not None:
             return self._read_untrusted(worker)
         try:
-            frame = worker.conn.recv_bytes()
-        except (EOFError, OSError):
+            frames = worker.inbox.read()
+        except EOFError:
             self._on_eof(worker)
             return False
-        self._on_message(worker, _decode_trusted(frame))
-        return True
+        # Every message that has arrived, then the jobs they freed room for,
+        # to the same worker in one frame.
+        batch: list[Entry] = []
+        rights = 0
+        for frame in frames:
+            sends = self._on_message(worker, _decode_trusted(frame, worker))
+            if sends:
+                batch += sends
+                rights += 1
+            if worker.conn not in self._by_object:
+                break
+        if batch:
+            send_jobs(self.core, worker, batch, rights)
+        return bool(frames)
 
     def _read_untrusted(self, worker: WorkerSlot) -> bool:
         assert worker.reader is not None
@@ -504,7 +552,9 @@ class Supervisor:
                 message = (message[0], OK, Completed(message[2]))
             elif message[1:2] == (ERROR,):
                 message = (*message, None)
-            self._on_message(worker, message)
+            sends = self._on_message(worker, message)
+            if sends:
+                send_jobs(self.core, worker, sends)
             if worker.conn not in self._by_object:
                 return False  # it broke the protocol
         return bool(frames)
@@ -517,8 +567,8 @@ class Supervisor:
                 while conn in self._by_object and self._read_untrusted(worker):
                     pass
             else:
-                while conn in self._by_object and conn.poll(0):
-                    self._on_message(worker, _decode_trusted(conn.recv_bytes()))
+                while conn in self._by_object and self._read(worker):
+                    pass
         except (EOFError, OSError):
             pass
 
@@ -528,8 +578,7 @@ class Supervisor:
         it); a worker that closed its pipe and lives on is killed after a grace.
         Either way its death is handled by ``_on_death`` when the sentinel fires."""
         self.core.doom(worker)
-        self._by_object.pop(worker.conn, None)
-        self._refresh_objects()
+        self._unwatch(worker.conn)
         self._kill_at[worker] = time.monotonic() + EOF_GRACE
 
     def _eof_overdue(self, worker: WorkerSlot) -> None:
@@ -542,22 +591,22 @@ class Supervisor:
             self.core.decide_kill(worker, entry, _protocol_failure(worker, entry, what))
         self._kill_tree(worker)
 
-    def _on_message(self, worker: WorkerSlot, message: tuple[Any, ...]) -> None:
-        """Act on one decoded message: READY, or the end of the worker's job."""
+    def _on_message(self, worker: WorkerSlot, message: tuple[Any, ...]) -> list[Entry]:
+        """Act on one decoded message: READY, or the end of the worker's job.
+        Returns the jobs to send the worker next; the caller sends them, in
+        one frame with any others for it (it holds one right to send)."""
         if len(message) == 1:  # READY
             if not worker.booting:
                 self._violation(worker, "a second READY message")
-                return
+                return []
             ready = self.core.worker_ready(worker)
-            if ready is not None:
-                send_job(self.core, worker, ready)
-            return
+            return [] if ready is None else [ready]
         job_id, tag = message[0], message[1]
         held = worker.entry
         if held is None or held.job_id != job_id:
             what = "while it held no job" if held is None else f"while it held job {held.key!r}"
             self._violation(worker, f"a message about job id {job_id} {what}")
-            return
+            return []
         outcome: Completed[Any] | Failed
         if tag == OK:
             outcome = message[2]  # Completed, or Failed: the result did not unpickle
@@ -574,11 +623,10 @@ class Supervisor:
         limit = worker.lane.spec.max_worker_rss_bytes
         if limit is not None and process_rss(worker.pid) > limit:
             retire = True
-        nxt, status = self.core.job_done(worker, job_id, outcome, retire)
+        batch, status = self.core.job_done(worker, job_id, outcome, retire)
         if status == "retire":
             self._retire(worker)
-        elif nxt is not None:
-            send_job(self.core, worker, nxt)
+        return batch
 
     def _violation(self, worker: WorkerSlot, what: str) -> None:
         """The worker broke the protocol: fail its job (if it holds one) with
@@ -587,15 +635,13 @@ class Supervisor:
         if entry is not None:
             self.core.decide_kill(worker, entry, _protocol_failure(worker, entry, what))
         self.core.doom(worker)
-        self._by_object.pop(worker.conn, None)
-        self._refresh_objects()
+        self._unwatch(worker.conn)
         self._kill_tree(worker)
 
     def _retire(self, worker: WorkerSlot) -> None:
         """Replace a worker between jobs: close its pipe (it exits on EOF), and
         start its replacement at once."""
-        self._by_object.pop(worker.conn, None)
-        self._refresh_objects()
+        self._unwatch(worker.conn)
         with self.core.lock:
             close_now = worker.sending == 0
         if close_now:
@@ -655,9 +701,8 @@ class Supervisor:
         # (boot_failures is only ever changed on this thread.)
         replace_now = not stopping and not worker.booting and not lane.boot_failures and not worker.retired
         close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
-        self._by_object.pop(conn, None)
-        del self._by_object[worker.sentinel]
-        self._refresh_objects()
+        self._unwatch(conn)
+        self._unwatch(worker.sentinel)
         if close_now:
             _close_worker_pipe(worker)
         _close_sentinel(worker)
@@ -665,6 +710,8 @@ class Supervisor:
         # Waiters first: starting a process takes milliseconds, and the lane
         # already counts the replacement as alive.
         run_wakeups(wakeups)
+        for idle, entry in self.core.handoffs():  # the dead worker's queued jobs
+            send_job(self.core, idle, entry)
         if replace_now:
             self._start_worker(lane, reserved=True)
         elif not stopping and not worker.retired:
@@ -753,8 +800,9 @@ class Supervisor:
             run_wakeups(self.core.worker_died(w, _stopped)[1])
             _close_sentinel(w)
             w.process.close()
+        self.core.handoffs()  # (nothing is sent any more)
         self._by_object.clear()
-        self._objects = []
+        self._selector.close()
         os.close(self._alive_r)
         os.close(self._alive_w)
         with self._wake_lock:
@@ -772,24 +820,31 @@ def _protocol_failure(worker: WorkerSlot, entry: Entry, what: str) -> Failure:
     )
 
 
-def _decode_trusted(frame: bytes) -> tuple[Any, ...]:
-    """A trusted worker's message, with its payload unpickled:
-    ``(0, READY)``, ``(job_id, OK, Completed | Failed)`` or
-    ``(job_id, ERROR, kind, exc_type, message, traceback, exception)``."""
-    message = pickle.loads(frame)
+def _decode_trusted(frame: bytes | bytearray, worker: WorkerSlot) -> tuple[Any, ...]:
+    """A trusted worker's message, unpickled: ``(READY,)``,
+    ``(job_id, OK, Completed | Failed)`` or
+    ``(job_id, ERROR, kind, exc_type, message, traceback, exception)``.
+
+    A result travels pickled once, in its message (no pickle inside a pickle:
+    a large output is copied once on each side, as the pipe forces). So a
+    message that fails to unpickle cannot say which job it was for; it is the
+    result of the job the worker is running, since a worker reports its jobs
+    in order and reports nothing else while it runs one."""
+    try:
+        message = pickle.loads(frame)
+    except Exception as exc:
+        failure = Failure(
+            "error",
+            f"the job's result could not be unpickled in the supervisor: {exc!r}",
+            exc_type=type(exc).__qualname__,
+        )
+        held = worker.entry
+        return (-1 if held is None else held.job_id, OK, Failed(failure))
     job_id, tag = message[0], message[1]
     if tag == READY:
         return (READY,)
     if tag == OK:
-        try:
-            return (job_id, OK, Completed(pickle.loads(message[2])))
-        except Exception as exc:
-            failure = Failure(
-                "error",
-                f"the job's result could not be unpickled in the supervisor: {exc!r}",
-                exc_type=type(exc).__qualname__,
-            )
-            return (job_id, OK, Failed(failure))
+        return (job_id, OK, Completed(message[2]))
     exc_bytes, exc_type, text, tb, kind = message[2:7]
     exception = None
     if exc_bytes is not None:
@@ -875,6 +930,8 @@ def _close_worker_pipe(worker: WorkerSlot) -> None:
     _close(worker.conn)
     if worker.reader is not None:
         worker.reader.close()
+    if worker.inbox is not None:
+        worker.inbox.close()
 
 
 def _signal_group(pid: int | None, sig: int) -> None:

@@ -26,7 +26,7 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from procq._protocol import ERROR, OK, READY, RUN, FnMirror, dumps, json_dumps
+from procq._protocol import ERROR, OK, READY, RUN, RUN_MANY, FnMirror, dumps, json_dumps
 from procq._values import format_size
 
 __all__ = ["exec_main", "worker_main"]
@@ -324,7 +324,8 @@ class _Pickled(_Codec):
         return dumps((0, READY))
 
     def ok(self, job_id: int, result: Any) -> bytes:
-        return dumps((job_id, OK, dumps(result)))
+        # Pickled once, in its message: a large output is copied once here.
+        return dumps((job_id, OK, result))
 
     def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
         exc_bytes = None
@@ -347,20 +348,35 @@ class _Json(_Codec):
 
 
 def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
-    fns = FnMirror()
     recv, send = conn.recv_bytes, conn.send_bytes
-    loads = pickle.loads
-    limits = _Limits((config.get("rlimits") or {}).get("cpu"))
-    max_result: int | None = config.get("max_result_bytes")
-    untrusted = isinstance(codec, _Json)
+    run = _Runner(config, codec, send)
     send(codec.ready())  # until now a signal could still kill us: no job was at risk
     while True:
         try:
             frame = recv()
         except (EOFError, OSError):
             return
-        tag, job_id, fn_id, fn_bytes, args_bytes, memory_limit = loads(frame)
-        assert tag == RUN
+        message = pickle.loads(frame)
+        if message[0] == RUN_MANY:  # several jobs, run in order, each reported as it ends
+            for job in message[1]:
+                run(*job)
+        else:
+            assert message[0] == RUN
+            run(*message[1:])
+
+
+class _Runner:
+    """Runs one job and sends its outcome: the worker's whole job, per job."""
+
+    def __init__(self, config: dict[str, Any], codec: _Codec, send: Any) -> None:
+        self.fns = FnMirror()
+        self.limits = _Limits((config.get("rlimits") or {}).get("cpu"))
+        self.max_result: int | None = config.get("max_result_bytes")
+        self.codec = codec
+        self.send = send
+
+    def __call__(self, job_id: int, fn_id: bytes, fn_bytes: bytes | None, args_bytes: bytes, memory_limit: int | None) -> None:
+        codec, send, fns, loads = self.codec, self.send, self.fns, pickle.loads
         try:
             if fn_bytes is None:
                 fn = fns.get(fn_id)
@@ -377,7 +393,8 @@ def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
         except BaseException as exc:
             note = "(the job's function or arguments could not be unpickled in the worker)"
             send(codec.error(job_id, "error", exc, note))
-            continue
+            return
+        limits = self.limits
         try:
             limits.apply(memory_limit)
             try:
@@ -387,24 +404,25 @@ def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
         except MemoryError as exc:
             note = "" if memory_limit is None else f"(the job went over its memory_limit of {format_size(memory_limit)})"
             send(codec.error(job_id, "memory", exc, note))
-            continue
+            return
         except BaseException as exc:
             send(codec.error(job_id, "error", exc, pickle_it=True))
-            continue
+            return
         try:
             data = codec.ok(job_id, result)
         except BaseException as exc:
-            what = "encoded as JSON (an untrusted lane's results must be)" if untrusted else "pickled"
+            what = "encoded as JSON (an untrusted lane's results must be)" if isinstance(codec, _Json) else "pickled"
             note = f"(the job's result, a {type(result).__name__}, could not be {what})"
             send(codec.error(job_id, "error", exc, note))
-            continue
+            return
         del result
+        max_result = self.max_result
         if max_result is not None and len(data) > max_result:
             too_large = ResultTooLarge(
                 f"the job's result is {len(data)} bytes, more than the lane's max_result_bytes of {max_result}"
             )
             send(codec.error(job_id, "protocol", too_large))
-            continue
+            return
         send(data)
 
 
