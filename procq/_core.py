@@ -157,9 +157,16 @@ class Core(EndedKeys):
         return lane
 
     def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None = None, due: float | None = None) -> Claim:
-        """Check and claim ``job.key`` in one critical section (see ``claim_all``)."""
-        claims, _ = self.claim_all([(job, lane, fp, due)])
-        return claims[0]
+        """Check and claim ``job.key`` in one critical section (``claim_all``
+        for one job: a conflict claims nothing)."""
+        now = time.monotonic() if due is not None else 0.0
+        kept = self.keeper.clock()
+        with self.lock:
+            if self.closing:
+                raise QueueClosed(f"the queue is closed; cannot push job {job.key!r}")
+            if self.keeper.timed:
+                self._sweep(kept)
+            return self._claim(job, lane, fp, due, now, kept)
 
     def claim_all(self, items: list[tuple[Job[Any], LaneState, bytes | None, float | None]]) -> tuple[list[Claim], int | None]:
         """Check and claim every job's key in one critical section.
@@ -527,7 +534,12 @@ class Core(EndedKeys):
         return []
 
     def job_done(
-        self, worker: WorkerSlot, job_id: int, outcome: Completed[Any] | Failed, retire: bool = False
+        self,
+        worker: WorkerSlot,
+        job_id: int,
+        outcome: Completed[Any] | Failed,
+        retire: bool = False,
+        wakeups: list[Wakeup] | None = None,
     ) -> tuple[list[Entry], str]:
         """A worker reported the end of its job. Returns the jobs the caller
         must now send to the same worker (in one frame; empty: none), and
@@ -537,7 +549,11 @@ class Core(EndedKeys):
         protocol violation: nothing changed).
 
         The worker's next job is the first of its queue, if it has one: it
-        has already started it. Then its queue is topped up (``_top_up``)."""
+        has already started it. Then its queue is topped up (``_top_up``).
+
+        Given ``wakeups``, the job's wake-ups are added to it for the caller
+        to run (after it has sent the worker its next jobs, and once for all
+        the reports it read at once); else they are run here."""
         with self.lock:
             entry = worker.entry
             if entry is None or entry.job_id != job_id:
@@ -555,6 +571,7 @@ class Core(EndedKeys):
                 # Its end was decided (cancel, timeout, memory) before this
                 # report arrived: it ends as decided, exactly once.
                 outcome = Failed(entry.kill_reason)
+            deferred = wakeups
             wakeups = self._end(entry, outcome)
             batch: list[Entry] = []
             status = "done"
@@ -579,7 +596,10 @@ class Core(EndedKeys):
                     if first is not None:
                         batch.append(first)
                         self._top_up(worker, batch)
-        run_wakeups(wakeups)
+        if deferred is None:
+            run_wakeups(wakeups)
+        else:
+            deferred += wakeups
         return batch, status
 
     def _top_up(self, worker: WorkerSlot, batch: list[Entry]) -> None:
@@ -603,7 +623,10 @@ class Core(EndedKeys):
             or running.memory_limit is not None
         ):
             return
-        room = min(PIPELINE_DEPTH - 1, int(PIPELINE_WINDOW / max(lane.service, 1e-6))) - len(worker.queue)
+        depth = min(PIPELINE_DEPTH - 1, int(PIPELINE_WINDOW / max(lane.service, 1e-6)))
+        if len(worker.queue) > depth // 2:
+            return  # topped up when half run: one frame for several jobs
+        room = depth - len(worker.queue)
         if spec.max_jobs_per_worker is not None:
             room = min(room, spec.max_jobs_per_worker - worker.jobs - len(worker.queue))
         ready = lane.ready

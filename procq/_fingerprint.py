@@ -40,6 +40,8 @@ MAX_NODES = 10_000
 MAX_BYTES = 1 << 20
 
 _SCALARS = (type(None), bool, int, float, complex)
+_FLAT_TAG = "procq-flat"
+_NO_ARGS = b"\x00" * 8
 
 
 class _TooCostly(Exception):
@@ -67,20 +69,35 @@ def _digest(text: str | bytes) -> bytes:
 
 
 _heads: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
+# Module-level functions live as long as their module: kept in a plain dict,
+# whose lookup costs a fraction of a weak one's (this runs at every push).
+_module_heads: dict[Any, bytes] = {}
 
 
 def _head(fn: Callable[..., Any]) -> bytes:
+    head = _module_heads.get(fn) if type(fn) is _FunctionType else None
+    if head is not None:
+        return head
     try:
         head = _heads.get(fn)
     except TypeError:  # not hashable or not weakly referable: named each time
         return _digest(fn_name(fn))
     if head is None:
         head = _digest(fn_name(fn))
+        qualname = getattr(fn, "__qualname__", "<")
+        if type(fn) is _FunctionType and "<" not in qualname and "." not in qualname and len(_module_heads) < 4096:
+            _module_heads[fn] = head
+            return head
         try:
             _heads[fn] = head
         except TypeError:
             pass
     return head
+
+
+_FunctionType = type(_digest)
+#: Argument types read by the fast path of ``fingerprint``: flat and hashable.
+_FLAT = frozenset({type(None), bool, int, float, str, bytes})
 
 
 def fingerprint(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> bytes:
@@ -90,6 +107,15 @@ def fingerprint(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> b
         kwargs = {**fn.keywords, **(kwargs or {})}
         fn = fn.func
     head = _head(fn)
+    if not kwargs and type(args) is tuple:
+        # The common case, at every push: a few flat values, hashed with
+        # their types beside them (1, 1.0 and True differ). str and bytes
+        # cache their hash, so long text costs once.
+        if not args:
+            return head + _NO_ARGS
+        types = tuple(map(type, args))
+        if _FLAT.issuperset(types):
+            return head + hash((_FLAT_TAG, types, args)).to_bytes(8, "little", signed=True)
     parts: list[str] = []
     budget = [MAX_NODES, MAX_BYTES]
     try:

@@ -320,9 +320,8 @@ class ProcQueue:
         """Claim ``job.key``. For a fresh claim, serialize the job (releasing
         the claim if that fails) and return the entry to offer to its lane."""
         core = self._core
-        item = self._item(job, None)
-        claims, conflict_at = core.claim_all([item])
-        kind, value, conflict = claims[0]
+        claim = core.claim(*self._item(job, None))
+        kind, value, conflict = claim
         if conflict is not None:
             self._mismatch(job, conflict)
         if kind == "queued":
@@ -335,7 +334,7 @@ class ProcQueue:
             return Queued(JobHandle(core, entry, self)), entry
         if wake and kind == "inflight":
             self._wake_all([(value, job)])
-        return self._answer(job, claims[0]), None
+        return self._answer(job, claim), None
 
     def _item(self, job: Job[Any], index: int | None) -> tuple[Job[Any], LaneState, bytes | None, float | None]:
         if not isinstance(job, Job):
@@ -344,7 +343,7 @@ class ProcQueue:
         core = self._core
         lane = core.lane_for(job)
         fp = fingerprint(job.fn, job.args, job.kwargs) if core.check_payload else None
-        return job, lane, fp, job.due(time.monotonic())
+        return job, lane, fp, None if job.not_before is None else job.due(time.monotonic())
 
     def _answer(self, job: Job[Any], claim: Claim) -> PushOutcome:
         """The outcome of a claim that started nothing."""

@@ -515,10 +515,13 @@ class Supervisor:
             return False
         # Every message that has arrived, then the jobs they freed room for,
         # to the same worker in one frame.
+        # Waiters are woken after that, once for them all: a thread waiting on
+        # many handles wakes once per read, not once per job.
         batch: list[Entry] = []
+        wakeups: list[Callable[[], None]] = []
         rights = 0
         for frame in frames:
-            sends = self._on_message(worker, _decode_trusted(frame, worker))
+            sends = self._on_message(worker, _decode_trusted(frame, worker), wakeups)
             if sends:
                 batch += sends
                 rights += 1
@@ -526,6 +529,7 @@ class Supervisor:
                 break
         if batch:
             send_jobs(self.core, worker, batch, rights)
+        run_wakeups(wakeups)
         return bool(frames)
 
     def _read_untrusted(self, worker: WorkerSlot) -> bool:
@@ -591,10 +595,13 @@ class Supervisor:
             self.core.decide_kill(worker, entry, _protocol_failure(worker, entry, what))
         self._kill_tree(worker)
 
-    def _on_message(self, worker: WorkerSlot, message: tuple[Any, ...]) -> list[Entry]:
+    def _on_message(
+        self, worker: WorkerSlot, message: tuple[Any, ...], wakeups: list[Callable[[], None]] | None = None
+    ) -> list[Entry]:
         """Act on one decoded message: READY, or the end of the worker's job.
         Returns the jobs to send the worker next; the caller sends them, in
-        one frame with any others for it (it holds one right to send)."""
+        one frame with any others for it (it holds one right to send). Given
+        ``wakeups``, the ended job's wake-ups go there for the caller to run."""
         if len(message) == 1:  # READY
             if not worker.booting:
                 self._violation(worker, "a second READY message")
@@ -623,7 +630,7 @@ class Supervisor:
         limit = worker.lane.spec.max_worker_rss_bytes
         if limit is not None and process_rss(worker.pid) > limit:
             retire = True
-        batch, status = self.core.job_done(worker, job_id, outcome, retire)
+        batch, status = self.core.job_done(worker, job_id, outcome, retire, wakeups)
         if status == "retire":
             self._retire(worker)
         return batch
