@@ -541,66 +541,88 @@ class Core(EndedKeys):
         retire: bool = False,
         wakeups: list[Wakeup] | None = None,
     ) -> tuple[list[Entry], str]:
-        """A worker reported the end of its job. Returns the jobs the caller
-        must now send to the same worker (in one frame; empty: none), and
-        "done"; "retire" when the worker must now be replaced (``retire``, or
-        it has run its lane's ``max_jobs_per_worker``; see ``_retire``);
-        "unexpected" when the report was not for the job the worker holds (a
-        protocol violation: nothing changed).
+        """A worker reported the end of its job: ``jobs_done`` for one report."""
+        batch, status, _ = self.jobs_done(worker, [(job_id, outcome, retire)], wakeups)
+        return batch, status
+
+    def jobs_done(
+        self,
+        worker: WorkerSlot,
+        reports: list[tuple[int, Completed[Any] | Failed, bool]],
+        wakeups: list[Wakeup] | None = None,
+    ) -> tuple[list[Entry], str, int]:
+        """A worker reported the end of its jobs, in the order it ran them:
+        ``(job_id, outcome, retire)`` each (``retire``: the worker must be
+        replaced after it). All are settled in one critical section.
 
         The worker's next job is the first of its queue, if it has one: it
-        has already started it. Then its queue is topped up (``_top_up``).
+        has already started it. Returns the jobs the caller must now send to
+        the same worker (in one frame; empty: none; the caller holds one right
+        to send for them), how many reports were taken, and "done"; "retire"
+        when the worker must now be replaced (a report asked for it, or it has
+        run its lane's ``max_jobs_per_worker``; see ``_retire``); or
+        "unexpected" when a report was not for the job the worker holds (a
+        protocol violation: the reports from that one on changed nothing).
 
-        Given ``wakeups``, the job's wake-ups are added to it for the caller
+        Given ``wakeups``, the jobs' wake-ups are added to it for the caller
         to run (after it has sent the worker its next jobs, and once for all
         the reports it read at once); else they are run here."""
+        deferred = wakeups
+        wakeups = []
+        batch: list[Entry] = []
+        status = "done"
+        taken = 0
         with self.lock:
-            entry = worker.entry
-            if entry is None or entry.job_id != job_id:
-                return [], "unexpected"
             lane = worker.lane
             now = time.monotonic()
-            ran = now - worker.started
-            lane.service = ran if lane.service is None else 0.8 * lane.service + 0.2 * ran
-            worker.entry = None
-            self._processing -= 1
-            lane.running -= 1
-            if entry.memory_limit is not None:
-                self.memory_jobs -= 1
-            if entry.kill_reason is not None:
-                # Its end was decided (cancel, timeout, memory) before this
-                # report arrived: it ends as decided, exactly once.
-                outcome = Failed(entry.kill_reason)
-            deferred = wakeups
-            wakeups = self._end(entry, outcome)
-            batch: list[Entry] = []
-            status = "done"
-            if worker.queue:
-                if retire:
-                    worker.retire_pending = True  # once its queue has run
-                nxt = worker.queue.popleft()
-                lane.prefetched -= 1
-                self._start(worker, nxt)
-                self._top_up(worker, batch)
-                if batch:
-                    worker.sending += 1
-                self._refill(lane, wakeups)
-            else:
+            for job_id, outcome, retire in reports:
+                entry = worker.entry
+                if entry is None or entry.job_id != job_id:
+                    status = "unexpected"
+                    break
+                taken += 1
+                ran = now - worker.started
+                lane.service = ran if lane.service is None else 0.8 * lane.service + 0.2 * ran
+                worker.entry = None
+                self._processing -= 1
+                lane.running -= 1
+                if entry.memory_limit is not None:
+                    self.memory_jobs -= 1
+                if entry.kill_reason is not None:
+                    # Its end was decided (cancel, timeout, memory) before this
+                    # report arrived: it ends as decided, exactly once.
+                    outcome = Failed(entry.kill_reason)
+                wakeups += self._end(entry, outcome)
+                if worker.queue:
+                    if retire:
+                        worker.retire_pending = True  # once its queue has run
+                    nxt = worker.queue.popleft()
+                    lane.prefetched -= 1
+                    self._start(worker, nxt)
+                    worker.started = now
+                    continue
                 limit = lane.spec.max_jobs_per_worker
                 retire = retire or worker.retire_pending or (limit is not None and worker.jobs >= limit)
                 if retire and not worker.doomed:
                     self._retire(worker)
                     status = "retire"
+                    break
+            if status == "done":
+                if worker.entry is not None:
+                    self._top_up(worker, batch)
+                    if batch:
+                        worker.sending += 1
                 else:
                     first = self._next_job(worker, wakeups)
                     if first is not None:
                         batch.append(first)
                         self._top_up(worker, batch)
+                self._refill(lane, wakeups)
         if deferred is None:
             run_wakeups(wakeups)
         else:
             deferred += wakeups
-        return batch, status
+        return batch, status, taken
 
     def _top_up(self, worker: WorkerSlot, batch: list[Entry]) -> None:
         """Send short jobs ahead to a busy worker (lock held): while its lane's

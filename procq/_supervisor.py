@@ -517,18 +517,30 @@ class Supervisor:
         # to the same worker in one frame.
         # Waiters are woken after that, once for them all: a thread waiting on
         # many handles wakes once per read, not once per job.
-        batch: list[Entry] = []
         wakeups: list[Callable[[], None]] = []
-        rights = 0
+        reports = []
         for frame in frames:
-            sends = self._on_message(worker, _decode_trusted(frame, worker), wakeups)
-            if sends:
-                batch += sends
-                rights += 1
-            if worker.conn not in self._by_object:
-                break
-        if batch:
-            send_jobs(self.core, worker, batch, rights)
+            message = _decode_trusted(frame, worker)
+            if len(message) == 1:  # READY: before any job, so no report waits
+                batch = self._on_message(worker, message, wakeups)
+                if batch:
+                    send_jobs(self.core, worker, batch)
+            else:
+                reports.append(_report(worker, message))
+        if reports:
+            if _over_rss(worker):
+                job_id, outcome, _ = reports[-1]
+                reports[-1] = (job_id, outcome, True)
+            batch, status, taken = self.core.jobs_done(worker, reports, wakeups)
+            if status == "retire":
+                self._retire(worker)
+            elif status == "unexpected":
+                job_id = reports[taken][0]
+                held = worker.entry
+                what = "while it held no job" if held is None else f"while it held job {held.key!r}"
+                self._violation(worker, f"a message about job id {job_id} {what}")
+            if batch:
+                send_jobs(self.core, worker, batch)
         run_wakeups(wakeups)
         return bool(frames)
 
@@ -614,21 +626,8 @@ class Supervisor:
             what = "while it held no job" if held is None else f"while it held job {held.key!r}"
             self._violation(worker, f"a message about job id {job_id} {what}")
             return []
-        outcome: Completed[Any] | Failed
-        if tag == OK:
-            outcome = message[2]  # Completed, or Failed: the result did not unpickle
-            if type(outcome) is Failed:
-                outcome = Failed(replace(outcome.failure, pid=worker.pid))
-        else:
-            # (kind "protocol" here: the worker refused to send a result over
-            # max_result_bytes; it broke nothing and stays.)
-            kind, exc_type, text, tb, exception = message[2:7]
-            outcome = Failed(Failure(kind, text, exc_type, tb, pid=worker.pid, exception=exception))
-        # A job that went over its memory limit leaves a worker that may be
-        # bloated or half broken (and maybe children): it is replaced.
-        retire = tag == ERROR and message[2] == "memory"
-        limit = worker.lane.spec.max_worker_rss_bytes
-        if limit is not None and process_rss(worker.pid) > limit:
+        _, outcome, retire = _report(worker, message)
+        if _over_rss(worker):
             retire = True
         batch, status = self.core.job_done(worker, job_id, outcome, retire, wakeups)
         if status == "retire":
@@ -816,6 +815,30 @@ class Supervisor:
             self._wake_closed = True
             os.close(self._wake_r)
             os.close(self._wake_w)
+
+
+def _report(worker: WorkerSlot, message: tuple[Any, ...]) -> tuple[int, Completed[Any] | Failed, bool]:
+    """``(job_id, outcome, retire)`` from a decoded report of a job's end."""
+    job_id, tag = message[0], message[1]
+    outcome: Completed[Any] | Failed
+    if tag == OK:
+        outcome = message[2]  # Completed, or Failed: the result did not unpickle
+        if type(outcome) is Failed:
+            outcome = Failed(replace(outcome.failure, pid=worker.pid))
+        return job_id, outcome, False
+    # (kind "protocol" here: the worker refused to send a result over
+    # max_result_bytes; it broke nothing and stays.)
+    kind, exc_type, text, tb, exception = message[2:7]
+    outcome = Failed(Failure(kind, text, exc_type, tb, pid=worker.pid, exception=exception))
+    # A job that went over its memory limit leaves a worker that may be
+    # bloated or half broken (and maybe children): it is replaced.
+    return job_id, outcome, kind == "memory"
+
+
+def _over_rss(worker: WorkerSlot) -> bool:
+    """Is the worker's resident memory past its lane's ``max_worker_rss``?"""
+    limit = worker.lane.spec.max_worker_rss_bytes
+    return limit is not None and process_rss(worker.pid) > limit
 
 
 def _protocol_failure(worker: WorkerSlot, entry: Entry, what: str) -> Failure:
