@@ -159,6 +159,17 @@ class Core(EndedKeys):
     def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None = None, due: float | None = None) -> Claim:
         """Check and claim ``job.key`` in one critical section (``claim_all``
         for one job: a conflict claims nothing)."""
+        if not self.keeper.active and not self.closing:
+            # A completed key, with no retention to consult or update: its
+            # record never changes in place, and a dict read is atomic, so it
+            # answers without the lock (the read is the push's moment). Many
+            # threads pushing cached keys then never queue on the lock.
+            current = self._keys.get(job.key)
+            if type(current) is Done and (job.reuse or self.reuse) != "always":
+                held = current.fp
+                if held == fp or held is None or fp is None:
+                    return "cached", current.output, None
+                return "cached", current.output, self._conflict(held, fp, None)
         now = time.monotonic() if due is not None else 0.0
         kept = self.keeper.clock()
         with self.lock:

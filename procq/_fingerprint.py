@@ -32,7 +32,7 @@ import hashlib
 import weakref
 from typing import Any, Callable
 
-__all__ = ["MAX_BYTES", "MAX_NODES", "content_key", "describe", "fingerprint", "fn_name"]
+__all__ = ["MAX_BYTES", "MAX_NODES", "content_key", "describe", "fingerprint", "fn_name", "job_fingerprint"]
 
 #: Beyond this many values, arguments are not read (the function alone counts).
 MAX_NODES = 10_000
@@ -98,6 +98,20 @@ def _head(fn: Callable[..., Any]) -> bytes:
 _FunctionType = type(_digest)
 #: Argument types read by the fast path of ``fingerprint``: flat and hashable.
 _FLAT = frozenset({type(None), bool, int, float, str, bytes})
+
+
+def job_fingerprint(job: Any) -> bytes:
+    """``fingerprint`` of a ``Job``, kept on the job when its arguments are
+    flat (immutable values: its fingerprint cannot change), so pushing the
+    same ``Job`` again costs a dict read."""
+    fields = job.__dict__
+    fp: bytes | None = fields.get("_fp")
+    if fp is None:
+        fp = fingerprint(job.fn, job.args, job.kwargs)
+        args = job.args
+        if not job.kwargs and not isinstance(job.fn, functools.partial) and _FLAT.issuperset(map(type, args)):
+            fields["_fp"] = fp
+    return fp
 
 
 def fingerprint(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> bytes:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
 from procq._core import BLOCKED, CANCELLED, FULL, STOPPED, Claim, Core, Ended, Entry, LaneState, Offer, WorkerSlot
 from procq._errors import JobPicklingError, KeyConflict, KeyConflictWarning, LaneFull, QueueClosed
-from procq._fingerprint import fingerprint, fn_name
+from procq._fingerprint import fn_name, job_fingerprint
 from procq._handle import JobHandle
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
 from procq._supervisor import Supervisor, send_job
@@ -342,7 +342,7 @@ class ProcQueue:
             raise TypeError(f"{where} takes a procq.Job, got {type(job).__name__}")
         core = self._core
         lane = core.lane_for(job)
-        fp = fingerprint(job.fn, job.args, job.kwargs) if core.check_payload else None
+        fp = job_fingerprint(job) if core.check_payload else None
         return job, lane, fp, None if job.not_before is None else job.due(time.monotonic())
 
     def _answer(self, job: Job[Any], claim: Claim) -> PushOutcome:

@@ -195,13 +195,10 @@ class Job(Generic[T]):
             kwargs = dict(kwargs)
         if lane is not None and not isinstance(lane, str):
             raise TypeError(f"job {key!r}: lane must be a str or None, got {type(lane).__name__}")
-        object.__setattr__(self, "key", key)
-        object.__setattr__(self, "fn", fn)
-        object.__setattr__(self, "args", tuple(args))
-        object.__setattr__(self, "kwargs", kwargs)
-        object.__setattr__(self, "lane", lane)
-        object.__setattr__(self, "timeout", _check_timeout(f"job {key!r}: timeout", timeout))
-        object.__setattr__(self, "memory_limit", parse_size(f"job {key!r}: memory_limit", memory_limit))
+        if timeout is not None:
+            timeout = _check_timeout(f"job {key!r}: timeout", timeout)
+        if memory_limit is not None:
+            memory_limit = parse_size(f"job {key!r}: memory_limit", memory_limit)
         if reuse is not None and reuse not in REUSE_POLICIES:
             raise ValueError(f"job {key!r}: reuse must be 'failed', 'always', 'never' or None, got {reuse!r}")
         if retry is not None and not isinstance(retry, Retry):
@@ -215,9 +212,27 @@ class Job(Generic[T]):
             if not math.isfinite(not_before) or not_before < 0:
                 raise ValueError(f"job {key!r}: not_before as a delay must be a number of seconds >= 0, got {not_before!r}")
             not_before = float(not_before)
-        object.__setattr__(self, "reuse", reuse)
-        object.__setattr__(self, "retry", retry)
-        object.__setattr__(self, "not_before", not_before)
+        # Straight into the instance dict: the frozen class's __setattr__
+        # refuses, and object.__setattr__ per field costs, at every push.
+        fields = self.__dict__
+        fields["key"] = key
+        fields["fn"] = fn
+        fields["args"] = args if type(args) is tuple else tuple(args)
+        fields["kwargs"] = kwargs
+        fields["lane"] = lane
+        fields["timeout"] = timeout
+        fields["memory_limit"] = memory_limit
+        fields["reuse"] = reuse
+        fields["retry"] = retry
+        fields["not_before"] = not_before
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Not the payload fingerprint procq may keep here (see
+        # _fingerprint.job_fingerprint): it holds hashes of this process only.
+        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
 
     def due(self, now: float) -> float | None:
         """When the job may start, on the ``time.monotonic()`` clock (None: at once).
@@ -576,11 +591,14 @@ class InFlight(Generic[T]):
     handle: JobHandle[T]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Cached(Generic[T]):
     """The key completed before: here is its stored output; nothing ran."""
 
     output: T
+
+    def __init__(self, output: T) -> None:
+        self.__dict__["output"] = output  # (made at every cached push: kept cheap)
 
 
 PushOutcome = Union[Queued[Any], InFlight[Any], Cached[Any]]
