@@ -158,6 +158,8 @@ class ProcQueue:
         except ValueError:
             known = ", ".join(multiprocessing.get_all_start_methods())
             raise ValueError(f"unknown start method {method!r}; this platform has {known}") from None
+        if method == "forkserver":
+            _preload_worker(context)
         self.start_method = method
         self._core = Core(
             parsed,
@@ -495,22 +497,29 @@ class ProcQueue:
         lane: str | None = None,
         ordered: bool = True,
         return_failures: bool = False,
+        chunksize: int = 1,
+        keep: bool = False,
     ) -> Iterator[Any]:
         """``fn(item)`` for every item, run as jobs: a lazy iterator over the outputs.
 
         Items are pulled from ``iterable`` only as the lane has room (at most
-        twice its workers' count are out at once), so an endless or huge input
-        runs in bounded memory. Each job's key is ``key(item)``, or a content
-        hash of ``fn`` and the item (``"map:<fn digest>:<item digest>"``): an
-        item seen before answers from the queue like any push. With
-        ``ordered=True`` outputs come in input order, else as jobs end. A
-        failed job raises ``JobFailed`` where its output would come (ending
-        the iteration), or with ``return_failures=True`` is yielded as the
-        ``JobFailed`` exception itself.
+        256 items, and at least two jobs per worker, are out at once), so an
+        endless or huge input runs in bounded memory. Each job's key is ``key(item)``,
+        or a content hash of ``fn`` and the item (``"map:<fn digest>:<item
+        digest>"``): an item whose key is live or kept answers from the queue
+        like any push. ``chunksize`` items go to a job together (its key is
+        made from theirs), for many small items. By default a key this map
+        claimed is forgotten once its output has been handed out, so a long
+        map leaves nothing behind; ``keep=True`` keeps them (subject to the
+        queue's retention). With ``ordered=True`` outputs come in input order,
+        else as jobs end. A failed job raises ``JobFailed`` where its output
+        would come (ending the iteration), or with ``return_failures=True`` is
+        yielded as the ``JobFailed`` exception itself (once per item of a
+        failed chunk).
         """
         from procq._map import map_jobs
 
-        return map_jobs(self, fn, iterable, key, lane, ordered, return_failures)
+        return map_jobs(self, fn, iterable, key, lane, ordered, return_failures, chunksize, keep)
 
     def forget(self, key: str) -> bool:
         """Drop an ended key (completed or failed), as if it was never pushed.
@@ -624,6 +633,24 @@ def _filters(prefix: Any, state: Any) -> tuple[str | None, tuple[type, ...] | No
                 f"state must be Pending, Processing, Completed or Failed (or a tuple of them), got {kind!r}"
             )
     return prefix, kinds
+
+
+def _preload_worker(context: Any) -> None:
+    """Have the forkserver import procq's worker module before it forks, so
+    every worker starts with it loaded (it is most of a worker's start-up
+    time). Only until the forkserver has started, which is once per process;
+    the modules already asked for (``__main__`` by default) are kept."""
+    try:
+        from multiprocessing import forkserver
+
+        server: Any = forkserver._forkserver  # private: no public way to read the list
+        if server._forkserver_pid is not None:
+            return
+        modules = list(server._preload_modules)
+    except Exception:  # pragma: no cover - the stdlib's internals changed
+        return
+    if "procq._worker" not in modules:
+        context.set_forkserver_preload([*modules, "procq._worker"])
 
 
 def _unfinished(job: Job[Any], timeout: float | None) -> TimeoutError:

@@ -16,6 +16,7 @@ JSON (see ``_protocol``).
 
 from __future__ import annotations
 
+import ctypes  # at import: a forkserver that preloads this module spares every worker it
 import json
 import os
 import pickle
@@ -62,8 +63,6 @@ def _die_with_parent(sentinel: Any = None) -> None:
     _drop_forkserver_alive_fd()
     if sys.platform.startswith("linux"):
         try:
-            import ctypes
-
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except Exception:  # pragma: no cover - exotic libc

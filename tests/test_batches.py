@@ -13,6 +13,7 @@ import jobs_lifecycle
 import pytest
 from core_support import WAIT, Gates, open_queue
 
+import procq._map
 from procq import Cached, InFlight, Job, JobFailed, JobPicklingError, KeyConflict, Pending, Queued
 
 
@@ -83,15 +84,45 @@ def test_apush_all() -> None:
 
 def test_map_yields_outputs_in_input_order() -> None:
     with open_queue(2) as q:
-        assert list(q.map(jobs_lifecycle.double, range(10))) == [2 * i for i in range(10)]
+        assert list(q.map(jobs_lifecycle.double, range(10), keep=True)) == [2 * i for i in range(10)]
         # a second map over the same items is answered from the queue (content keys)
-        assert list(q.map(jobs_lifecycle.double, range(10))) == [2 * i for i in range(10)]
+        assert list(q.map(jobs_lifecycle.double, range(10), keep=True)) == [2 * i for i in range(10)]
         assert q.stats().completed == 10
+
+
+def test_map_forgets_the_keys_it_claimed_once_their_outputs_are_out() -> None:
+    with open_queue(2) as q:
+        q.push_and_wait(Job("theirs", jobs_lifecycle.double, args=(21,)), timeout=WAIT)
+        assert list(q.map(jobs_lifecycle.double, [1, 21, 2], key=lambda i: "theirs" if i == 21 else f"m:{i}")) == [2, 42, 4]
+        # the map's own keys are gone; a key someone else pushed is not the map's to drop
+        assert q.keys() == ["theirs"]
+        assert q.stats().completed == 1
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_map_in_chunks_yields_every_item_and_keys_each_chunk(ordered: bool) -> None:
+    with open_queue(2) as q:
+        out = list(q.map(jobs_lifecycle.double, range(25), chunksize=10, ordered=ordered, keep=True))
+        assert (out if ordered else sorted(out)) == [2 * i for i in range(25)]
+        keys = q.keys()
+        assert len(keys) == 3 and all(k.startswith("map-chunk:") for k in keys)  # 10 + 10 + 5 items
+        # the same chunks again are answered from the queue: nothing more runs
+        assert list(q.map(jobs_lifecycle.double, range(25), chunksize=10, keep=True)) == [2 * i for i in range(25)]
+        assert q.stats().completed == 3
+
+
+def test_a_failed_chunk_fails_each_of_its_items() -> None:
+    with open_queue(1) as q:
+        out = list(q.map(jobs_lifecycle.fail_on_odd, [0, 2, 3, 4], chunksize=2, return_failures=True))
+        assert out[:2] == [0, 2]
+        assert all(isinstance(o, JobFailed) and "odd: 3" in str(o.failure) for o in out[2:]) and len(out) == 4
+        with pytest.raises(ValueError, match=r"^map\(\): chunksize must be an int of at least 1, got 0$"):
+            q.map(jobs.identity, [1], chunksize=0)
 
 
 def test_map_unordered_yields_every_output() -> None:
     with open_queue(2) as q:
-        out = list(q.map(jobs_lifecycle.double, range(20), ordered=False, key=lambda i: f"d:{i}"))
+        out = list(q.map(jobs_lifecycle.double, range(20), ordered=False, key=lambda i: f"d:{i}", keep=True))
         assert sorted(out) == [2 * i for i in range(20)]
         assert q.keys(prefix="d:") == sorted(f"d:{i}" for i in range(20))
 
@@ -106,7 +137,7 @@ def test_map_pulls_its_input_lazily_and_in_bounded_amounts() -> None:
             yield i
 
     with open_queue(2) as q:
-        window = 2 * 2
+        window = procq._map.WINDOW
         it = q.map(jobs_lifecycle.double, endless())
         assert pulled == 0  # nothing runs before the first next()
         got = list(itertools.islice(it, 50))
