@@ -503,14 +503,15 @@ class Core(EndedKeys):
         return []
 
     def job_done(
-        self, worker: WorkerSlot, job_id: int, outcome: Completed[Any] | Failed, retire: bool = False
+        self, worker: WorkerSlot, job_id: int, outcome: Completed[Any] | Failed, retire: bool = False, crashed: bool = False
     ) -> tuple[Entry | None, str]:
         """A worker reported the end of its job. Returns the next job the
         caller must send to the same worker (or None), and "done"; "retire"
         when the worker must now be replaced (``retire``, or it has run its
         lane's ``max_jobs_per_worker``; see ``_retire``); "unexpected" when
         the report was not for the job the worker holds (a protocol violation:
-        nothing changed)."""
+        nothing changed). ``crashed``: ``outcome`` is a crash (counted in the
+        lane's stats)."""
         with self.lock:
             entry = worker.entry
             if entry is None or entry.job_id != job_id:
@@ -524,6 +525,8 @@ class Core(EndedKeys):
                 # Its end was decided (cancel, timeout, memory) before this
                 # report arrived: it ends as decided, exactly once.
                 outcome = Failed(entry.kill_reason)
+            elif crashed:  # an untrusted lane's job whose own process died under it
+                entry.lane.crashes += 1
             wakeups = self._end(entry, outcome)
             limit = worker.lane.spec.max_jobs_per_worker
             if (retire or (limit is not None and worker.jobs >= limit)) and not worker.doomed:

@@ -68,7 +68,19 @@ from typing import Any, Callable
 
 from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
 from procq._errors import _RemoteTraceback
-from procq._protocol import ERROR, OK, READY, RUN, FrameReader, ProtocolError, decode_untrusted
+from procq._protocol import (
+    CUT_SHORT,
+    ERROR,
+    EXIT,
+    FROM_JOB,
+    FROM_WORKER,
+    OK,
+    READY,
+    RUN,
+    FrameReader,
+    ProtocolError,
+    decode_untrusted,
+)
 from procq._values import Completed, Failed, Failure, Lane, format_size
 from procq._worker import worker_main
 
@@ -233,6 +245,9 @@ class Supervisor:
         self._next_sample = 0.0  # next memory sample, while memory-limited jobs run
         # Workers whose running job q.cancel() ended, to be killed by the I/O thread.
         self._pending_terminations: list[WorkerSlot] = []
+        # Untrusted workers: the answer a job's process sent, kept until the
+        # worker reports that process's exit (see _on_untrusted).
+        self._answers: dict[WorkerSlot, Completed[Any] | Failed] = {}
         self._stop = False
         self._cancel = False
         self._started = threading.Event()
@@ -449,7 +464,7 @@ class Supervisor:
         process = _ExecProcess(popen)
         limit = (spec.max_result or 0) + MESSAGE_SLACK
         what = f"the lane's max_result_bytes of {spec.max_result}"
-        reader = FrameReader(parent_conn.fileno(), limit, what)
+        reader = FrameReader(parent_conn.fileno(), limit, what, trailer=len(FROM_WORKER))
         return WorkerSlot(lane, process, parent_conn, sentinel=process.sentinel, reader=reader)
 
     def _retry_starts(self, now: float) -> None:
@@ -490,24 +505,84 @@ class Supervisor:
         except ProtocolError as exc:
             self._violation(worker, str(exc))
             return False
-        limit = worker.lane.spec.max_result
         for frame in frames:
-            try:
-                message = decode_untrusted(frame)
-            except ProtocolError as exc:
-                self._violation(worker, str(exc))
-                return False
-            if message[1:2] == (OK,):
-                if limit is not None and len(frame) > limit:
-                    self._violation(worker, f"a result of {len(frame)} bytes, more than the lane's max_result_bytes of {limit}")
-                    return False
-                message = (message[0], OK, Completed(message[2]))
-            elif message[1:2] == (ERROR,):
-                message = (*message, None)
-            self._on_message(worker, message)
+            self._on_untrusted(worker, frame)
             if worker.conn not in self._by_object:
                 return False  # it broke the protocol
         return bool(frames)
+
+    def _on_untrusted(self, worker: WorkerSlot, frame: bytes) -> None:
+        """Act on one frame of an untrusted worker. Its last byte says who
+        wrote it: the worker (READY, a job's exit) or the job's process (its
+        answer; see ``_protocol``). A job is settled when the worker reports
+        its process's exit, with the answer it gave, or as a crash if none."""
+        body, origin = memoryview(frame)[:-1], frame[-1:]
+        try:
+            if origin == CUT_SHORT:
+                raise ProtocolError("a message cut short (the job's process ended partway through writing it)")
+            if origin not in (FROM_WORKER, FROM_JOB):
+                raise ProtocolError(f"a message of unknown origin {origin!r}")
+            message = decode_untrusted(bytes(body))
+        except ProtocolError as exc:
+            self._violation(worker, str(exc))
+            return
+        tag = message[1] if len(message) > 1 else READY
+        if (origin == FROM_JOB) != (tag in (OK, ERROR)):
+            what = {READY: "a READY message", EXIT: "an exit message", OK: "a result", ERROR: "an error message"}[tag]
+            self._violation(worker, f"{what} written by {'the job' if origin == FROM_JOB else 'the worker itself'}")
+            return
+        if tag == READY:
+            self._on_message(worker, message)
+            return
+        job_id = message[0]
+        held = worker.entry
+        if held is None or held.job_id != job_id:
+            what = "while it held no job" if held is None else f"while it held job {held.key!r}"
+            self._violation(worker, f"a message about job id {job_id} {what}")
+            return
+        if tag == EXIT:
+            self._job_exited(worker, held, message[2])
+            return
+        if worker in self._answers:
+            self._violation(worker, f"a second answer for job {held.key!r}")
+            return
+        outcome: Completed[Any] | Failed
+        if tag == OK:
+            limit = worker.lane.spec.max_result
+            if limit is not None and len(body) > limit:
+                self._violation(worker, f"a result of {len(body)} bytes, more than the lane's max_result_bytes of {limit}")
+                return
+            outcome = Completed(message[2])
+        else:
+            kind, exc_type, text, tb = message[2:6]
+            outcome = Failed(Failure(kind, text, exc_type, tb, pid=worker.pid))
+        self._answers[worker] = outcome
+
+    def _job_exited(self, worker: WorkerSlot, entry: Entry, returncode: int) -> None:
+        """The process that ran ``entry`` exited: settle the job with its
+        answer, or as a crash (a ``"timeout"`` for SIGXCPU) if it gave none.
+        The worker takes the next job."""
+        outcome = self._answers.pop(worker, None)
+        crashed = outcome is None
+        if outcome is None:
+            sig, how, cause = describe_exit(returncode)
+            explained = "" if not cause else f": {cause}" if sig else f" ({cause})"
+            failure = Failure(
+                "timeout" if sig == "SIGXCPU" else "crashed",
+                f"the process running job {entry.key!r} (forked by worker {worker.pid} of lane "
+                f"{worker.lane.name!r}) {how}{explained}",
+                exitcode=returncode,
+                signal=sig,
+                pid=worker.pid,
+            )
+            outcome = Failed(failure)
+        limit = worker.lane.spec.max_worker_rss_bytes
+        retire = limit is not None and process_rss(worker.pid) > limit
+        nxt, status = self.core.job_done(worker, entry.job_id, outcome, retire, crashed=crashed)
+        if status == "retire":
+            self._retire(worker)
+        elif nxt is not None:
+            send_job(self.core, worker, nxt)
 
     def _drain(self, worker: WorkerSlot) -> None:
         """Act on whatever a dead worker wrote before it died."""
@@ -612,7 +687,12 @@ class Supervisor:
         for worker, entry in watched:
             limit = entry.memory_limit
             assert limit is not None and worker.pid is not None
-            used = tree_rss(worker.pid, children) - entry.rss_base
+            base = entry.rss_base
+            if worker.reader is not None:
+                # An untrusted lane's job runs in a copy of its worker, which
+                # starts with (roughly) the worker's resident pages as its own.
+                base *= 2
+            used = tree_rss(worker.pid, children) - base
             if used <= limit:
                 continue
             failure = Failure(
@@ -634,6 +714,7 @@ class Supervisor:
         # A result written just before the death still counts.
         self._drain(worker)
         self._kill_at.pop(worker, None)  # (after the drain, which may see EOF and set it)
+        self._answers.pop(worker, None)  # a job's answer counts only once its process has exited
         process.join()  # the sentinel fired: this reaps it at once
         exitcode = process.exitcode
         sig, how, cause = describe_exit(exitcode)
