@@ -303,6 +303,13 @@ def exec_main() -> None:
     # pipe itself), so forking a job's process is safe.
     _set_pdeathsig()
     _set_dumpable(False)
+    # What every job's process needs, imported once here rather than in each of them.
+    import fcntl  # noqa: F401
+    import resource  # noqa: F401
+    import select  # noqa: F401
+    import termios  # noqa: F401
+    from multiprocessing import resource_tracker  # noqa: F401
+
     _run_untrusted(conn, config, alive_fd)
 
 
@@ -446,28 +453,35 @@ _child_pid = 0
 _terminating = False
 
 
-def _set_pdeathsig() -> None:
-    """Have the kernel SIGKILL this process when its parent dies."""
-    if sys.platform.startswith("linux"):
-        try:
+_prctl: Any = None
+
+
+def _prctl_call(option: int, value: int) -> None:
+    """``prctl(option, value)`` on Linux (libc looked up once per worker, not
+    in every job's process)."""
+    global _prctl
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        if _prctl is None:
             import ctypes
 
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except Exception:  # pragma: no cover - exotic libc
-            pass
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        _prctl(option, value, 0, 0, 0)
+    except Exception:  # pragma: no cover - exotic libc
+        pass
+
+
+def _set_pdeathsig() -> None:
+    """Have the kernel SIGKILL this process when its parent dies."""
+    _prctl_call(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _set_dumpable(on: bool) -> None:
     """A process that is not "dumpable" cannot be traced, nor its ``/proc``
     entries (descriptors, memory, environment) read, by other processes of the
     same user without privileges. Its forked children inherit that."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, int(on), 0, 0, 0)
-        except Exception:  # pragma: no cover - exotic libc
-            pass
+    _prctl_call(_PR_SET_DUMPABLE, int(on))
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
