@@ -29,8 +29,10 @@ Who owns what, and what each pipe carries::
                          starts -> sets up (cwd, env, rlimits, closes inherited fds) -> READY
                          RUN frame -> run fn under its limits -> OK / ERROR frame
                          (trusted lanes: multiprocessing child, pickled answers;
-                          untrusted lanes: fresh `python -I` via subprocess, JSON answers,
-                          read by a non-blocking FrameReader and checked message by message)
+                          untrusted lanes: fresh `python -I` via subprocess that forks a
+                          process per job and relays its JSON answer, then its exit;
+                          read by a non-blocking FrameReader and checked message by
+                          message; the job is settled at its process's exit)
 
 The I/O thread starts and reaps every worker process, so a worker's parent (or,
 under forkserver, the forkserver's parent) is the supervisor for as long as the

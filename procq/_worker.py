@@ -9,9 +9,12 @@ a worker in the middle of a long job cannot outlive a SIGKILLed supervisor.
 Before it takes a job, a worker sets itself up as its lane asks (``setup``):
 working directory, environment, resource limits, and no file descriptors but
 its pipe and the standard streams. A trusted lane's worker is started by
-``multiprocessing`` and answers in pickles; an untrusted lane's worker is a
-fresh interpreter started by the supervisor (``exec_main``) and answers in
-JSON (see ``_protocol``).
+``multiprocessing``, runs each job itself and answers in pickles. An untrusted
+lane's worker is a fresh interpreter started by the supervisor (``exec_main``)
+that runs no job code: it forks a process for each job (``_job_process``),
+which runs the job under hard limits and answers in JSON on a socket of its
+own; the worker relays that answer and reports the process's exit (see
+``_protocol``).
 """
 
 from __future__ import annotations

@@ -1,15 +1,20 @@
 """Untrusted lanes (``Lane(trusted=False)``) against hostile jobs.
 
-The hostile table (in the manner of test_crashes' crash table): each row is a
-job that writes something to its worker's pipe behind the worker's back, and
-the failure that must result. Whatever the row, only that job fails, nothing
-the worker sent is unpickled, the worker is replaced, a job running in the
-lane's other worker finishes with its own output, and the lane keeps working.
+An untrusted lane's job runs in a process its worker forks for it, and writes
+its answer on a socket the worker relays to the supervisor. The hostile table
+(in the manner of test_crashes' crash table): each row is a job that writes
+something raw to that socket, and the failure that must result. Whatever the
+row, only that job fails, nothing the worker sent is unpickled, the worker is
+replaced (unless the job's process merely exited without an answer), a job
+running in the lane's other worker finishes with its own output, and the lane
+keeps working.
 
-Then: a worker that writes half a frame and hangs; a worker that claims to
-report on a job another worker runs; resource limits against a fork bomb, a
-huge file, many descriptors and a CPU spin; and honest jobs whose results or
-exceptions must come back as data.
+Then: a job that writes half a frame and hangs; one that claims to report on a
+job another worker runs; one that answers early and waits for the next job;
+what a job's process holds; crashes that keep the worker; kill semantics;
+resource limits (per job, hard) against a fork bomb, a huge file, many
+descriptors and a CPU spin; and honest jobs whose results or exceptions must
+come back as data.
 
 Untrusted workers are started with ``subprocess``, not by the queue's start
 method, so these tests run once, under the default start method.
