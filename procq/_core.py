@@ -551,20 +551,23 @@ class Core(EndedKeys):
         outcome: Completed[Any] | Failed,
         retire: bool = False,
         wakeups: list[Wakeup] | None = None,
+        crashed: bool = False,
     ) -> tuple[list[Entry], str]:
-        """A worker reported the end of its job: ``jobs_done`` for one report."""
-        batch, status, _ = self.jobs_done(worker, [(job_id, outcome, retire)], wakeups)
+        """A worker reported the end of its job: ``jobs_done`` for one report.
+        ``crashed``: ``outcome`` is a crash (an untrusted lane's job whose own
+        process died under it), counted in the lane's stats."""
+        batch, status, _ = self.jobs_done(worker, [(job_id, outcome, retire, crashed)], wakeups)
         return batch, status
 
     def jobs_done(
         self,
         worker: WorkerSlot,
-        reports: list[tuple[int, Completed[Any] | Failed, bool]],
+        reports: list[tuple[int, Completed[Any] | Failed, bool, bool]],
         wakeups: list[Wakeup] | None = None,
     ) -> tuple[list[Entry], str, int]:
         """A worker reported the end of its jobs, in the order it ran them:
-        ``(job_id, outcome, retire)`` each (``retire``: the worker must be
-        replaced after it). All are settled in one critical section.
+        ``(job_id, outcome, retire, crashed)`` each (``retire``: the worker
+        must be replaced after it; ``crashed``: count it as a crash). All are settled in one critical section.
 
         The worker's next job is the first of its queue, if it has one: it
         has already started it. Returns the jobs the caller must now send to
@@ -586,7 +589,7 @@ class Core(EndedKeys):
         with self.lock:
             lane = worker.lane
             now = time.monotonic()
-            for job_id, outcome, retire in reports:
+            for job_id, outcome, retire, crashed in reports:
                 entry = worker.entry
                 if entry is None or entry.job_id != job_id:
                     status = "unexpected"
@@ -603,6 +606,8 @@ class Core(EndedKeys):
                     # Its end was decided (cancel, timeout, memory) before this
                     # report arrived: it ends as decided, exactly once.
                     outcome = Failed(entry.kill_reason)
+                elif crashed:
+                    lane.crashes += 1
                 wakeups += self._end(entry, outcome)
                 if worker.queue:
                     if retire:

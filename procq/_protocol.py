@@ -27,17 +27,31 @@ Worker -> supervisor, trusted lanes (pickles)::
     (job_id, OK, result_bytes)
     (job_id, ERROR, exc_bytes | None, exc_type, message, traceback_text, kind)
 
-Worker -> supervisor, untrusted lanes (UTF-8 JSON arrays, never unpickled)::
+Worker -> supervisor, untrusted lanes (UTF-8 JSON arrays, never unpickled).
+An untrusted lane's worker runs no job code: it forks a process for each job
+and relays that process's frames to the supervisor. The last byte of every
+frame says who wrote the rest (see ``FROM_WORKER``, ``FROM_JOB``, ``CUT_SHORT``)::
 
-    ["ready"]
-    ["ok", job_id, output]
-    ["error", job_id, kind, exc_type, message, traceback_text]
+    ["ready"]                                       + b"w"  once, from the worker
+    ["ok", job_id, output]                          + b"j"  from the job's process
+    ["error", job_id, kind, exc_type, message, tb]  + b"j"  from the job's process
+    ["exit", job_id, returncode]                    + b"w"  from the worker, once the
+                                                            job's process has exited
+
+The worker copies the job's bytes as they arrive; it only reads each frame's
+length prefix, to write its own (one byte longer) and the trailer after the
+body. A job's process therefore cannot write a frame that looks like the
+worker's, and the supervisor knows a job has ended only from the worker. A job
+whose process stops in the middle of a frame has the rest of it filled with
+zeros by the worker and the trailer ``CUT_SHORT``.
 
 An untrusted worker's messages are read by ``FrameReader`` (never blocking on
 a partial frame, refusing a length past the lane's limit before reading the
 body) and checked by ``decode_untrusted``; anything else is a protocol
 violation that fails the worker's job. ``kind`` is ``"error"``, ``"memory"``
 (the job raised ``MemoryError``) or ``"protocol"`` (its result was too large).
+``returncode`` is the job process's exit status as ``subprocess`` gives it
+(negative: killed by that signal).
 
 A worker that dies sends nothing: the supervisor learns of it from the
 process sentinel, and knows which job it held because it gave it that job.
@@ -56,8 +70,12 @@ from collections import OrderedDict
 from typing import Any
 
 __all__ = [
+    "CUT_SHORT",
     "ERROR",
+    "EXIT",
     "FN_CACHE_SIZE",
+    "FROM_JOB",
+    "FROM_WORKER",
     "OK",
     "READY",
     "RUN",
@@ -69,6 +87,7 @@ __all__ = [
     "digest",
     "dumps",
     "dumps_fn",
+    "frame_header",
     "json_dumps",
     "pickled_by_reference",
 ]
@@ -77,7 +96,14 @@ RUN = 0
 OK = 1
 ERROR = 2
 READY = 3
-RUN_MANY = 4
+EXIT = 4
+RUN_MANY = 5
+
+#: The last byte of an untrusted worker's frame: who wrote the rest of it.
+FROM_WORKER = b"w"
+FROM_JOB = b"j"
+#: A frame of the job's that its process never finished; the rest is zeros.
+CUT_SHORT = b"t"
 
 #: How many distinct functions a worker keeps unpickled.
 FN_CACHE_SIZE = 128
@@ -183,12 +209,14 @@ def json_dumps(message: Any) -> bytes:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def decode_untrusted(frame: bytes) -> tuple[Any, ...]:
-    """Check and decode one message from an untrusted worker.
+def decode_untrusted(frame: bytes | bytearray) -> tuple[Any, ...]:
+    """Check and decode the body of one message from an untrusted worker.
 
-    Returns ``(READY,)``, ``(job_id, OK, output)`` or
-    ``(job_id, ERROR, kind, exc_type, message, traceback)``; raises
-    ``ProtocolError`` for anything else. Only ``json`` touches the bytes.
+    Returns ``(READY,)``, ``(job_id, OK, output)``,
+    ``(job_id, ERROR, kind, exc_type, message, traceback)`` or
+    ``(job_id, EXIT, returncode)``; raises ``ProtocolError`` for anything
+    else. Only ``json`` touches the bytes. (Which of these the job's process
+    may send, and which only the worker, is the supervisor's to check.)
     """
     try:
         message = json.loads(frame)
@@ -208,10 +236,12 @@ def decode_untrusted(frame: bytes) -> tuple[Any, ...]:
         if message[2] not in WORKER_KINDS:
             raise ProtocolError(f"an error message with an unknown kind {message[2][:50]!r}")
         return (job_id, ERROR, *message[2:])
+    if tag == "exit" and len(message) == 3 and type(message[2]) is int:
+        return (job_id, EXIT, message[2])
     raise ProtocolError(f"a malformed message: {_preview(frame)}")
 
 
-def _preview(frame: bytes) -> str:
+def _preview(frame: bytes | bytearray) -> str:
     return repr(frame[:80]) + ("..." if len(frame) > 80 else "")
 
 
@@ -220,7 +250,8 @@ class FrameReader:
     whatever has arrived is taken in one read, and every frame completed by
     it is handed over at once, so the supervisor wakes once for many results.
     A frame announced larger than ``limit`` is refused from its length prefix
-    alone, before its body is read.
+    alone, before its body is read. Sizes are counted (and reported) without
+    the ``trailer`` bytes every frame ends with (see ``FROM_WORKER``).
 
     Untrusted workers are read without ever blocking: ``Connection.recv_bytes``
     blocks until a frame is complete, so a worker that wrote half a frame and
@@ -230,18 +261,19 @@ class FrameReader:
     from (one copy, as the pipe forces, and no wake-up per piece of it).
     """
 
-    __slots__ = ("_buffer", "_limit", "_sock", "_wait_whole", "_what")
+    __slots__ = ("_buffer", "_limit", "_sock", "_trailer", "_wait_whole", "_what")
 
     #: Bytes asked for per read (below malloc's mmap threshold: cheap to allocate).
     CHUNK = 1 << 16
 
-    def __init__(self, fd: int, limit: int, what: str = "", wait_whole: bool = False) -> None:
+    def __init__(self, fd: int, limit: int, what: str = "", wait_whole: bool = False, trailer: int = 0) -> None:
         # A duplicate of the descriptor, read with MSG_DONTWAIT: the original
         # stays blocking for the senders that share it.
         self._sock = socket.socket(fileno=os.dup(fd))
         self._limit = limit
         self._what = what or f"the limit of {limit}"
         self._wait_whole = wait_whole
+        self._trailer = trailer
         self._buffer = b""
 
     def read(self) -> list[bytes | bytearray]:
@@ -271,8 +303,8 @@ class FrameReader:
                 header = 12
             elif size < 0:
                 raise ProtocolError(f"a message with a negative length ({size})")
-            if size > self._limit:
-                raise ProtocolError(f"a message of {size} bytes, more than {self._what} allows")
+            if size - self._trailer > self._limit:
+                raise ProtocolError(f"a message of {size - self._trailer} bytes, more than {self._what} allows")
             start = pos + header
             if start + size > end:
                 if self._wait_whole:
@@ -302,3 +334,10 @@ class FrameReader:
 
     def close(self) -> None:
         self._sock.close()
+
+
+def frame_header(size: int) -> bytes:
+    """The length prefix ``Connection.send_bytes`` writes before a body of ``size`` bytes."""
+    if size > 0x7FFFFFFF:
+        return struct.pack("!iQ", -1, min(size, 2**64 - 1))
+    return struct.pack("!i", size)

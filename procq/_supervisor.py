@@ -29,8 +29,10 @@ Who owns what, and what each pipe carries::
                          starts -> sets up (cwd, env, rlimits, closes inherited fds) -> READY
                          RUN frame -> run fn under its limits -> OK / ERROR frame
                          (trusted lanes: multiprocessing child, pickled answers;
-                          untrusted lanes: fresh `python -I` via subprocess, JSON answers,
-                          read by a non-blocking FrameReader and checked message by message)
+                          untrusted lanes: fresh `python -I` via subprocess that forks a
+                          process per job and relays its JSON answer, then its exit;
+                          read by a non-blocking FrameReader and checked message by
+                          message; the job is settled at its process's exit)
 
 The I/O thread starts and reaps every worker process, so a worker's parent (or,
 under forkserver, the forkserver's parent) is the supervisor for as long as the
@@ -69,7 +71,20 @@ from typing import Any, Callable
 
 from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
 from procq._errors import _RemoteTraceback
-from procq._protocol import ERROR, OK, READY, RUN, RUN_MANY, FrameReader, ProtocolError, decode_untrusted
+from procq._protocol import (
+    CUT_SHORT,
+    ERROR,
+    EXIT,
+    FROM_JOB,
+    FROM_WORKER,
+    OK,
+    READY,
+    RUN,
+    RUN_MANY,
+    FrameReader,
+    ProtocolError,
+    decode_untrusted,
+)
 from procq._values import Completed, Failed, Failure, Lane, format_size
 from procq._worker import worker_main
 
@@ -260,6 +275,9 @@ class Supervisor:
         self._next_sample = 0.0  # next memory sample, while memory-limited jobs run
         # Workers whose running job q.cancel() ended, to be killed by the I/O thread.
         self._pending_terminations: list[WorkerSlot] = []
+        # Untrusted workers: the answer a job's process sent, kept until the
+        # worker reports that process's exit (see _on_untrusted).
+        self._answers: dict[WorkerSlot, Completed[Any] | Failed] = {}
         self._stop = False
         self._cancel = False
         self._started = threading.Event()
@@ -478,7 +496,7 @@ class Supervisor:
         process = _ExecProcess(popen)
         limit = (spec.max_result or 0) + MESSAGE_SLACK
         what = f"the lane's max_result_bytes of {spec.max_result}"
-        reader = FrameReader(parent_conn.fileno(), limit, what)
+        reader = FrameReader(parent_conn.fileno(), limit, what, trailer=len(FROM_WORKER))
         return WorkerSlot(lane, process, parent_conn, sentinel=process.sentinel, reader=reader)
 
     def _retry_starts(self, now: float) -> None:
@@ -529,8 +547,8 @@ class Supervisor:
                 reports.append(_report(worker, message))
         if reports:
             if _over_rss(worker):
-                job_id, outcome, _ = reports[-1]
-                reports[-1] = (job_id, outcome, True)
+                job_id, outcome, _, crashed = reports[-1]
+                reports[-1] = (job_id, outcome, True, crashed)
             batch, status, taken = self.core.jobs_done(worker, reports, wakeups)
             if status == "retire":
                 self._retire(worker)
@@ -554,26 +572,86 @@ class Supervisor:
         except ProtocolError as exc:
             self._violation(worker, str(exc))
             return False
-        limit = worker.lane.spec.max_result
         for frame in frames:
-            try:
-                message = decode_untrusted(frame)
-            except ProtocolError as exc:
-                self._violation(worker, str(exc))
-                return False
-            if message[1:2] == (OK,):
-                if limit is not None and len(frame) > limit:
-                    self._violation(worker, f"a result of {len(frame)} bytes, more than the lane's max_result_bytes of {limit}")
-                    return False
-                message = (message[0], OK, Completed(message[2]))
-            elif message[1:2] == (ERROR,):
-                message = (*message, None)
-            sends = self._on_message(worker, message)
-            if sends:
-                send_jobs(self.core, worker, sends)
+            self._on_untrusted(worker, frame)
             if worker.conn not in self._by_object:
                 return False  # it broke the protocol
         return bool(frames)
+
+    def _on_untrusted(self, worker: WorkerSlot, frame: bytes) -> None:
+        """Act on one frame of an untrusted worker. Its last byte says who
+        wrote it: the worker (READY, a job's exit) or the job's process (its
+        answer; see ``_protocol``). A job is settled when the worker reports
+        its process's exit, with the answer it gave, or as a crash if none."""
+        body, origin = memoryview(frame)[:-1], frame[-1:]
+        try:
+            if origin == CUT_SHORT:
+                raise ProtocolError("a message cut short (the job's process ended partway through writing it)")
+            if origin not in (FROM_WORKER, FROM_JOB):
+                raise ProtocolError(f"a message of unknown origin {origin!r}")
+            message = decode_untrusted(bytes(body))
+        except ProtocolError as exc:
+            self._violation(worker, str(exc))
+            return
+        tag = message[1] if len(message) > 1 else READY
+        if (origin == FROM_JOB) != (tag in (OK, ERROR)):
+            what = {READY: "a READY message", EXIT: "an exit message", OK: "a result", ERROR: "an error message"}[tag]
+            self._violation(worker, f"{what} written by {'the job' if origin == FROM_JOB else 'the worker itself'}")
+            return
+        if tag == READY:
+            batch = self._on_message(worker, message)
+            if batch:
+                send_jobs(self.core, worker, batch)
+            return
+        job_id = message[0]
+        held = worker.entry
+        if held is None or held.job_id != job_id:
+            what = "while it held no job" if held is None else f"while it held job {held.key!r}"
+            self._violation(worker, f"a message about job id {job_id} {what}")
+            return
+        if tag == EXIT:
+            self._job_exited(worker, held, message[2])
+            return
+        if worker in self._answers:
+            self._violation(worker, f"a second answer for job {held.key!r}")
+            return
+        outcome: Completed[Any] | Failed
+        if tag == OK:
+            limit = worker.lane.spec.max_result
+            if limit is not None and len(body) > limit:
+                self._violation(worker, f"a result of {len(body)} bytes, more than the lane's max_result_bytes of {limit}")
+                return
+            outcome = Completed(message[2])
+        else:
+            kind, exc_type, text, tb = message[2:6]
+            outcome = Failed(Failure(kind, text, exc_type, tb, pid=worker.pid))
+        self._answers[worker] = outcome
+
+    def _job_exited(self, worker: WorkerSlot, entry: Entry, returncode: int) -> None:
+        """The process that ran ``entry`` exited: settle the job with its
+        answer, or as a crash (a ``"timeout"`` for SIGXCPU) if it gave none.
+        The worker takes the next job."""
+        outcome = self._answers.pop(worker, None)
+        crashed = outcome is None
+        if outcome is None:
+            sig, how, cause = describe_exit(returncode)
+            explained = "" if not cause else f": {cause}" if sig else f" ({cause})"
+            failure = Failure(
+                "timeout" if sig == "SIGXCPU" else "crashed",
+                f"the process running job {entry.key!r} (forked by worker {worker.pid} of lane "
+                f"{worker.lane.name!r}) {how}{explained}",
+                exitcode=returncode,
+                signal=sig,
+                pid=worker.pid,
+            )
+            outcome = Failed(failure)
+        limit = worker.lane.spec.max_worker_rss_bytes
+        retire = limit is not None and process_rss(worker.pid) > limit
+        batch, status = self.core.job_done(worker, entry.job_id, outcome, retire, crashed=crashed)
+        if status == "retire":
+            self._retire(worker)
+        elif batch:
+            send_jobs(self.core, worker, batch)
 
     def _drain(self, worker: WorkerSlot) -> None:
         """Act on whatever a dead worker wrote before it died."""
@@ -626,7 +704,7 @@ class Supervisor:
             what = "while it held no job" if held is None else f"while it held job {held.key!r}"
             self._violation(worker, f"a message about job id {job_id} {what}")
             return []
-        _, outcome, retire = _report(worker, message)
+        _, outcome, retire, _ = _report(worker, message)
         if _over_rss(worker):
             retire = True
         batch, status = self.core.job_done(worker, job_id, outcome, retire, wakeups)
@@ -664,7 +742,12 @@ class Supervisor:
         for worker, entry in watched:
             limit = entry.memory_limit
             assert limit is not None and worker.pid is not None
-            used = tree_rss(worker.pid, children) - entry.rss_base
+            base = entry.rss_base
+            if worker.reader is not None:
+                # An untrusted lane's job runs in a copy of its worker, which
+                # starts with (roughly) the worker's resident pages as its own.
+                base *= 2
+            used = tree_rss(worker.pid, children) - base
             if used <= limit:
                 continue
             failure = Failure(
@@ -686,6 +769,7 @@ class Supervisor:
         # A result written just before the death still counts.
         self._drain(worker)
         self._kill_at.pop(worker, None)  # (after the drain, which may see EOF and set it)
+        self._answers.pop(worker, None)  # a job's answer counts only once its process has exited
         process.join()  # the sentinel fired: this reaps it at once
         exitcode = process.exitcode
         sig, how, cause = describe_exit(exitcode)
@@ -817,22 +901,24 @@ class Supervisor:
             os.close(self._wake_w)
 
 
-def _report(worker: WorkerSlot, message: tuple[Any, ...]) -> tuple[int, Completed[Any] | Failed, bool]:
-    """``(job_id, outcome, retire)`` from a decoded report of a job's end."""
+def _report(worker: WorkerSlot, message: tuple[Any, ...]) -> tuple[int, Completed[Any] | Failed, bool, bool]:
+    """``(job_id, outcome, retire, crashed)`` from a trusted worker's decoded
+    report of a job's end (``crashed`` is always False: a trusted job that
+    crashes takes its worker with it, which ``worker_died`` reports)."""
     job_id, tag = message[0], message[1]
     outcome: Completed[Any] | Failed
     if tag == OK:
         outcome = message[2]  # Completed, or Failed: the result did not unpickle
         if type(outcome) is Failed:
             outcome = Failed(replace(outcome.failure, pid=worker.pid))
-        return job_id, outcome, False
+        return job_id, outcome, False, False
     # (kind "protocol" here: the worker refused to send a result over
     # max_result_bytes; it broke nothing and stays.)
     kind, exc_type, text, tb, exception = message[2:7]
     outcome = Failed(Failure(kind, text, exc_type, tb, pid=worker.pid, exception=exception))
     # A job that went over its memory limit leaves a worker that may be
     # bloated or half broken (and maybe children): it is replaced.
-    return job_id, outcome, kind == "memory"
+    return job_id, outcome, kind == "memory", False
 
 
 def _over_rss(worker: WorkerSlot) -> bool:

@@ -381,12 +381,21 @@ class Lane:
     - ``trusted=False``: results and errors come back as JSON, decoded with a
       data-only codec, never with pickle; every message is checked, and one
       that breaks the protocol fails only its job (kind ``"protocol"``). Its
-      workers are fresh interpreters that inherit nothing but their pipe.
+      workers are fresh interpreters that inherit nothing but their pipe, and
+      never run job code: each job runs in a process of its own, forked for
+      it by the worker, that holds no descriptor but a socket to the worker
+      and exits after the job. So a job never sees another job's function,
+      arguments or leftovers, nor the supervisor's pipe; its limits (CPU,
+      ``memory_limit``, ``rlimits``) are hard and its own; a crash of its
+      process fails the job (kind ``"crashed"``) and keeps the worker. The
+      cost: a fork per job, and the job's modules imported in every job's
+      process (milliseconds per job).
     - ``max_result_bytes``: a larger result fails its job (kind ``"protocol"``)
       without the supervisor reading it. Default: no limit for trusted lanes,
       ``DEFAULT_UNTRUSTED_RESULT_BYTES`` (16 MiB) for untrusted ones.
     - ``rlimits``: ``{"cpu": seconds per job, "fsize": bytes, "nofile": n,
-      "nproc": n}``, set in each worker before it takes a job.
+      "nproc": n}``, set in each worker before it takes a job (untrusted
+      lanes: in each job's process).
     - ``env``: the workers' environment variables. ``inherit_env``: whether they
       start from the supervisor's environment (default: trusted lanes do,
       untrusted ones do not).

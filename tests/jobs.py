@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -18,6 +19,17 @@ def identity(x: Any) -> Any:
 
 
 def getpid() -> int:
+    return os.getpid()
+
+
+def worker_pid() -> int:
+    """The pid of the worker running this job: this process, or its parent
+    for an untrusted lane's job (which runs in a process its worker forked for it)."""
+    frame: Any = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_name == "_run_job" and frame.f_code.co_filename.endswith("_worker.py"):
+            return os.getppid()
+        frame = frame.f_back
     return os.getpid()
 
 
@@ -98,7 +110,7 @@ def wait_released(path: str) -> None:
 
 
 def signal_and_wait(started: str, go: str) -> int:
-    """(A job) report its pid on ``started``, then wait for ``go``. Returns its pid."""
-    signal_test(started, str(os.getpid()).encode())
+    """(A job) report its worker's pid on ``started``, then wait for ``go``. Returns that pid."""
+    signal_test(started, str(worker_pid()).encode())
     wait_released(go)
-    return os.getpid()
+    return worker_pid()

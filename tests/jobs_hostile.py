@@ -1,10 +1,12 @@
-"""Hostile jobs for test_hostile: code in an untrusted lane's worker that
-attacks the supervisor through the worker's pipe, or through resources.
+"""Hostile jobs for test_hostile: code in an untrusted lane's job process that
+attacks the supervisor through its channel, or through resources.
 
-An untrusted worker is a fresh ``python -I`` whose only socket is its pipe to
-the supervisor; a hostile job finds it among its descriptors and writes raw
-``multiprocessing.Connection`` frames to it (a 4-byte big-endian signed length,
-or -1 and an 8-byte length, then the body), bypassing the worker's honest codec.
+An untrusted lane's job runs in a process forked for it by a fresh ``python -I``
+worker; that process's only socket is its channel to the worker, which relays
+what it writes to the supervisor. A hostile job finds it among its descriptors
+and writes raw ``multiprocessing.Connection`` frames to it (a 4-byte big-endian
+signed length, or -1 and an 8-byte length, then the body), bypassing the
+honest codec.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import socket
 import struct
 import sys
+import time
 from typing import Any
 
 import jobs
@@ -28,12 +32,12 @@ def _pipe_fd() -> int:
         except OSError:
             pass
     if len(sockets) != 1:
-        raise RuntimeError(f"expected exactly one socket (the worker's pipe), found {sockets}")
+        raise RuntimeError(f"expected exactly one socket (the job's channel), found {sockets}")
     return sockets[0]
 
 
 def _own_job_id() -> int:
-    """The id the supervisor gave the running job (a local of the worker's loop)."""
+    """The id the supervisor gave the running job (a local of procq's code that runs it)."""
     frame = sys._getframe(1)
     while frame is not None:
         if frame.f_globals.get("__name__") == "procq._worker" and "job_id" in frame.f_locals:
@@ -81,6 +85,16 @@ def forge(message: list[Any], delta: int, report: str | None = None) -> None:
             f.write(str(job_id))
     forged = [job_id if part == "<id>" else part for part in message]
     write_then_block(frame(json.dumps(forged).encode()))
+
+
+def forge_two(first: list[Any], second: list[Any], report: str | None = None) -> None:
+    """Send two messages, ``"<id>"`` replaced by this job's id (written to ``report``), then block."""
+    job_id = _own_job_id()
+    if report is not None:
+        with open(report, "w") as f:
+            f.write(str(job_id))
+    data = b"".join(frame(json.dumps([job_id if part == "<id>" else part for part in m]).encode()) for m in (first, second))
+    write_then_block(data)
 
 
 def close_pipe_then_exit() -> None:
@@ -191,21 +205,106 @@ def text(size: int) -> str:
 # --- Answering for the worker's next job --------------------------------------------------
 
 
-def answer_for_the_next_job(forged: Any) -> str:
+def answer_for_the_next_job(forged: Any, report: str) -> str:
     """Report this job done at once (a well-formed OK for its own id), then
-    read the job the supervisor sends this worker next and answer for it with
-    ``forged``, without running it; then wait for the pipe to close."""
+    try to read the job the supervisor sends next and answer for it with
+    ``forged``, without running it. Writes to ``report`` how far it got
+    ("no next job": its channel gave it nothing but EOF), then exits at once,
+    without another answer."""
     from multiprocessing.connection import Connection
 
     conn = Connection(os.dup(_pipe_fd()))
     conn.send_bytes(json.dumps(["ok", _own_job_id(), "done"]).encode())
     try:
         frame = conn.recv_bytes()
-    except EOFError:  # the supervisor closed the pipe: no next job here
-        return "no next job"
+    except EOFError:
+        _report(report, "no next job")
+        os._exit(0)
     next_id = pickle.loads(frame)[1]
     conn.send_bytes(json.dumps(["ok", next_id, forged]).encode())
+    _report(report, f"answered for job id {next_id}")
     try:
         conn.recv_bytes()
     finally:
         os._exit(0)
+
+
+def _report(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+# --- What a job's own process holds ----------------------------------------------------------
+
+
+def channel_peers() -> dict[str, Any]:
+    """This process's descriptors, and for each socket the pid of the process
+    that made it (``SO_PEERCRED``: the worker for the job's channel, the
+    supervisor for the worker's pipe)."""
+    fds = {}
+    for fd in range(1024):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    peers = []
+    for fd, link in fds.items():
+        if link.startswith("socket:"):
+            sock = socket.socket(fileno=os.dup(fd))
+            try:
+                cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            finally:
+                sock.close()
+            peers.append(struct.unpack("3i", cred)[0])
+    return {"fds": fds, "peers": peers, "pid": os.getpid(), "ppid": os.getppid()}
+
+
+def burn_cpu(seconds: float) -> float:
+    """Use ``seconds`` of CPU time (of this process); return the CPU time it used."""
+    while time.process_time() < seconds:
+        pass
+    return time.process_time()
+
+
+_HOARD: list[bytearray] = []
+
+
+def hoard(mib: int) -> int:
+    """Keep ``mib`` MiB alive at module level; return how many MiB earlier jobs left there."""
+    before = sum(len(b) for b in _HOARD) >> 20
+    _HOARD.append(bytearray(b"\x01") * (mib << 20))
+    return before
+
+
+def raise_own_limits() -> dict[str, str | None]:
+    """Try to lift this process's CPU and address-space limits (as "nobody"
+    if run as root, which the kernel lets raise any limit); what each attempt raised."""
+    import resource
+
+    if os.getuid() == 0:
+        os.setuid(65534)
+    tried: dict[str, str | None] = {}
+    for name, which in (("cpu", resource.RLIMIT_CPU), ("as", resource.RLIMIT_AS)):
+        try:
+            resource.setrlimit(which, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+            tried[name] = None
+        except (ValueError, OSError) as exc:
+            tried[name] = type(exc).__name__
+    return tried
+
+
+def signal_self(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+
+
+def leave_a_holder(started: str) -> int:
+    """Fork a process that keeps this job's channel open and blocks (telling
+    the test on ``started``); return its pid at once."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the leftover process only waits to be killed
+        try:
+            jobs.signal_test(started)
+            block_forever()
+        finally:
+            os._exit(0)
+    return pid
