@@ -286,7 +286,15 @@ def warm(engine: Engine, workers: int, jobs_after: int, timeout: float = 60.0) -
 
 def ensure_forkserver() -> None:
     """Start multiprocessing's forkserver (shared by every engine that uses it)
-    before anything is timed, so the first engine to start does not pay for it."""
+    before anything is timed, so the first engine to start does not pay for it.
+
+    With the preload procq asks for when it is the one to start it (see
+    ``procq._queue._preload_worker``): the server imports procq once, and every
+    child, of any engine, finds it loaded when it re-imports this program's
+    main module (which imports procq)."""
+    from procq._queue import _preload_worker
+
+    _preload_worker(context())
     p = context().Process(target=jobs.noop)
     p.start()
     p.join()

@@ -66,8 +66,8 @@ if TYPE_CHECKING:
         LaneStats,
         Pending,
         Processing,
-        QueueStats,
         Queued,
+        QueueStats,
         Retention,
         Retry,
     )

@@ -56,9 +56,18 @@ from collections import deque
 from dataclasses import replace
 from typing import Any, Callable, Union
 
-from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, LaneState, WorkerSlot
-from procq._errors import QueueClosed
 from procq._ended import EndedKeys
+from procq._entries import (
+    ABANDONED,
+    DONE,
+    PENDING,
+    PROCESSING,
+    Ended,
+    Entry,
+    LaneState,
+    WorkerSlot,
+)
+from procq._errors import QueueClosed
 from procq._retention import Done, Fell, Keeper, Record
 from procq._values import (
     Completed,

@@ -48,8 +48,8 @@ from procq import (
     JobFailed,
     JobHandle,
     ProcQueue,
-    QueueStats,
     Queued,
+    QueueStats,
 )
 from procq._demo_jobs import HUNG, LANES, DemoFailed, Fifos, Result, Row, plan
 

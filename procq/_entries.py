@@ -10,7 +10,16 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from procq._protocol import FnMirror
-from procq._values import Completed, Failed, Failure, Job, Lane, Pending, Processing, State
+from procq._values import (
+    Completed,
+    Failed,
+    Failure,
+    Job,
+    Lane,
+    Pending,
+    Processing,
+    State,
+)
 
 if TYPE_CHECKING:
     from procq._retention import Record

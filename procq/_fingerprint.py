@@ -150,7 +150,9 @@ def content_key(fn: Callable[..., Any], item: Any) -> str:
         _encode(item, parts, [MAX_NODES, MAX_BYTES])
         data: str | bytes = "".join(parts)
     except (_TooCostly, RecursionError):
-        from procq._protocol import dumps  # pickle, or cloudpickle for what pickle refuses
+        from procq._protocol import (
+            dumps,  # pickle, or cloudpickle for what pickle refuses
+        )
 
         data = b"p" + dumps(item)
     if isinstance(data, str):

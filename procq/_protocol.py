@@ -60,8 +60,8 @@ process sentinel, and knows which job it held because it gave it that job.
 from __future__ import annotations
 
 import hashlib
-import os
 import json
+import os
 import pickle
 import socket
 import struct

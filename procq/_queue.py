@@ -20,12 +20,31 @@ import warnings
 import weakref
 from typing import Any, Callable, Iterable, Iterator, Mapping, TypeVar
 
-from procq._core import BLOCKED, CANCELLED, FULL, STOPPED, Claim, Core, Ended, Entry, LaneState, Offer, WorkerSlot
-from procq._errors import JobPicklingError, KeyConflict, KeyConflictWarning, LaneFull, QueueClosed
+from procq._core import (
+    BLOCKED,
+    CANCELLED,
+    FULL,
+    STOPPED,
+    Claim,
+    Core,
+    Ended,
+    Entry,
+    LaneState,
+    Offer,
+    WorkerSlot,
+)
+from procq._errors import (
+    JobPicklingError,
+    KeyConflict,
+    KeyConflictWarning,
+    LaneFull,
+    QueueClosed,
+)
 from procq._fingerprint import fn_name, job_fingerprint
 from procq._handle import JobHandle
+from procq._messages import send_job
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
-from procq._supervisor import Supervisor, send_job
+from procq._supervisor import Supervisor
 from procq._values import (
     REUSE_POLICIES,
     Cached,
@@ -37,8 +56,8 @@ from procq._values import (
     Pending,
     Processing,
     PushOutcome,
-    QueueStats,
     Queued,
+    QueueStats,
     Retention,
     Reuse,
     State,
@@ -636,10 +655,15 @@ def _filters(prefix: Any, state: Any) -> tuple[str | None, tuple[type, ...] | No
 
 
 def _preload_worker(context: Any) -> None:
-    """Have the forkserver import procq's worker module before it forks, so
-    every worker starts with it loaded (it is most of a worker's start-up
-    time). Only until the forkserver has started, which is once per process;
-    the modules already asked for (``__main__`` by default) are kept."""
+    """Have the forkserver import procq before it forks, so that every worker
+    starts with it loaded. Only until the forkserver has started, which is
+    once per process; the modules already asked for are kept.
+
+    Why all of procq, not just the worker's module: each forkserver child
+    imports the main module again (Python 3.11's forkserver never preloads
+    ``__main__``, whatever the preload list says), and a program that uses
+    procq imports it from there; preloaded, that costs the child nothing.
+    """
     try:
         from multiprocessing import forkserver
 
@@ -649,8 +673,9 @@ def _preload_worker(context: Any) -> None:
         modules = list(server._preload_modules)
     except Exception:  # pragma: no cover - the stdlib's internals changed
         return
-    if "procq._worker" not in modules:
-        context.set_forkserver_preload([*modules, "procq._worker"])
+    wanted = [m for m in ("procq._worker", "procq._queue") if m not in modules]
+    if wanted:
+        context.set_forkserver_preload([*modules, *wanted])
 
 
 def _unfinished(job: Job[Any], timeout: float | None) -> TimeoutError:

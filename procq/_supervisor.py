@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import selectors
 import signal
 import subprocess
@@ -65,12 +64,33 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import replace
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
-from procq._errors import _RemoteTraceback
+from procq._messages import (
+    close_worker_pipe,
+    decode_trusted,
+    over_rss,
+    protocol_failure,
+    report,
+    send_job,
+    send_jobs,
+)
+from procq._processes import (
+    ExecProcess,
+    children_map,
+    close_sentinel,
+    describe_exit,
+    find_descendants,
+    import_path,
+    pidfd,
+    process_rss,
+    signal_group,
+    signal_worker,
+    tree_rss,
+    worker_config,
+)
 from procq._protocol import (
     CUT_SHORT,
     ERROR,
@@ -79,13 +99,11 @@ from procq._protocol import (
     FROM_WORKER,
     OK,
     READY,
-    RUN,
-    RUN_MANY,
     FrameReader,
     ProtocolError,
     decode_untrusted,
 )
-from procq._values import Completed, Failed, Failure, Lane, format_size
+from procq._values import Completed, Failed, Failure, format_size
 from procq._worker import worker_main
 
 __all__ = ["Supervisor", "send_job"]
@@ -107,144 +125,29 @@ MEMORY_CHECK_INTERVAL = 0.05
 #: Room an untrusted worker's message may take beyond ``max_result_bytes``:
 #: an error's traceback text, the JSON around a result.
 MESSAGE_SLACK = 1 << 20
-#: A job frame larger than this is sent to an untrusted worker from a thread of
-#: its own: a worker that stops reading its pipe can then stall nothing else.
-UNTRUSTED_SEND_INLINE = 1 << 16
 #: A trusted worker's messages have no size limit but the format's.
 TRUSTED_LIMIT = 1 << 62
 
-_SIGNAL_HINTS = {
-    "SIGSEGV": "a segmentation fault: native code run by the job crashed",
-    "SIGBUS": "a bus error: native code run by the job crashed",
-    "SIGILL": "an illegal instruction: native code run by the job crashed",
-    "SIGFPE": "an arithmetic fault in native code run by the job",
-    "SIGABRT": "abort() was called: os.abort(), a failed C assertion, or a fatal runtime error",
-    "SIGKILL": "killed with SIGKILL: by the kernel's OOM killer if memory ran out, or by another process",
-    "SIGTERM": "terminated by another process",
-    "SIGXCPU": "the job used up its CPU-time limit (the lane's rlimits['cpu'])",
-}
 
 
-def send_job(core: Core, worker: WorkerSlot, entry: Entry) -> None:
-    """Send ``entry`` to ``worker``; the caller holds the right to send (see above)."""
-    try:
-        fn_bytes: bytes | None = entry.fn_bytes
-        if worker.fns.touch(entry.fn_id):
-            fn_bytes = None
-        if entry.memory_limit is not None:
-            entry.rss_base = process_rss(worker.pid)
-        frame = pickle.dumps((RUN, entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes, entry.memory_limit), -1)
-        if worker.reader is not None and len(frame) > UNTRUSTED_SEND_INLINE:
-            thread = threading.Thread(target=_send_frame, args=(core, worker, frame), name="procq-send", daemon=True)
-            thread.start()
-            return  # that thread releases the pipe
-    except BaseException:
-        if core.sent(worker):
-            _close_worker_pipe(worker)
-        raise
-    _send_frame(core, worker, frame)
 
 
-def send_jobs(core: Core, worker: WorkerSlot, entries: list[Entry], rights: int = 1) -> None:
-    """Send ``entries`` to ``worker`` in one frame; the caller holds ``rights``
-    rights to send (see above), all given back after the one write."""
-    if len(entries) == 1 and rights == 1:
-        send_job(core, worker, entries[0])
-        return
-    try:
-        fns = worker.fns
-        runs = []
-        for entry in entries:  # (none has a memory limit: see Core._top_up)
-            fn_bytes: bytes | None = None if fns.touch(entry.fn_id) else entry.fn_bytes
-            runs.append((entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes, entry.memory_limit))
-        frame = pickle.dumps((RUN_MANY, runs), -1)
-    except BaseException:
-        if core.sent(worker, rights):
-            _close_worker_pipe(worker)
-        raise
-    _send_frame(core, worker, frame, rights)
 
 
-def _send_frame(core: Core, worker: WorkerSlot, frame: bytes, rights: int = 1) -> None:
-    try:
-        worker.conn.send_bytes(frame)
-    except (OSError, ValueError):
-        pass  # the worker died; its sentinel tells the I/O thread, which fails the job
-    finally:
-        if core.sent(worker, rights):
-            _close_worker_pipe(worker)
 
 
-def process_rss(pid: int | None) -> int:
-    """A process's resident memory in bytes (0 if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import psutil
-
-        return int(psutil.Process(pid).memory_info().rss)
-    except Exception:
-        return 0
 
 
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
-def _descendants(pid: int) -> list[Any]:
-    """psutil handles on every process below ``pid`` (they check their own
-    identity before a signal, so a pid reused meanwhile is never hit)."""
-    try:
-        import psutil
-
-        return list(psutil.Process(pid).children(recursive=True))
-    except Exception:
-        return []
 
 
-def _children_map() -> dict[int, list[int]]:
-    """Parent pid -> child pids, for every process, from one scan."""
-    children: dict[int, list[int]] = {}
-    try:
-        import psutil
-
-        for proc in psutil.process_iter(["ppid"]):
-            children.setdefault(proc.info["ppid"], []).append(proc.pid)
-    except Exception:  # pragma: no cover - /proc unreadable
-        pass
-    return children
 
 
-def tree_rss(pid: int, children: dict[int, list[int]]) -> int:
-    """Resident memory of ``pid`` and every process below it."""
-    total, todo = 0, [pid]
-    while todo:
-        current = todo.pop()
-        total += process_rss(current)
-        todo.extend(children.get(current, ()))
-    return total
 
 
-def _close(conn: Any) -> None:
-    try:
-        conn.close()
-    except OSError:  # pragma: no cover
-        pass
 
 
-def describe_exit(exitcode: int | None) -> tuple[str | None, str, str]:
-    """(signal name, what happened, likely cause) for a dead worker's exit code."""
-    if exitcode is not None and exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return name, f"was killed by {name} (signal {-exitcode})", _SIGNAL_HINTS.get(name, "")
-    if exitcode is None:
-        return None, "vanished without an exit status", ""
-    return None, f"exited with code {exitcode}", "os._exit(), or exit() in native code, ended it mid-job"
 
 
 class Supervisor:
@@ -449,7 +352,7 @@ class Supervisor:
         try:
             process = self.context.Process(
                 target=worker_main,
-                args=(child_conn, lane.name, _worker_config(lane.spec)),
+                args=(child_conn, lane.name, worker_config(lane.spec)),
                 name=f"procq-worker-{self.name}-{lane.name}",
                 daemon=False,
             )
@@ -459,7 +362,7 @@ class Supervisor:
             raise
         finally:
             child_conn.close()  # the child has its own copy now
-        return WorkerSlot(lane, process, parent_conn, sentinel=_pidfd(process.pid))
+        return WorkerSlot(lane, process, parent_conn, sentinel=pidfd(process.pid))
 
     def _start_untrusted(self, lane: LaneState) -> WorkerSlot:
         """A fresh interpreter (``python -I``): it inherits no memory, no
@@ -469,14 +372,14 @@ class Supervisor:
         parent_conn, child_conn = self.context.Pipe(duplex=True)
         env = dict(os.environ) if spec.inherit_env else {}
         env.update(spec.env or {})
-        config = _worker_config(spec)
+        config = worker_config(spec)
         code = (
             "import sys, json; sys.path[:0] = json.loads(sys.argv[4]); "
-            "from procq._worker import exec_main; exec_main()"
+            "from procq._worker_untrusted import exec_main; exec_main()"
         )
         argv = [
             sys.executable, "-I", "-c", code,
-            json.dumps(config), str(child_conn.fileno()), str(self._alive_r), json.dumps(_import_path()),
+            json.dumps(config), str(child_conn.fileno()), str(self._alive_r), json.dumps(import_path()),
         ]
         try:
             popen = subprocess.Popen(
@@ -493,7 +396,7 @@ class Supervisor:
             raise
         finally:
             child_conn.close()
-        process = _ExecProcess(popen)
+        process = ExecProcess(popen)
         limit = (spec.max_result or 0) + MESSAGE_SLACK
         what = f"the lane's max_result_bytes of {spec.max_result}"
         reader = FrameReader(parent_conn.fileno(), limit, what, trailer=len(FROM_WORKER))
@@ -538,15 +441,15 @@ class Supervisor:
         wakeups: list[Callable[[], None]] = []
         reports = []
         for frame in frames:
-            message = _decode_trusted(frame, worker)
+            message = decode_trusted(frame, worker)
             if len(message) == 1:  # READY: before any job, so no report waits
                 batch = self._on_message(worker, message, wakeups)
                 if batch:
                     send_jobs(self.core, worker, batch)
             else:
-                reports.append(_report(worker, message))
+                reports.append(report(worker, message))
         if reports:
-            if _over_rss(worker):
+            if over_rss(worker):
                 job_id, outcome, _, crashed = reports[-1]
                 reports[-1] = (job_id, outcome, True, crashed)
             batch, status, taken = self.core.jobs_done(worker, reports, wakeups)
@@ -682,7 +585,7 @@ class Supervisor:
         entry = worker.entry
         if entry is not None and not worker.retired:
             what = f"closing its pipe and running on ({EOF_GRACE:g}s later it was still alive, and was killed)"
-            self.core.decide_kill(worker, entry, _protocol_failure(worker, entry, what))
+            self.core.decide_kill(worker, entry, protocol_failure(worker, entry, what))
         self._kill_tree(worker)
 
     def _on_message(
@@ -698,14 +601,14 @@ class Supervisor:
                 return []
             ready = self.core.worker_ready(worker)
             return [] if ready is None else [ready]
-        job_id, tag = message[0], message[1]
+        job_id = message[0]
         held = worker.entry
         if held is None or held.job_id != job_id:
             what = "while it held no job" if held is None else f"while it held job {held.key!r}"
             self._violation(worker, f"a message about job id {job_id} {what}")
             return []
-        _, outcome, retire, _ = _report(worker, message)
-        if _over_rss(worker):
+        _, outcome, retire, _ = report(worker, message)
+        if over_rss(worker):
             retire = True
         batch, status = self.core.job_done(worker, job_id, outcome, retire, wakeups)
         if status == "retire":
@@ -717,7 +620,7 @@ class Supervisor:
         kind "protocol", kill it, and let ``_on_death`` replace it."""
         entry = worker.entry
         if entry is not None:
-            self.core.decide_kill(worker, entry, _protocol_failure(worker, entry, what))
+            self.core.decide_kill(worker, entry, protocol_failure(worker, entry, what))
         self.core.doom(worker)
         self._unwatch(worker.conn)
         self._kill_tree(worker)
@@ -729,7 +632,7 @@ class Supervisor:
         with self.core.lock:
             close_now = worker.sending == 0
         if close_now:
-            _close_worker_pipe(worker)
+            close_worker_pipe(worker)
         self._kill_at[worker] = time.monotonic() + STOP_GRACE
         self._start_worker(worker.lane, reserved=True)
 
@@ -738,7 +641,7 @@ class Supervisor:
         watched = self.core.memory_limited()
         if not watched:
             return
-        children = _children_map()
+        children = children_map()
         for worker, entry in watched:
             limit = entry.memory_limit
             assert limit is not None and worker.pid is not None
@@ -765,7 +668,7 @@ class Supervisor:
         self.core.doom(worker)  # from now on it gets no job
         conn, process = worker.conn, worker.process
         # Whatever it left behind in its process group goes with it.
-        _signal_group(worker.pid, signal.SIGKILL)
+        signal_group(worker.pid, signal.SIGKILL)
         # A result written just before the death still counts.
         self._drain(worker)
         self._kill_at.pop(worker, None)  # (after the drain, which may see EOF and set it)
@@ -794,8 +697,8 @@ class Supervisor:
         self._unwatch(conn)
         self._unwatch(worker.sentinel)
         if close_now:
-            _close_worker_pipe(worker)
-        _close_sentinel(worker)
+            close_worker_pipe(worker)
+        close_sentinel(worker)
         process.close()
         # Waiters first: starting a process takes milliseconds, and the lane
         # already counts the replacement as alive.
@@ -823,9 +726,9 @@ class Supervisor:
         if grace <= 0 or worker.pid is None:
             self._kill_tree(worker)
             return
-        descendants = _descendants(worker.pid)
-        _signal_group(worker.pid, signal.SIGTERM)
-        _signal(worker, signal.SIGTERM)
+        descendants = find_descendants(worker.pid)
+        signal_group(worker.pid, signal.SIGTERM)
+        signal_worker(worker, signal.SIGTERM)
         for child in descendants:
             try:
                 child.terminate()
@@ -842,11 +745,11 @@ class Supervisor:
             return
         found: list[Any] = []
         if not worker.dead:  # once reaped, its pid (and group id) may be someone else's
-            found = _descendants(pid)
+            found = find_descendants(pid)
             # The worker leads its own session (see _worker), so its group is its tree;
             # before it has called setsid() there is no such group and this fails harmlessly.
-            _signal_group(pid, signal.SIGKILL)
-            _signal(worker, signal.SIGKILL)
+            signal_group(pid, signal.SIGKILL)
+            signal_worker(worker, signal.SIGKILL)
         for child in [*found, *(descendants or ())]:
             try:
                 child.kill()
@@ -871,7 +774,7 @@ class Supervisor:
                 w.doomed = True
             closable = [w for w in workers if w.sending == 0]
         for w in closable:
-            _close_worker_pipe(w)
+            close_worker_pipe(w)
         deadline = time.monotonic() + STOP_GRACE
         alive: dict[Any, WorkerSlot] = {w.sentinel: w for w in workers}
         while alive:
@@ -883,12 +786,12 @@ class Supervisor:
         for w in alive.values():
             self._kill_tree(w)
         for w in workers:
-            _signal_group(w.pid, signal.SIGKILL)  # jobs' leftovers
+            signal_group(w.pid, signal.SIGKILL)  # jobs' leftovers
             w.process.join()
             # A worker still holding a job here means the loop itself failed:
             # the job must still end, so no handle hangs.
             run_wakeups(self.core.worker_died(w, _stopped)[1])
-            _close_sentinel(w)
+            close_sentinel(w)
             w.process.close()
         self.core.handoffs()  # (nothing is sent any more)
         self._by_object.clear()
@@ -901,172 +804,28 @@ class Supervisor:
             os.close(self._wake_w)
 
 
-def _report(worker: WorkerSlot, message: tuple[Any, ...]) -> tuple[int, Completed[Any] | Failed, bool, bool]:
-    """``(job_id, outcome, retire, crashed)`` from a trusted worker's decoded
-    report of a job's end (``crashed`` is always False: a trusted job that
-    crashes takes its worker with it, which ``worker_died`` reports)."""
-    job_id, tag = message[0], message[1]
-    outcome: Completed[Any] | Failed
-    if tag == OK:
-        outcome = message[2]  # Completed, or Failed: the result did not unpickle
-        if type(outcome) is Failed:
-            outcome = Failed(replace(outcome.failure, pid=worker.pid))
-        return job_id, outcome, False, False
-    # (kind "protocol" here: the worker refused to send a result over
-    # max_result_bytes; it broke nothing and stays.)
-    kind, exc_type, text, tb, exception = message[2:7]
-    outcome = Failed(Failure(kind, text, exc_type, tb, pid=worker.pid, exception=exception))
-    # A job that went over its memory limit leaves a worker that may be
-    # bloated or half broken (and maybe children): it is replaced.
-    return job_id, outcome, kind == "memory", False
 
 
-def _over_rss(worker: WorkerSlot) -> bool:
-    """Is the worker's resident memory past its lane's ``max_worker_rss``?"""
-    limit = worker.lane.spec.max_worker_rss_bytes
-    return limit is not None and process_rss(worker.pid) > limit
 
 
-def _protocol_failure(worker: WorkerSlot, entry: Entry, what: str) -> Failure:
-    return Failure(
-        "protocol",
-        f"the worker (pid {worker.pid}, lane {worker.lane.name!r}) running job {entry.key!r} broke procq's "
-        f"protocol with {what}; the job failed and the worker was replaced",
-        pid=worker.pid,
-    )
 
 
-def _decode_trusted(frame: bytes | bytearray, worker: WorkerSlot) -> tuple[Any, ...]:
-    """A trusted worker's message, unpickled: ``(READY,)``,
-    ``(job_id, OK, Completed | Failed)`` or
-    ``(job_id, ERROR, kind, exc_type, message, traceback, exception)``.
-
-    A result travels pickled once, in its message (no pickle inside a pickle:
-    a large output is copied once on each side, as the pipe forces). So a
-    message that fails to unpickle cannot say which job it was for; it is the
-    result of the job the worker is running, since a worker reports its jobs
-    in order and reports nothing else while it runs one."""
-    try:
-        message = pickle.loads(frame)
-    except Exception as exc:
-        failure = Failure(
-            "error",
-            f"the job's result could not be unpickled in the supervisor: {exc!r}",
-            exc_type=type(exc).__qualname__,
-        )
-        held = worker.entry
-        return (-1 if held is None else held.job_id, OK, Failed(failure))
-    job_id, tag = message[0], message[1]
-    if tag == READY:
-        return (READY,)
-    if tag == OK:
-        return (job_id, OK, Completed(message[2]))
-    exc_bytes, exc_type, text, tb, kind = message[2:7]
-    exception = None
-    if exc_bytes is not None:
-        try:
-            exception = pickle.loads(exc_bytes)
-            exception.__cause__ = _RemoteTraceback(tb)
-        except Exception as exc:
-            text = f"{text} (the exception could not be unpickled in the supervisor: {exc!r})"
-            exception = None
-    return (job_id, ERROR, kind, exc_type, text, tb, exception)
 
 
-def _worker_config(spec: Lane) -> dict[str, Any]:
-    """What a worker needs to know of its lane, as plain data (it travels as JSON)."""
-    return {
-        "max_result_bytes": spec.max_result,
-        "rlimits": spec.rlimits,
-        "env": spec.env,
-        "inherit_env": spec.inherit_env,
-        # A trusted worker may be forked from a forkserver started long ago:
-        # it takes the supervisor's environment as it is now, not as it was then.
-        "environ": dict(os.environ) if spec.trusted and spec.inherit_env else None,
-        "cwd": spec.cwd,
-    }
 
 
-def _import_path() -> list[str]:
-    """The supervisor's import path, for an untrusted worker started with
-    ``-I`` (which ignores PYTHONPATH and the current directory): it must import
-    procq and the modules the jobs' functions come from."""
-    return [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
 
 
-class _ExecProcess:
-    """The parts of ``multiprocessing.Process`` the supervisor uses, for a
-    worker started with ``subprocess``."""
-
-    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
-        self._popen = popen
-        self.pid: int = popen.pid
-        self.sentinel = _pidfd(popen.pid)
-        if self.sentinel is None:  # pragma: no cover - no pidfds: Linux < 5.3 or not Linux
-            raise OSError("untrusted lanes need pidfd_open (Linux 5.3 or later)")
-
-    @property
-    def exitcode(self) -> int | None:
-        return self._popen.returncode
-
-    def join(self) -> None:
-        self._popen.wait()
-
-    def close(self) -> None:
-        pass  # its sentinel is closed with the worker's (see _close_sentinel)
 
 
-def _pidfd(pid: int | None) -> int | None:
-    """A descriptor that becomes readable when ``pid`` exits, or None.
-
-    Better than ``multiprocessing``'s sentinel, a pipe the child holds open:
-    a job's child inherits that pipe and would hide the worker's death from
-    the supervisor for as long as it lives.
-    """
-    if pid is None or not hasattr(os, "pidfd_open"):
-        return None
-    try:
-        return os.pidfd_open(pid)
-    except OSError:  # pragma: no cover - already gone, or no pidfd support
-        return None
 
 
-def _close_sentinel(worker: WorkerSlot) -> None:
-    """Close the worker's pidfd, if it has one (a ``multiprocessing``
-    sentinel is closed by ``Process.close``)."""
-    process = worker.process
-    if isinstance(worker.sentinel, int) and (isinstance(process, _ExecProcess) or worker.sentinel != process.sentinel):
-        try:
-            os.close(worker.sentinel)
-        except OSError:  # pragma: no cover
-            pass
 
 
-def _close_worker_pipe(worker: WorkerSlot) -> None:
-    _close(worker.conn)
-    if worker.reader is not None:
-        worker.reader.close()
-    if worker.inbox is not None:
-        worker.inbox.close()
 
 
-def _signal_group(pid: int | None, sig: int) -> None:
-    if pid is None or not hasattr(os, "killpg"):
-        return
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
-def _signal(worker: WorkerSlot, sig: int) -> None:
-    """Signal the worker itself, unless it has been reaped (its pid may be reused)."""
-    if worker.dead or worker.pid is None:
-        return
-    try:
-        os.kill(worker.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _cannot_start(lane: LaneState, failures: int, how: str) -> Callable[[Entry], Failure]:

@@ -11,7 +11,16 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, Mapping, TypeVar, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Generic,
+    Literal,
+    Mapping,
+    TypeVar,
+    Union,
+)
 
 if TYPE_CHECKING:
     from procq._handle import JobHandle

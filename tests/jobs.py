@@ -27,7 +27,7 @@ def worker_pid() -> int:
     for an untrusted lane's job (which runs in a process its worker forked for it)."""
     frame: Any = sys._getframe()
     while frame is not None:
-        if frame.f_code.co_name == "_run_job" and frame.f_code.co_filename.endswith("_worker.py"):
+        if frame.f_code.co_name == "_run_job" and frame.f_code.co_filename.endswith("_worker_untrusted.py"):
             return os.getppid()
         frame = frame.f_back
     return os.getpid()

@@ -1,0 +1,441 @@
+"""An untrusted lane's worker: a clean process that runs each job in a
+process forked for it, and relays that process's answer.
+
+It is a fresh interpreter (``python -I``) started by the supervisor, not a
+``multiprocessing`` child, and it never runs job code or unpickles anything a
+job sent: so a hostile job cannot see the supervisor's pipe, another job's
+work, or what the worker does next. What a job's process writes is relayed
+with a trailer byte that says so (see ``_protocol``), and the supervisor
+checks every message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import socket
+import struct
+import sys
+import traceback
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any, NoReturn
+
+from procq._protocol import (
+    CUT_SHORT,
+    FROM_JOB,
+    FROM_WORKER,
+    RUN,
+    FnMirror,
+    frame_header,
+    json_dumps,
+)
+from procq._values import format_size
+from procq._worker import (
+    _PR_SET_PDEATHSIG,
+    ResultTooLarge,
+    _address_space,
+    _boot,
+    _close_inherited_fds,
+    _Json,
+    _rlimit,
+    setup,
+)
+
+__all__ = ["exec_main"]
+
+
+def exec_main() -> None:
+    """An untrusted lane's worker: a fresh interpreter started by the
+    supervisor as ``python -I -c ... CONFIG CONN_FD ALIVE_FD``.
+
+    It never runs job code, and never unpickles anything a job sent: each job
+    runs in a process of its own, forked for it (see ``_serve_forking``). The
+    lane's ``rlimits`` are set in those processes, not here.
+    """
+    _boot()
+    config = json.loads(sys.argv[1])
+    conn_fd, alive_fd = int(sys.argv[2]), int(sys.argv[3])
+    conn = Connection(conn_fd)
+    setup({**config, "rlimits": None}, {conn_fd, alive_fd})
+    # No thread watches the supervisor here (this loop waits on its liveness
+    # pipe itself), so forking a job's process is safe.
+    _set_pdeathsig()
+    _set_dumpable(False)
+    # What every job's process needs, imported once here rather than in each of them.
+    import fcntl  # noqa: F401
+    import resource  # noqa: F401
+    import select  # noqa: F401
+    import termios  # noqa: F401
+    from multiprocessing import resource_tracker  # noqa: F401
+
+    _run_untrusted(conn, config, alive_fd)
+
+
+
+
+# --- untrusted lanes: a forked process per job --------------------------------------
+
+_PR_SET_DUMPABLE = 4
+_RELAY_CHUNK = 1 << 16
+
+# The running job's process, while there is one (read by the SIGTERM handler).
+_child_pid = 0
+_terminating = False
+
+
+_prctl: Any = None
+
+
+def _prctl_call(option: int, value: int) -> None:
+    """``prctl(option, value)`` on Linux (libc looked up once per worker, not
+    in every job's process)."""
+    global _prctl
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        if _prctl is None:
+            import ctypes
+
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        _prctl(option, value, 0, 0, 0)
+    except Exception:  # pragma: no cover - exotic libc
+        pass
+
+
+def _set_pdeathsig() -> None:
+    """Have the kernel SIGKILL this process when its parent dies."""
+    _prctl_call(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _set_dumpable(on: bool) -> None:
+    """A process that is not "dumpable" cannot be traced, nor its ``/proc``
+    entries (descriptors, memory, environment) read, by other processes of the
+    same user without privileges. Its forked children inherit that."""
+    _prctl_call(_PR_SET_DUMPABLE, int(on))
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (a timeout or a cancel, sent to the worker's whole process
+    group): with a job running, the worker waits for the job's process, which
+    got the signal too and may clean up, and dies after it; idle, at once."""
+    global _terminating
+    if _child_pid:
+        _terminating = True
+    else:
+        _die_of(signal.SIGTERM)
+
+
+def _die_of(sig: int) -> None:
+    signal.signal(sig, signal.SIG_DFL)
+    os.kill(os.getpid(), sig)
+    os._exit(128 + sig)  # pragma: no cover - the signal ends us first
+
+
+def _run_untrusted(conn: Connection, config: dict[str, Any], alive_fd: int) -> None:
+    try:
+        _serve_forking(conn, config, alive_fd)
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        pass  # the supervisor closed our pipe, or died: nothing is left to do
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def _serve_forking(conn: Connection, config: dict[str, Any], alive_fd: int) -> None:
+    """The untrusted worker's loop: for each RUN frame, fork a process that
+    runs the job (``_job_process``), relay what it writes (``_Relay``), and
+    report its exit status: ``["exit", job_id, returncode]``.
+
+    The function cache holds functions' pickled bytes, never the functions:
+    unpickling them is the job process's work.
+    """
+    import select
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    fns = FnMirror()
+    conn_fd = conn.fileno()
+    send, recv, loads = conn.send_bytes, conn.recv_bytes, pickle.loads
+    send(json_dumps(["ready"]) + FROM_WORKER)
+    while True:
+        if _terminating:
+            _die_of(signal.SIGTERM)
+        ready, _, _ = select.select([conn_fd, alive_fd], [], [])
+        if alive_fd in ready:
+            return  # the supervisor died
+        try:
+            frame = recv()
+        except (EOFError, OSError):
+            return
+        # The supervisor's own pickle of plain values: the job's bytes stay bytes.
+        tag, job_id, fn_id, fn_bytes, args_bytes, memory_limit = loads(frame)
+        assert tag == RUN
+        if fn_bytes is None:
+            fn_bytes = fns.get(fn_id)
+            fns.touch(fn_id)
+        else:
+            fns.touch(fn_id, fn_bytes)
+        returncode = _fork_job(conn_fd, alive_fd, config, job_id, fn_bytes, args_bytes, memory_limit)
+        if returncode is None:
+            return  # the supervisor died while the job ran
+        if _terminating:
+            _die_of(signal.SIGTERM)  # its job is ended by the supervisor; nothing to report
+        send(json_dumps(["exit", job_id, returncode]) + FROM_WORKER)
+
+
+def _fork_job(
+    conn_fd: int, alive_fd: int, config: dict[str, Any], job_id: int, fn_bytes: bytes, args_bytes: bytes, memory_limit: int | None
+) -> int | None:
+    """Run one job in a forked process; relay its frames to ``conn_fd``.
+    Returns its exit status once it has exited, or None if the supervisor died."""
+    global _child_pid
+    sys.stdout.flush()
+    sys.stderr.flush()
+    ours, theirs = socket.socketpair()
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the job's process (coverage does not follow it)
+            _job_process(theirs, job_id, fn_bytes, args_bytes, memory_limit, config)
+        _child_pid = pid
+    finally:
+        theirs.close()
+    try:
+        ours.shutdown(socket.SHUT_WR)  # the job reads nothing from the worker: EOF at once
+        relay = _Relay(conn_fd)
+        returncode = _relay_until_exit(pid, ours, alive_fd, relay)
+        if returncode is not None:
+            relay.finish()
+        return returncode
+    finally:
+        _child_pid = 0
+        ours.close()
+
+
+def _relay_until_exit(pid: int, channel: socket.socket, alive_fd: int, relay: _Relay) -> int | None:
+    """Copy what the job's process writes until it exits; then what it left
+    unread in the channel, and no more (a process it started may still hold
+    the channel open, and is no reason to wait). Its exit status, or None if
+    the supervisor died first (then the job's process is killed)."""
+    import select
+
+    pidfd = os.pidfd_open(pid)
+    try:
+        poller = select.poll()
+        chan_fd = channel.fileno()
+        poller.register(chan_fd, select.POLLIN)
+        poller.register(pidfd, select.POLLIN)
+        poller.register(alive_fd, select.POLLIN)
+        open_channel = True
+        exited = False
+        while not exited:
+            for fd, _ in poller.poll():
+                if fd == alive_fd:
+                    os.kill(pid, signal.SIGKILL)
+                    return None
+                if fd == pidfd:
+                    exited = True
+                elif fd == chan_fd:
+                    data = channel.recv(_RELAY_CHUNK)
+                    if data:
+                        relay.feed(data)
+                    else:
+                        poller.unregister(chan_fd)
+                        open_channel = False
+        if open_channel:
+            import fcntl
+            import termios
+
+            left = struct.unpack("i", fcntl.ioctl(chan_fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+            while left > 0:
+                try:
+                    data = channel.recv(min(left, _RELAY_CHUNK), socket.MSG_DONTWAIT)
+                except (BlockingIOError, InterruptedError):
+                    break
+                if not data:
+                    break
+                relay.feed(data)
+                left -= len(data)
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+    finally:
+        os.close(pidfd)
+
+
+class _Relay:
+    """Copies the job process's frames to the supervisor as they arrive, the
+    body verbatim, and marks each as the job's: a length prefix one byte
+    longer, and ``FROM_JOB`` after the body (see ``_protocol``). It reads
+    nothing but the length prefixes; checking what the frames hold is the
+    supervisor's work.
+
+    A length prefix no frame can have (negative) is passed on as it is, for
+    the supervisor to refuse; nothing after it is relayed.
+    """
+
+    __slots__ = ("_broken", "_fd", "_head", "_left")
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._head = bytearray()  # the length prefix being read
+        self._left: int | None = None  # bytes of the current body still to come
+        self._broken = False
+
+    def feed(self, data: bytes) -> None:
+        out: list[bytes | memoryview] = []
+        view = memoryview(data)
+        while view and not self._broken:
+            left = self._left
+            if left is not None:
+                part = view[:left]
+                out.append(part)
+                view = view[len(part) :]
+                self._left = left - len(part)
+                if self._left == 0:
+                    out.append(FROM_JOB)
+                    self._left = None
+                continue
+            head = self._head
+            want = 12 if len(head) >= 4 and head[:4] == b"\xff\xff\xff\xff" else 4
+            part = view[: want - len(head)]
+            head += part
+            view = view[len(part) :]
+            if len(head) < want:
+                continue
+            (size,) = struct.unpack("!i", head[:4])
+            if size == -1:
+                if len(head) < 12:
+                    continue
+                (size,) = struct.unpack("!Q", head[4:12])
+            elif size < 0:
+                out.append(bytes(head))
+                self._broken = True
+                break
+            head.clear()
+            out.append(frame_header(size + 1))
+            if size:
+                self._left = size
+            else:
+                out.append(FROM_JOB)
+        if out:
+            _write_all(self._fd, b"".join(out))
+
+    def finish(self) -> None:
+        """The job's process has exited: complete a frame it left unfinished
+        (zeros, then ``CUT_SHORT``), so the worker's own frame that follows is
+        read as one."""
+        if self._broken:
+            return
+        if self._head:
+            self._head.clear()
+            _write_all(self._fd, frame_header(1) + CUT_SHORT)
+        elif self._left is not None:
+            zeros = bytes(min(self._left, _RELAY_CHUNK))
+            while self._left:
+                n = min(self._left, len(zeros))
+                _write_all(self._fd, zeros[:n])
+                self._left -= n
+            _write_all(self._fd, CUT_SHORT)
+            self._left = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _job_process(
+    channel: socket.socket, job_id: int, fn_bytes: bytes, args_bytes: bytes, memory_limit: int | None, config: dict[str, Any]
+) -> NoReturn:
+    """The forked process that runs one job and exits: it holds no descriptor
+    but the standard streams and ``channel`` (not the supervisor's pipe, not
+    the worker's), and runs under the lane's limits, set hard."""
+    code = 0
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        worker = os.getppid()
+        _set_pdeathsig()
+        if os.getppid() != worker:  # the worker died before the line above took effect
+            os._exit(1)
+        _close_inherited_fds({0, 1, 2, channel.fileno()})
+        conn = Connection(channel.detach())
+        _run_job(conn.send_bytes, job_id, fn_bytes, args_bytes, memory_limit, config)
+    except (BrokenPipeError, ConnectionResetError):
+        code = 1  # the job closed its channel: nobody is left to tell
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _hard_limits(rlimits: dict[str, int], memory_limit: int | None) -> None:
+    """Set the lane's ``rlimits`` and the job's ``memory_limit`` in a job's
+    own process, soft and hard alike, so the job cannot raise them. The CPU
+    time counts from the process's start; SIGXCPU ends it at the limit, and
+    SIGKILL a second later if it handled SIGXCPU."""
+    import resource
+
+    for name, value in rlimits.items():
+        if name == "cpu":
+            continue
+        resource.setrlimit(_rlimit(name), (value, value))
+    if "cpu" in rlimits:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGXCPU ends it: no core file
+        _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+        cpu = rlimits["cpu"]
+        if hard != resource.RLIM_INFINITY:
+            cpu = min(cpu, hard - 1)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    if memory_limit is not None:
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = _address_space() + memory_limit
+        if hard != resource.RLIM_INFINITY:
+            limit = min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _run_job(
+    send: Callable[[bytes], None], job_id: int, fn_bytes: bytes, args_bytes: bytes, memory_limit: int | None, config: dict[str, Any]
+) -> None:
+    """Run one job of an untrusted lane (in its own process) and send its
+    result or error, as JSON, marked as the job's by the relay."""
+    codec = _Json()
+    try:
+        _hard_limits(config.get("rlimits") or {}, memory_limit)
+    except BaseException as exc:
+        send(codec.error(job_id, "error", exc, "(the lane's rlimits could not be set in the job's process)"))
+        return
+    try:
+        fn = pickle.loads(fn_bytes)
+        args, kwargs = pickle.loads(args_bytes)
+    except BaseException as exc:
+        send(codec.error(job_id, "error", exc, "(the job's function or arguments could not be unpickled in the worker)"))
+        return
+    try:
+        result = fn(*args, **kwargs) if kwargs else fn(*args)
+    except MemoryError as exc:
+        note = "" if memory_limit is None else f"(the job went over its memory_limit of {format_size(memory_limit)})"
+        send(codec.error(job_id, "memory", exc, note))
+        return
+    except BaseException as exc:
+        send(codec.error(job_id, "error", exc))
+        return
+    try:
+        data = codec.ok(job_id, result)
+    except BaseException as exc:
+        note = f"(the job's result, a {type(result).__name__}, could not be encoded as JSON (an untrusted lane's results must be))"
+        send(codec.error(job_id, "error", exc, note))
+        return
+    del result
+    max_result: int | None = config.get("max_result_bytes")
+    if max_result is not None and len(data) > max_result:
+        too_large = ResultTooLarge(f"the job's result is {len(data)} bytes, more than the lane's max_result_bytes of {max_result}")
+        send(codec.error(job_id, "protocol", too_large))
+        return
+    send(data)
