@@ -5,6 +5,10 @@ supervisor's I/O thread (``_supervisor.py``) change state only through the
 methods here. Nothing here touches a pipe or a process: methods that decide
 something another party must act on return it (a worker to send a job to, a
 list of wake-ups to run) and the caller acts once the lock is released.
+``Core`` has two mixins, each a module of its own: ``_ended.EndedKeys`` (the
+ended keys and their retention) and ``_stopping.Stopping`` (ending jobs from
+outside: time and memory limits, ``q.cancel``, closing without waiting). Its
+bookkeeping objects (an entry, a worker slot, a lane) are in ``_entries``.
 
 One lock
 --------
@@ -52,7 +56,6 @@ import itertools
 import random
 import threading
 import time
-from collections import deque
 from dataclasses import replace
 from typing import Any, Callable, Union
 
@@ -66,9 +69,12 @@ from procq._entries import (
     Entry,
     LaneState,
     WorkerSlot,
+    current_timer,
+    run_wakeups,
 )
 from procq._errors import QueueClosed
 from procq._retention import Done, Fell, Keeper, Record
+from procq._stopping import Stopping
 from procq._values import (
     Completed,
     Failed,
@@ -109,7 +115,7 @@ Offer = Union[WorkerSlot, str]
 Claim = tuple[str, Any, Union[tuple[str, Any], None]]
 
 
-class Core(EndedKeys):
+class Core(EndedKeys, Stopping):
     """The state map and the lanes. Every method takes ``lock`` itself."""
 
     def __init__(
@@ -827,111 +833,10 @@ class Core(EndedKeys):
             while heap and (heap[0][2].status != PROCESSING or heap[0][2].deadline != heap[0][0]):
                 heapq.heappop(heap)
             timers = self._timers
-            while timers and not _current_timer(timers[0]):
+            while timers and not current_timer(timers[0]):
                 heapq.heappop(timers)
             times = [h[0][0] for h in (heap, timers) if h]
             return min(times) if times else None
-
-    def expired(self, now: float) -> list[WorkerSlot]:
-        """Workers whose job ran past its deadline; each is marked doomed, its
-        job given a ``timeout`` kill reason. The caller kills them."""
-        doomed: list[WorkerSlot] = []
-        with self.lock:
-            heap = self._deadlines
-            while heap and heap[0][0] <= now:
-                deadline, _, entry = heapq.heappop(heap)
-                if entry.status != PROCESSING or entry.kill_reason is not None or entry.deadline != deadline:
-                    continue
-                worker = entry.worker
-                if worker is None or worker.entry is not entry:
-                    continue
-                limit = entry.job.timeout
-                whose = "its timeout"
-                if limit is None:
-                    limit, whose = entry.lane.spec.timeout, f"the timeout of lane {entry.lane.name!r}"
-                entry.kill_reason = Failure(
-                    "timeout",
-                    f"job {entry.key!r} ran longer than {whose} of {limit:g}s; "
-                    f"its worker (pid {worker.pid}) and that process's tree were killed",
-                    pid=worker.pid,
-                )
-                worker.doomed = True
-                doomed.append(worker)
-        return doomed
-
-    def memory_limited(self) -> list[tuple[WorkerSlot, Entry]]:
-        """Running jobs with a memory limit, with their workers."""
-        with self.lock:
-            if not self.memory_jobs:
-                return []
-            return [
-                (w, w.entry)
-                for lane in self.lanes.values()
-                for w in lane.workers
-                if w.entry is not None and w.entry.memory_limit is not None and w.entry.kill_reason is None
-            ]
-
-    def decide_kill(self, worker: WorkerSlot, entry: Entry, failure: Failure) -> bool:
-        """Decide that ``entry``, running on ``worker``, ends with ``failure``
-        and its worker is killed. False if that was decided already, or the job
-        has moved on meanwhile: then the caller must not kill the worker."""
-        with self.lock:
-            if worker.entry is not entry or entry.kill_reason is not None:
-                return False
-            entry.kill_reason = failure
-            worker.doomed = True
-            return True
-
-    # --- cancelling -----------------------------------------------------------
-
-    def cancel(self, key: str) -> tuple[bool, WorkerSlot | None]:
-        """Cancel the live job of ``key``.
-
-        A waiting job ends ``Failed("cancelled")`` now. A running one is given
-        that as its kill reason and the caller must kill its worker (returned).
-        Returns (False, None) for an unknown or terminal key, or a job whose
-        end was decided already (by a timeout, say).
-        """
-        wakeups: list[Wakeup] = []
-        with self.lock:
-            entry = self._keys.get(key)
-            if type(entry) is not Entry or entry.kill_reason is not None:
-                return False, None
-            failure = Failure("cancelled", f"job {key!r} was cancelled by q.cancel()")
-            if entry.status == PROCESSING:
-                worker = entry.worker
-                assert worker is not None
-                entry.kill_reason = replace(
-                    failure, message=f"{failure.message} while it ran; its worker's process tree was killed",
-                    pid=worker.pid,
-                )
-                worker.doomed = True
-                return True, worker
-            lane = entry.lane
-            if entry.timed:  # waiting for its not_before time or a retry's backoff
-                self._pending -= 1
-                wakeups = self._settle(entry, Failed(failure))  # (its timer goes stale)
-            elif _remove(lane.ready, entry) or _remove(lane.overdue, entry):
-                self._pending -= 1
-                wakeups = self._settle(entry, Failed(failure))
-                self._refill(lane, wakeups)
-            else:
-                for i, (blocked, wakeup) in enumerate(lane.blocked):
-                    if blocked is entry:
-                        del lane.blocked[i]
-                        self._pending -= 1
-                        wakeups = self._settle(entry, Failed(failure))
-                        wakeups.append(wakeup)  # its push returns Queued; the handle says cancelled
-                        break
-                else:
-                    # Claimed, and its push has not offered it yet: offer()
-                    # ends it instead of queuing it. Or sent ahead to a busy
-                    # worker (see _top_up): it ends cancelled when the worker
-                    # gets to it (it may start it before it learns), or at
-                    # once if the worker dies first.
-                    entry.kill_reason = failure
-        run_wakeups(wakeups)
-        return True, None
 
     def due(self, now: float) -> list[tuple[WorkerSlot, Entry]]:
         """Entries whose time has come enter their lanes. Returns the jobs the
@@ -943,7 +848,7 @@ class Core(EndedKeys):
             timers = self._timers
             while timers and timers[0][0] <= now:
                 item = heapq.heappop(timers)
-                if not _current_timer(item):
+                if not current_timer(item):
                     continue
                 entry = item[2]
                 entry.timed = False
@@ -966,47 +871,6 @@ class Core(EndedKeys):
             self.closing = True
             if self._live == 0:
                 self.drained.set()
-
-    def cancel_all(self, why: str) -> list[WorkerSlot]:
-        """Fail every waiting job as cancelled and doom every busy worker.
-        Returns the workers the caller must kill."""
-        doomed: list[WorkerSlot] = []
-        wakeups: list[Wakeup] = []
-        with self.lock:
-            # From here on offer() refuses: a push that claimed its key just
-            # before (and is still pickling) finds the door shut, not a worker.
-            self.cancelled = True
-            waiting = [item[2] for item in self._timers if _current_timer(item)]
-            self._timers.clear()
-            for lane in self.lanes.values():
-                waiting += lane.ready
-                waiting += lane.overdue
-                lane.ready.clear()
-                lane.overdue.clear()
-            for entry in waiting:
-                self._pending -= 1
-                wakeups += self._settle(entry, Failed(Failure("cancelled", f"job {entry.key!r} {why}")))
-            for lane in self.lanes.values():
-                for worker in lane.workers:
-                    for entry in worker.queue:  # sent ahead, not started: they end here
-                        entry.worker = None
-                        self._pending -= 1
-                        wakeups += self._settle(entry, Failed(Failure("cancelled", f"job {entry.key!r} {why}")))
-                    lane.prefetched -= len(worker.queue)
-                    worker.queue.clear()
-                    held = worker.entry
-                    if held is not None and held.kill_reason is None:
-                        held.kill_reason = Failure("cancelled", f"job {held.key!r} {why}", pid=worker.pid)
-                        worker.doomed = True
-                        doomed.append(worker)
-                # Blocked pushes are released here, not by their own threads
-                # or tasks, which may never run again if the caller is one.
-                for entry, wakeup in lane.blocked:
-                    wakeups += self._abandon(entry, "the queue was closed without waiting")
-                    wakeups.append(wakeup)
-                lane.blocked.clear()
-        run_wakeups(wakeups)
-        return doomed
 
     # --- waiting on an entry ----------------------------------------------------
 
@@ -1098,7 +962,7 @@ class Core(EndedKeys):
             assert completed == self._completed and failed == self._failed
             self.keeper.check(completed)
             for item in self._timers:
-                if _current_timer(item):
+                if current_timer(item):
                     assert self._keys.get(item[2].key) is item[2]
             for lane in self.lanes.values():
                 assert len(lane.ready) + lane.prefetched <= lane.spec.capacity
@@ -1128,10 +992,6 @@ def _low_mark(capacity: int) -> int:
     return capacity - capacity // 4 if capacity >= 16 else capacity - 1
 
 
-def _current_timer(item: tuple[float, int, Entry]) -> bool:
-    entry = item[2]
-    return entry.timed and entry.due == item[0] and entry.outcome is None
-
 
 def _summarize(history: list[Failure], last: Failure) -> Failure:
     """The final failure of a job that ran more than once: the last attempt's,
@@ -1140,20 +1000,3 @@ def _summarize(history: list[Failure], last: Failure) -> Failure:
     n = len(every)
     why = "; ".join(f"#{i} {f}" for i, f in enumerate(every, 1))
     return replace(last, message=f"{last.message} [{n} attempts, all failed: {why}]", attempts=n, history=every)
-
-
-def _remove(queue: deque[Entry], entry: Entry) -> bool:
-    try:
-        queue.remove(entry)
-    except ValueError:
-        return False
-    return True
-
-
-def run_wakeups(wakeups: list[Wakeup]) -> None:
-    """Run wake-ups with no lock held; one failing never stops the others."""
-    for wakeup in wakeups:
-        try:
-            wakeup()
-        except Exception:  # pragma: no cover - a waiter's loop closed under it
-            pass

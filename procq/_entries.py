@@ -24,7 +24,7 @@ from procq._values import (
 if TYPE_CHECKING:
     from procq._retention import Record
 
-__all__ = ["ABANDONED", "DONE", "PENDING", "PROCESSING", "Ended", "Entry", "LaneState", "WorkerSlot"]
+__all__ = ["ABANDONED", "DONE", "PENDING", "PROCESSING", "Ended", "Entry", "LaneState", "WorkerSlot", "current_timer", "run_wakeups"]
 
 Wakeup = Callable[[], None]
 
@@ -259,3 +259,19 @@ class LaneState:
         self.completed = 0
         self.failed = 0
         self.retries = 0  # failed attempts that were run again
+
+
+def current_timer(item: tuple[float, int, Entry]) -> bool:
+    """Is this item of a timer heap still the entry's timer? (Timers are
+    never removed from the heap: a moved or settled one just goes stale.)"""
+    entry = item[2]
+    return entry.timed and entry.due == item[0] and entry.outcome is None
+
+
+def run_wakeups(wakeups: list[Wakeup]) -> None:
+    """Run wake-ups with no lock held; one failing never stops the others."""
+    for wakeup in wakeups:
+        try:
+            wakeup()
+        except Exception:  # pragma: no cover - a waiter's loop closed under it
+            pass
