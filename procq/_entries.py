@@ -162,6 +162,7 @@ class WorkerSlot:
         "sending",
         "sentinel",
         "started",
+        "write_lock",
     )
 
     def __init__(self, lane: LaneState, process: Any, conn: Any, sentinel: Any = None, reader: Any = None) -> None:
@@ -182,6 +183,10 @@ class WorkerSlot:
         # only while ``entry`` is set; the worker runs them in this order.
         self.queue: deque[Entry] = deque()
         self.started = 0.0  # when ``entry`` started, as far as the supervisor knows
+        # Held while a frame is written to the pipe: a q.cancel() telling a
+        # busy worker to skip a job may write at the same time as the I/O
+        # thread sends it more (every other writer has the pipe to itself).
+        self.write_lock = threading.Lock()
         # Mirror of the worker's function cache (see _protocol.FnMirror).
         self.fns = FnMirror()
         # Threads that have been given this worker's pipe to send on and have

@@ -18,7 +18,7 @@ from procq._core import Core
 from procq._entries import Entry, WorkerSlot
 from procq._errors import _RemoteTraceback
 from procq._processes import process_rss
-from procq._protocol import ERROR, OK, READY, RUN, RUN_MANY
+from procq._protocol import CANCEL, ERROR, OK, READY, RUN, RUN_MANY, SKIPPED
 from procq._values import Completed, Failed, Failure
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "report",
     "send_job",
     "send_jobs",
+    "send_skip",
 ]
 
 
@@ -57,6 +58,18 @@ def send_job(core: Core, worker: WorkerSlot, entry: Entry) -> None:
     _send_frame(core, worker, frame)
 
 
+def send_skip(core: Core, worker: WorkerSlot, job_id: int) -> None:
+    """Tell ``worker`` to skip job ``job_id``, which it holds unstarted
+    (``q.cancel``, from the cancelling thread, so that the worker has it
+    before ``cancel`` returns). Nothing is sent to a worker that is gone or
+    going."""
+    with core.lock:
+        if worker.dead or worker.retired or worker.doomed:
+            return
+        worker.sending += 1
+    _send_frame(core, worker, pickle.dumps((CANCEL, job_id), -1))
+
+
 def send_jobs(core: Core, worker: WorkerSlot, entries: list[Entry], rights: int = 1) -> None:
     """Send ``entries`` to ``worker`` in one frame; the caller holds ``rights``
     rights to send (see above), all given back after the one write."""
@@ -79,7 +92,8 @@ def send_jobs(core: Core, worker: WorkerSlot, entries: list[Entry], rights: int 
 
 def _send_frame(core: Core, worker: WorkerSlot, frame: bytes, rights: int = 1) -> None:
     try:
-        worker.conn.send_bytes(frame)
+        with worker.write_lock:  # one frame at a time, whole (see WorkerSlot.write_lock)
+            worker.conn.send_bytes(frame)
     except (OSError, ValueError):
         pass  # the worker died; its sentinel tells the I/O thread, which fails the job
     finally:
@@ -105,6 +119,10 @@ def report(worker: WorkerSlot, message: tuple[Any, ...]) -> tuple[int, Completed
         if type(outcome) is Failed:
             outcome = Failed(replace(outcome.failure, pid=worker.pid))
         return job_id, outcome, False, False
+    if tag == SKIPPED:
+        # q.cancel() gave the job its failure already (Core.jobs_done uses it);
+        # this one only stands in should that ever not be so.
+        return job_id, Failed(Failure("cancelled", f"job id {job_id} was skipped by its worker")), False, False
     # (kind "protocol" here: the worker refused to send a result over
     # max_result_bytes; it broke nothing and stays.)
     kind, exc_type, text, tb, exception = message[2:7]
@@ -131,7 +149,7 @@ def protocol_failure(worker: WorkerSlot, entry: Entry, what: str) -> Failure:
 
 def decode_trusted(frame: bytes | bytearray, worker: WorkerSlot) -> tuple[Any, ...]:
     """A trusted worker's message, unpickled: ``(READY,)``,
-    ``(job_id, OK, Completed | Failed)`` or
+    ``(job_id, OK, Completed | Failed)``, ``(job_id, SKIPPED)`` or
     ``(job_id, ERROR, kind, exc_type, message, traceback, exception)``.
 
     A result travels pickled once, in its message (no pickle inside a pickle:
@@ -154,6 +172,8 @@ def decode_trusted(frame: bytes | bytearray, worker: WorkerSlot) -> tuple[Any, .
         return (READY,)
     if tag == OK:
         return (job_id, OK, Completed(message[2]))
+    if tag == SKIPPED:
+        return (job_id, SKIPPED)
     exc_bytes, exc_type, text, tb, kind = message[2:7]
     exception = None
     if exc_bytes is not None:

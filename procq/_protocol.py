@@ -20,12 +20,20 @@ captured values changed since its last push is simply a new function.
 Supervisor -> worker, in full::
 
     (RUN, job_id, fn_id, fn_bytes | None, args_bytes, memory_limit | None)
+    (RUN_MANY, [(job_id, fn_id, fn_bytes | None, args_bytes, memory_limit), ...])
+                                       trusted lanes: jobs sent ahead, run in order
+    (CANCEL, job_id)                   trusted lanes: skip that job if not started
 
 Worker -> supervisor, trusted lanes (pickles)::
 
     (0, READY)                         once, when it is set up and takes jobs
-    (job_id, OK, result_bytes)
+    (job_id, OK, result)               the result pickled once, in the message
     (job_id, ERROR, exc_bytes | None, exc_type, message, traceback_text, kind)
+    (job_id, SKIPPED)                  a CANCEL came before the job started
+
+A trusted worker reports its jobs in the order it was sent them, one message
+each, so the supervisor always knows which one it is running: the first it
+has sent and not heard back about.
 
 Worker -> supervisor, untrusted lanes (UTF-8 JSON arrays, never unpickled).
 An untrusted lane's worker runs no job code: it forks a process for each job
@@ -70,6 +78,7 @@ from collections import OrderedDict
 from typing import Any
 
 __all__ = [
+    "CANCEL",
     "CUT_SHORT",
     "ERROR",
     "EXIT",
@@ -80,6 +89,7 @@ __all__ = [
     "READY",
     "RUN",
     "RUN_MANY",
+    "SKIPPED",
     "FnMirror",
     "FrameReader",
     "ProtocolError",
@@ -98,6 +108,8 @@ ERROR = 2
 READY = 3
 EXIT = 4
 RUN_MANY = 5
+CANCEL = 6
+SKIPPED = 7
 
 #: The last byte of an untrusted worker's frame: who wrote the rest of it.
 FROM_WORKER = b"w"
@@ -184,6 +196,8 @@ class FnMirror:
         held = self._held
         if fn_id in held:
             held.move_to_end(fn_id)
+            if value is not None:  # (a worker replacing a stand-in with the function)
+                held[fn_id] = value
             return True
         held[fn_id] = value
         if len(held) > self._size:

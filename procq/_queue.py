@@ -500,7 +500,9 @@ class ProcQueue:
         another reason (a timeout, say). A job that finishes just as it is
         cancelled ends once: cancelled if this returned True.
 
-        It never blocks, so it is safe to call from an event loop as it is.
+        It never waits for a job, so it is safe to call from an event loop
+        as it is. A job already sent ahead to a busy worker is skipped by that
+        worker (it is told before this returns), unless it had started.
         """
         _check_key(key)
         return self._supervisor.cancel(key)

@@ -102,19 +102,23 @@ class Stopping:
 
     # --- cancelling -----------------------------------------------------------
 
-    def cancel(self, key: str) -> tuple[bool, WorkerSlot | None]:
+    def cancel(self, key: str) -> tuple[bool, WorkerSlot | None, tuple[WorkerSlot, int] | None]:
         """Cancel the live job of ``key``.
 
         A waiting job ends ``Failed("cancelled")`` now. A running one is given
-        that as its kill reason and the caller must kill its worker (returned).
-        Returns (False, None) for an unknown or terminal key, or a job whose
-        end was decided already (by a timeout, say).
+        that as its kill reason and the caller must kill its worker (returned
+        second). A job sent ahead to a busy worker (``Core._top_up``) is given
+        it too, and the caller must tell that worker to skip it (returned
+        third: the worker and the job's id); it ends when the worker reports
+        it skipped, or, had the worker started it already, when it reports its
+        end. Returns (False, None, None) for an unknown or terminal key, or a
+        job whose end was decided already (by a timeout, say).
         """
         wakeups: list[Wakeup] = []
         with self.lock:
             entry = self._keys.get(key)
             if type(entry) is not Entry or entry.kill_reason is not None:
-                return False, None
+                return False, None, None
             failure = Failure("cancelled", f"job {key!r} was cancelled by q.cancel()")
             if entry.status == PROCESSING:
                 worker = entry.worker
@@ -124,8 +128,11 @@ class Stopping:
                     pid=worker.pid,
                 )
                 worker.doomed = True
-                return True, worker
+                return True, worker, None
             lane = entry.lane
+            if entry.worker is not None:  # sent ahead, not started
+                entry.kill_reason = failure
+                return True, None, (entry.worker, entry.job_id)
             if entry.timed:  # waiting for its not_before time or a retry's backoff
                 self._pending -= 1
                 wakeups = self._settle(entry, Failed(failure))  # (its timer goes stale)
@@ -143,13 +150,10 @@ class Stopping:
                         break
                 else:
                     # Claimed, and its push has not offered it yet: offer()
-                    # ends it instead of queuing it. Or sent ahead to a busy
-                    # worker (see _top_up): it ends cancelled when the worker
-                    # gets to it (it may start it before it learns), or at
-                    # once if the worker dies first.
+                    # ends it instead of queuing it.
                     entry.kill_reason = failure
         run_wakeups(wakeups)
-        return True, None
+        return True, None, None
 
 
     def cancel_all(self, why: str) -> list[WorkerSlot]:

@@ -76,6 +76,7 @@ from procq._messages import (
     report,
     send_job,
     send_jobs,
+    send_skip,
 )
 from procq._processes import (
     ExecProcess,
@@ -214,11 +215,15 @@ class Supervisor:
         self.wake()
 
     def cancel(self, key: str) -> bool:
-        """``q.cancel(key)``: the core decides; a running job's tree is killed here."""
-        cancelled, worker = self.core.cancel(key)
+        """``q.cancel(key)``: the core decides; a running job's tree is killed
+        by the I/O thread, and a worker that holds the job unstarted is told
+        to skip it, from here, before ``cancel`` returns."""
+        cancelled, worker, skip = self.core.cancel(key)
         if worker is not None:
             self._pending_terminations.append(worker)
             self.wake()
+        if skip is not None:
+            send_skip(self.core, *skip)
         return cancelled
 
     def stop(self) -> None:

@@ -22,19 +22,23 @@ from __future__ import annotations
 import ctypes  # at import: a forkserver that preloads this module spares every worker it
 import os
 import pickle
+import select
 import signal
 import sys
 import threading
 import traceback
+from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
 from procq._protocol import (
+    CANCEL,
     ERROR,
     OK,
     READY,
     RUN,
     RUN_MANY,
+    SKIPPED,
     FnMirror,
     dumps,
     json_dumps,
@@ -347,20 +351,62 @@ class _Json(_Codec):
 
 def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
     recv, send = conn.recv_bytes, conn.send_bytes
+    waiting = select.poll()  # (Connection.poll builds a selector per call)
+    waiting.register(conn.fileno(), select.POLLIN)
     run = _Runner(config, codec, send)
+    todo: deque[tuple[Any, ...]] = deque()  # jobs received, not started, in order
+    skip: set[int] = set()  # ids q.cancel() asked us to skip
     send(codec.ready())  # until now a signal could still kill us: no job was at risk
-    while True:
-        try:
-            frame = recv()
-        except (EOFError, OSError):
-            return
-        message = pickle.loads(frame)
-        if message[0] == RUN_MANY:  # several jobs, run in order, each reported as it ends
-            for job in message[1]:
-                run(*job)
-        else:
-            assert message[0] == RUN
-            run(*message[1:])
+    try:
+        while True:
+            if not todo:
+                _take(recv(), todo, skip)
+            # Whatever else has arrived, before the next job starts: a CANCEL
+            # for it must be seen now, not after it has run.
+            while waiting.poll(0):
+                _take(recv(), todo, skip)
+            if not todo:
+                continue
+            job = todo.popleft()
+            if job[0] in skip:
+                skip.discard(job[0])
+                run.skip(*job)
+                send(dumps((job[0], SKIPPED)))
+                continue
+            run(*job)
+    except (EOFError, OSError):
+        return
+
+
+def _take(frame: bytes, todo: deque[tuple[Any, ...]], skip: set[int]) -> None:
+    message = pickle.loads(frame)
+    tag = message[0]
+    if tag == RUN_MANY:  # several jobs, run in order, each reported as it ends
+        todo.extend(message[1])
+    elif tag == RUN:
+        todo.append(message[1:])
+    else:
+        assert tag == CANCEL
+        if len(skip) > 4096:  # ids of jobs that had run already: never seen again
+            skip.clear()
+        skip.add(message[1])
+
+
+class _Unread:
+    """Stands in the function cache for a function whose bytes came with a job
+    that was skipped: unpickled when a later job uses it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def _load_fn(data: bytes) -> Any:
+    try:
+        return pickle.loads(data)
+    except BaseException as exc:
+        return _Unloadable(exc)
 
 
 class _Runner:
@@ -373,17 +419,22 @@ class _Runner:
         self.codec = codec
         self.send = send
 
+    def skip(self, job_id: int, fn_id: bytes, fn_bytes: bytes | None, *_: Any) -> None:
+        """A job not run: its function still enters the cache, in turn, as the
+        supervisor's mirror of it has it (see _protocol.FnMirror)."""
+        self.fns.touch(fn_id, None if fn_bytes is None else _Unread(fn_bytes))
+
     def __call__(self, job_id: int, fn_id: bytes, fn_bytes: bytes | None, args_bytes: bytes, memory_limit: int | None) -> None:
         codec, send, fns, loads = self.codec, self.send, self.fns, pickle.loads
         try:
             if fn_bytes is None:
                 fn = fns.get(fn_id)
                 fns.touch(fn_id)
+                if isinstance(fn, _Unread):  # first sent with a job that was skipped
+                    fn = _load_fn(fn.data)
+                    fns.touch(fn_id, fn)
             else:
-                try:
-                    fn = loads(fn_bytes)
-                except BaseException as exc:
-                    fn = _Unloadable(exc)
+                fn = _load_fn(fn_bytes)
                 fns.touch(fn_id, fn)
             if isinstance(fn, _Unloadable):
                 raise fn.error

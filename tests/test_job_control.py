@@ -18,6 +18,7 @@ from typing import Any
 
 import jobs
 import jobs_control
+import jobs_core
 import jobs_crashes
 import pytest
 from core_support import (
@@ -316,6 +317,39 @@ def test_cancel_a_finished_or_unknown_key_changes_nothing() -> None:
         assert q.stats() == stats
         with pytest.raises(TypeError, match=r"^a key is a str, got int: 1$"):
             q.cancel(1)  # type: ignore[arg-type]
+
+
+def test_cancel_a_job_sent_ahead_to_a_busy_worker_it_never_runs(
+    tmp_path: Any, gates: Gates, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lane of short jobs sends jobs ahead to a busy worker (Core._top_up).
+    One cancelled there is skipped by the worker: it never runs."""
+    import procq._core
+
+    monkeypatch.setattr(procq._core, "PIPELINE_WINDOW", 60.0)  # every job counts as short
+    log = str(tmp_path / "log")
+    first, second = gates("first"), gates("second")
+    with open_queue({"one": Lane(workers=1)}) as q:
+        core_lane = q._core.lanes["one"]
+        assert q.push_and_wait(Job("warm", jobs.getpid, lane="one"), timeout=WAIT) > 0
+        a = q.push(Job("a", jobs.signal_and_wait, args=(first.started, first.go), lane="one")).handle
+        first.wait_started()
+        b = q.push(Job("b", jobs.signal_and_wait, args=(second.started, second.go), lane="one")).handle
+        c = q.push(Job("c", jobs_core.record, args=(log, "c"), lane="one")).handle
+        d = q.push(Job("d", jobs_core.record, args=(log, "d"), lane="one")).handle
+        first.open()  # a ends; the worker is given b, and c and d behind it
+        second.wait_started()
+        assert a.result(timeout=WAIT) > 0
+        assert core_lane.prefetched == 2 and q.state("c") == Pending()
+        assert q.cancel("c") is True
+        assert q.cancel("c") is False  # its end is decided already
+        second.open()
+        assert b.result(timeout=WAIT) > 0 and d.result(timeout=WAIT) > 0
+        failure = failure_of(c, "cancelled")
+        assert failure.message == "job 'c' was cancelled by q.cancel()"
+        with open(log) as f:
+            assert [line.split()[0] for line in f] == ["d"]  # c never ran
+        assert q.push_and_wait(Job("c", jobs_core.record, args=(log, "c again"), lane="one"), timeout=WAIT) > 0
 
 
 def test_cancel_racing_completion_ends_once(tmp_path: Any) -> None:
