@@ -7,7 +7,6 @@ import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
 from collections.abc import Iterator
-
 from pathlib import Path
 
 import psutil
@@ -15,6 +14,7 @@ import pytest
 from core_support import Gates, open_queue
 
 from procq import ProcQueue
+
 
 def _helper_pids() -> set[int]:
     """Multiprocessing's own long-lived helpers (forkserver, resource tracker):

@@ -32,13 +32,12 @@ from procq import (
     JobFailed,
     Lane,
     Pending,
+    Processing,
     ProcQueue,
     ProcQueueError,
-    Processing,
     QueueClosed,
     Queued,
 )
-
 
 # --- names --------------------------------------------------------------------------
 

@@ -14,7 +14,16 @@ import pytest
 from core_support import WAIT, Gates, open_queue
 
 import procq._map
-from procq import Cached, InFlight, Job, JobFailed, JobPicklingError, KeyConflict, Pending, Queued
+from procq import (
+    Cached,
+    InFlight,
+    Job,
+    JobFailed,
+    JobPicklingError,
+    KeyConflict,
+    Pending,
+    Queued,
+)
 
 
 def test_push_all_answers_one_outcome_per_job_in_order() -> None:

@@ -19,14 +19,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import jobs
+import jobs_crashes
 import psutil
 import pytest
 from core_support import open_queue
-
-import jobs
-import jobs_crashes
 from process_support import children, linux_only, subreaper
-from procq import Failed, InFlight, Job, JobFailed, LaneStats, ProcQueue, Processing, Queued
+
+from procq import (
+    Failed,
+    InFlight,
+    Job,
+    JobFailed,
+    LaneStats,
+    Processing,
+    ProcQueue,
+    Queued,
+)
 
 CPU = "cpu"
 

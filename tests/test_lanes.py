@@ -37,12 +37,11 @@ from procq import (
     Lane,
     LaneFull,
     Pending,
+    Processing,
     ProcQueue,
     ProcQueueError,
-    Processing,
     Queued,
 )
-
 
 # --- limits -----------------------------------------------------------------------
 

@@ -18,14 +18,25 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+import jobs
+import jobs_crashes
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-import jobs
-import jobs_crashes
-from procq import Cached, Completed, Failed, InFlight, Job, JobFailed, Pending, Processing, ProcQueue, Queued
+from procq import (
+    Cached,
+    Completed,
+    Failed,
+    InFlight,
+    Job,
+    JobFailed,
+    Pending,
+    Processing,
+    ProcQueue,
+    Queued,
+)
 
 WORKERS = 2
 LANE = "work"

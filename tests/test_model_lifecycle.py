@@ -26,7 +26,18 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from procq import Cached, Completed, Failed, InFlight, Job, JobFailed, ProcQueue, Queued, Retention, Retry
+from procq import (
+    Cached,
+    Completed,
+    Failed,
+    InFlight,
+    Job,
+    JobFailed,
+    ProcQueue,
+    Queued,
+    Retention,
+    Retry,
+)
 
 KEYS = ("a", "b", "c", "d")
 TTL, FAILED_TTL, MAX_COMPLETED = 10.0, 5.0, 2

@@ -14,13 +14,13 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import jobs
+import jobs_crashes
 import psutil
 import pytest
 from core_support import open_queue
-
-import jobs
-import jobs_crashes
 from process_support import children, kill_and_reap, linux_only, subreaper
+
 from procq import Failed, Job, JobFailed, ProcQueue, Queued
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -11,7 +11,18 @@ import jobs_lifecycle
 import pytest
 from core_support import WAIT, Gates, open_queue
 
-from procq import Cached, Completed, Failed, Job, JobFailed, Pending, Processing, ProcQueue, Queued, Retention
+from procq import (
+    Cached,
+    Completed,
+    Failed,
+    Job,
+    JobFailed,
+    Pending,
+    Processing,
+    ProcQueue,
+    Queued,
+    Retention,
+)
 
 
 class Clock:

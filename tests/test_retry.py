@@ -14,7 +14,17 @@ import jobs_lifecycle
 import pytest
 from core_support import WAIT, Gates, open_queue
 
-from procq import Failed, InFlight, Job, JobFailed, Lane, Pending, Processing, Queued, Retry
+from procq import (
+    Failed,
+    InFlight,
+    Job,
+    JobFailed,
+    Lane,
+    Pending,
+    Processing,
+    Queued,
+    Retry,
+)
 
 FAR = 3600.0
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import jobs
+
 from procq import Cached, Job, ProcQueue, Queued
 
 

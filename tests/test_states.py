@@ -24,11 +24,10 @@ from procq import (
     Job,
     JobFailed,
     Pending,
-    ProcQueue,
     Processing,
+    ProcQueue,
     Queued,
 )
-
 
 # --- the table, row by row ------------------------------------------------------
 
