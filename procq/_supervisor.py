@@ -4,7 +4,7 @@ Who owns what, and what each pipe carries::
 
     caller threads / asyncio tasks             supervisor I/O thread (one per queue)
     ------------------------------             -------------------------------------
-    push(): claim in Core ──────────┐          wait() on, all at once:
+    push(): claim in Core ──────────┐          one epoll selector on, all at once:
       serialize fn + args           │            - every worker's pipe     (results)
       Core.offer():                 │            - every worker's pidfd    (deaths)
         idle worker? send the job   │            - the wake-up pipe        (close, cancel, new deadline)
@@ -12,24 +12,29 @@ Who owns what, and what each pipe carries::
         else wait in the lane       │  │         limits, due times, SIGKILLs due after a SIGTERM,
     handle.result() / await ────────┘  │         memory samples)
       wait for the entry's event       │       on READY:     Core.worker_ready -> send it a waiting job
-    q.cancel(key): Core.cancel ────────┤       on a result:  Core.job_done -> send the next job, or
-                                       │                     retire the worker and start another
-                                       │       on a death:   Core.worker_died -> SIGKILL its group,
-                                       │                     wake the dead job's waiters, replace it
-                                       │       (a failed attempt with a Retry left is not ended:
-                                       │        Core re-times it for its backoff; no wake-up)
-                                       │       on a due time: Core.due -> the job enters its lane
-                                       │                      (an idle worker? send it the job)
-                                       │       on a deadline, a cancel, memory past a limit:
-                                       │                     SIGTERM the worker's tree, SIGKILL after
-                                       │                     the lane's kill_grace
-                                       │       on a protocol violation: fail the job ("protocol"), kill
-                                       v
+    q.cancel(key): Core.cancel ────────┤       on results:   every report that has arrived, settled at
+      (sent ahead? a CANCEL frame ─────┼──┐                  once (Core.jobs_done); then one frame of
+       to that worker, from here)      │  │                  next jobs (several ahead while the lane's
+                                       │  │                  jobs are short and wait), or retire the
+                                       │  │                  worker and start another; then wake-ups
+                                       │  │    on a death:   Core.worker_died -> SIGKILL its group,
+                                       │  │                  wake the dead job's waiters, its jobs sent
+                                       │  │                  ahead back to their lane, replace it
+                                       │  │    (a failed attempt with a Retry left is not ended:
+                                       │  │     Core re-times it for its backoff; no wake-up)
+                                       │  │    on a due time: Core.due -> the job enters its lane
+                                       │  │                   (an idle worker? send it the job)
+                                       │  │    on a deadline, a cancel, memory past a limit:
+                                       │  │                  SIGTERM the worker's tree, SIGKILL after
+                                       │  │                  the lane's kill_grace
+                                       │  │    on a protocol violation: fail the job ("protocol"), kill
+                                       v  v
                        worker process (one pipe each; nothing shared)
                          starts -> sets up (cwd, env, rlimits, closes inherited fds) -> READY
-                         RUN frame -> run fn under its limits -> OK / ERROR frame
-                         (trusted lanes: multiprocessing child, pickled answers;
-                          untrusted lanes: fresh `python -I` via subprocess that forks a
+                         RUN / RUN_MANY frame -> run each job under its limits, in order;
+                         before each, any CANCEL that has arrived -> OK / ERROR / SKIPPED
+                         (trusted lanes: multiprocessing child, pickled answers, read in
+                          bulk; untrusted lanes: fresh `python -I` via subprocess that forks a
                           process per job and relays its JSON answer, then its exit;
                           read by a non-blocking FrameReader and checked message by
                           message; the job is settled at its process's exit)
@@ -37,15 +42,20 @@ Who owns what, and what each pipe carries::
 The I/O thread starts and reaps every worker process, so a worker's parent (or,
 under forkserver, the forkserver's parent) is the supervisor for as long as the
 queue lives. The thread that sends a job on a worker's pipe is whichever one
-assigned it: ``Core._assign`` gives exactly one thread the right to send
+assigned it: ``Core._assign`` gives a thread the right to send
 (``WorkerSlot.sending``) until that thread calls ``Core.sent``, and a pipe is
 only closed when no thread holds that right, so a descriptor is never closed,
-reused and written to by a late sender.
+reused and written to by a late sender. Frames are written whole under the
+worker's ``write_lock`` (a CANCEL from ``q.cancel`` may meet the I/O thread's
+next jobs there).
 
 Why not a thread hop for every send: a push that finds an idle worker sending
 itself saves a wake-up of this thread and a context switch per job, which is
-most of a tiny job's latency. Why not poll: ``connection.wait`` wakes on
-exactly the events above and sleeps otherwise. Why pidfds rather than
+most of a tiny job's latency. Why not poll: the selector wakes on exactly the
+events above and sleeps otherwise. Why several jobs in flight to a busy
+worker: with one, the worker waits for the supervisor between every two jobs,
+and the supervisor pays a wake-up, a read and a write for each; with several,
+both sides work in bulk (see ``Core._top_up``). Why pidfds rather than
 ``multiprocessing``'s sentinels: a sentinel is a pipe the worker holds open,
 so a job's child that inherited it would hide the worker's death for as long
 as the child lived. Why an untrusted worker is never read with
