@@ -28,6 +28,7 @@ import sys
 import threading
 import traceback
 from collections import deque
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -282,7 +283,7 @@ def worker_main(conn: Connection, lane: str, config: dict[str, Any] | None = Non
         keep.add(sentinel)
     setup(config, keep)
     _die_with_parent(sentinel)
-    _run(conn, config, _Pickled())
+    run_until_eof(lambda: _serve(conn, config, _Pickled()))
 
 
 def _boot() -> None:
@@ -299,9 +300,10 @@ def _boot() -> None:
             pass
 
 
-def _run(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
+def run_until_eof(serve: Callable[[], None]) -> None:
+    """Run a worker's loop until its pipe is gone, then flush its output."""
     try:
-        _serve(conn, config, codec)
+        serve()
     except (BrokenPipeError, ConnectionResetError, EOFError):
         pass  # the supervisor closed our pipe, or died: nothing is left to do
     sys.stdout.flush()

@@ -41,6 +41,7 @@ from procq._worker import (
     _close_inherited_fds,
     _Json,
     _rlimit,
+    run_until_eof,
     setup,
 )
 
@@ -71,7 +72,7 @@ def exec_main() -> None:
     import termios  # noqa: F401
     from multiprocessing import resource_tracker  # noqa: F401
 
-    _run_untrusted(conn, config, alive_fd)
+    run_until_eof(lambda: _serve_forking(conn, config, alive_fd))
 
 
 
@@ -132,15 +133,6 @@ def _die_of(sig: int) -> None:
     signal.signal(sig, signal.SIG_DFL)
     os.kill(os.getpid(), sig)
     os._exit(128 + sig)  # pragma: no cover - the signal ends us first
-
-
-def _run_untrusted(conn: Connection, config: dict[str, Any], alive_fd: int) -> None:
-    try:
-        _serve_forking(conn, config, alive_fd)
-    except (BrokenPipeError, ConnectionResetError, EOFError):
-        pass  # the supervisor closed our pipe, or died: nothing is left to do
-    sys.stdout.flush()
-    sys.stderr.flush()
 
 
 def _serve_forking(conn: Connection, config: dict[str, Any], alive_fd: int) -> None:
