@@ -50,6 +50,10 @@ class Stopping:
 
         def _refill(self, lane: LaneState, wakeups: list[Wakeup]) -> None: ...
 
+        def _top_up(self, worker: WorkerSlot, batch: list[Entry]) -> None: ...
+
+        def _next_job(self, worker: WorkerSlot, wakeups: list[Wakeup]) -> Entry | None: ...
+
     def expired(self, now: float) -> list[WorkerSlot]:
         """Workers whose job ran past its deadline; each is marked doomed, its
         job given a ``timeout`` kill reason. The caller kills them."""
@@ -102,12 +106,12 @@ class Stopping:
 
     # --- cancelling -----------------------------------------------------------
 
-    def cancel(self, key: str) -> tuple[bool, WorkerSlot | None, tuple[WorkerSlot, int] | None]:
+    def cancel(self, key: str) -> tuple[bool, tuple[WorkerSlot, Entry] | None, tuple[WorkerSlot, int] | None]:
         """Cancel the live job of ``key``.
 
         A waiting job ends ``Failed("cancelled")`` now. A running one is given
         that as its kill reason and the caller must kill its worker (returned
-        second). A job sent ahead to a busy worker (``Core._top_up``) is given
+        second, with the job: see ``spare``). A job sent ahead to a busy worker (``Core._top_up``) is given
         it too, and the caller must tell that worker to skip it (returned
         third: the worker and the job's id); it ends when the worker reports
         it skipped, or, had the worker started it already, when it reports its
@@ -128,7 +132,7 @@ class Stopping:
                     pid=worker.pid,
                 )
                 worker.doomed = True
-                return True, worker, None
+                return True, (worker, entry), None
             lane = entry.lane
             if entry.worker is not None:  # sent ahead, not started
                 entry.kill_reason = failure
@@ -155,6 +159,34 @@ class Stopping:
         run_wakeups(wakeups)
         return True, None, None
 
+
+    def spare(self, worker: WorkerSlot, cancelled: Entry) -> tuple[bool, list[Entry]]:
+        """``q.cancel`` doomed ``worker`` to kill ``cancelled``, which it was
+        running. Returns (True, []) if the kill must go ahead. If the job ended
+        meanwhile (its report came first: it ends cancelled all the same), the
+        worker is spared, since it may already run the next job it was sent
+        ahead, which must not die for another job's cancel: it takes jobs
+        again, and the ones to send it are returned (the caller holds the
+        right to send them)."""
+        wakeups: list[Wakeup] = []
+        batch: list[Entry] = []
+        with self.lock:
+            held = worker.entry
+            if worker.dead or worker.retired or held is cancelled or (held is not None and held.kill_reason is not None):
+                return True, []
+            worker.doomed = False
+            if held is not None:
+                self._top_up(worker, batch)
+                if batch:
+                    worker.sending += 1
+            else:
+                first = self._next_job(worker, wakeups)
+                if first is not None:
+                    batch.append(first)
+                    self._top_up(worker, batch)
+            self._refill(worker.lane, wakeups)
+        run_wakeups(wakeups)
+        return False, batch
 
     def cancel_all(self, why: str) -> list[WorkerSlot]:
         """Fail every waiting job as cancelled and doom every busy worker.

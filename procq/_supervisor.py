@@ -188,7 +188,7 @@ class Supervisor:
         self._kills: list[tuple[float, WorkerSlot, list[Any]]] = []
         self._next_sample = 0.0  # next memory sample, while memory-limited jobs run
         # Workers whose running job q.cancel() ended, to be killed by the I/O thread.
-        self._pending_terminations: list[WorkerSlot] = []
+        self._pending_terminations: list[tuple[WorkerSlot, Entry]] = []
         # Untrusted workers: the answer a job's process sent, kept until the
         # worker reports that process's exit (see _on_untrusted).
         self._answers: dict[WorkerSlot, Completed[Any] | Failed] = {}
@@ -228,9 +228,9 @@ class Supervisor:
         """``q.cancel(key)``: the core decides; a running job's tree is killed
         by the I/O thread, and a worker that holds the job unstarted is told
         to skip it, from here, before ``cancel`` returns."""
-        cancelled, worker, skip = self.core.cancel(key)
-        if worker is not None:
-            self._pending_terminations.append(worker)
+        cancelled, kill, skip = self.core.cancel(key)
+        if kill is not None:
+            self._pending_terminations.append(kill)
             self.wake()
         if skip is not None:
             send_skip(self.core, *skip)
@@ -282,7 +282,7 @@ class Supervisor:
                 self._cancel = False
                 self._kill_all(core.cancel_all("was cancelled: the queue was closed without waiting"))
             while self._pending_terminations:  # from q.cancel(), on other threads
-                self._terminate(self._pending_terminations.pop())
+                self._cancel_running(*self._pending_terminations.pop())
             timeout = self._timeout()
             for key, _ in self._selector.select(timeout):
                 obj = key.data
@@ -314,6 +314,15 @@ class Supervisor:
                 for _, worker, descendants in due:
                     self._kill_tree(worker, descendants)
             self._retry_starts(now)
+
+    def _cancel_running(self, worker: WorkerSlot, entry: Entry) -> None:
+        """Kill the worker of a job ``q.cancel`` ended while it ran, unless
+        the job ended first and the worker has moved on (``Core.spare``)."""
+        kill, batch = self.core.spare(worker, entry) if worker.conn in self._by_object else (True, [])
+        if kill:
+            self._terminate(worker)
+        elif batch:
+            send_jobs(self.core, worker, batch)
 
     def _timeout(self) -> float | None:
         times = [t for ts in self._retry_at.values() for t in ts]

@@ -1,0 +1,113 @@
+"""Several jobs in flight per worker (Core._top_up), driven on the I/O-free core
+directly: the orders of events that a real queue only meets by chance.
+
+The core never touches a process or a pipe, so a worker here is a WorkerSlot
+with no process, and "the worker reports" is a call to ``Core.jobs_done``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jobs
+
+from procq import Completed, Failed, Failure, Job, Lane, Pending, Processing
+from procq._core import Core
+from procq._entries import Entry, LaneState, WorkerSlot
+
+
+class _Process:
+    pid = None
+    sentinel = None
+
+
+def _core_with_worker(capacity: int = 100) -> tuple[Core, LaneState, WorkerSlot]:
+    core = Core({"l": Lane(workers=1, capacity=capacity)}, check_payload=False, strict_payload=False)
+    lane = core.lanes["l"]
+    worker = WorkerSlot(lane, _Process(), conn=None)
+    core.add_worker(worker, lane, reserved=False)
+    assert core.worker_ready(worker) is None  # nothing waits yet: it goes idle
+    lane.service = 1e-5  # this lane's jobs are short: jobs are sent ahead
+    return core, lane, worker
+
+
+def _push(core: Core, lane: LaneState, key: str) -> tuple[Entry, Any]:
+    kind, entry, _ = core.claim(Job(key, jobs.getpid), lane)
+    assert kind == "queued"
+    return entry, core.offer(entry)
+
+
+def _done(core: Core, worker: WorkerSlot, entry: Entry, output: Any) -> tuple[list[Entry], str]:
+    batch, status, taken = core.jobs_done(worker, [(entry.job_id, Completed(output), False, False)])
+    assert taken == 1
+    if batch:
+        core.sent(worker)  # (the caller would send them, then give back its right to send)
+    return batch, status
+
+
+def test_jobs_are_sent_ahead_to_a_busy_worker_and_start_in_order() -> None:
+    core, lane, worker = _core_with_worker()
+    first, offered = _push(core, lane, "a")
+    assert offered is worker  # the idle worker took it: the pusher sends it
+    core.sent(worker)
+    rest = [_push(core, lane, k)[0] for k in "bcd"]
+    batch, status = _done(core, worker, first, 1)  # a ends: b starts, c and d go ahead
+    assert status == "done" and batch == rest
+    assert [core.state(k) for k in "abcd"] == [Completed(1), Processing(), Pending(), Pending()]
+    assert lane.prefetched == 2 and list(worker.queue) == rest[1:]
+    core._check_invariants()
+    for entry, out in zip(rest, (2, 3, 4)):
+        assert _done(core, worker, entry, out) == ([], "done")
+    assert [core.state(k) for k in "abcd"] == [Completed(1), Completed(2), Completed(3), Completed(4)]
+    assert lane.prefetched == 0 and lane.idle == [worker]
+    core._check_invariants()
+
+
+def test_a_dead_workers_jobs_sent_ahead_go_back_to_the_front_of_their_lane() -> None:
+    core, lane, worker = _core_with_worker()
+    first, _ = _push(core, lane, "a")
+    core.sent(worker)
+    b, c, d = (_push(core, lane, k)[0] for k in "bcd")
+    _done(core, worker, first, 1)  # b runs; c and d are in the worker's queue
+    e, _ = _push(core, lane, "e")  # waits in the lane, behind them
+    _, wakeups = core.worker_died(worker, lambda entry: Failure("crashed", f"job {entry.key!r}: its worker died"))
+    for wake in wakeups:
+        wake()
+    state = core.state("b")
+    assert isinstance(state, Failed) and state.failure.kind == "crashed"  # only the job it ran
+    assert [core.state(k) for k in "cde"] == [Pending(), Pending(), Pending()]
+    assert list(lane.ready) == [c, d, e] and lane.prefetched == 0
+    core._check_invariants()
+
+
+def test_a_worker_that_finished_the_job_cancel_meant_to_kill_is_spared() -> None:
+    """q.cancel(a) while a runs dooms its worker; the worker's report of a comes
+    first, and it starts b, sent ahead. Killing it now would fail b for a's
+    cancel: the worker is spared and keeps working."""
+    core, lane, worker = _core_with_worker()
+    first, _ = _push(core, lane, "a")
+    core.sent(worker)
+    b, c = (_push(core, lane, k)[0] for k in "bc")
+    batch, _ = _done(core, worker, first, 1)  # a ends; b runs, c sent ahead
+    assert batch == [b, c]
+    cancelled, kill, skip = core.cancel("b")
+    assert cancelled and kill == (worker, b) and skip is None and worker.doomed
+    # The report of b arrives before the I/O thread acts on the cancel: b ends
+    # cancelled all the same (its end was decided), and c starts.
+    assert _done(core, worker, b, 2) == ([], "done")
+    assert core.state("b") == Failed(b.kill_reason)  # type: ignore[arg-type]
+    assert core.state("c") == Processing()
+    assert core.spare(worker, b) == (False, [])  # c must not die for b's cancel
+    assert not worker.doomed
+    assert _done(core, worker, c, 3) == ([], "done") and core.state("c") == Completed(3)
+    core._check_invariants()
+
+
+def test_a_worker_still_running_the_cancelled_job_is_not_spared() -> None:
+    core, lane, worker = _core_with_worker()
+    first, _ = _push(core, lane, "a")
+    core.sent(worker)
+    cancelled, kill, _ = core.cancel("a")
+    assert cancelled and kill == (worker, first)
+    assert core.spare(worker, first) == (True, [])
+    assert worker.doomed
