@@ -93,7 +93,7 @@ Wakeup = Callable[[], None]
 
 #: A lane whose jobs run for less than this (on average, lately) has jobs sent
 #: ahead to its busy workers: enough to keep each busy for about this long.
-PIPELINE_WINDOW = 0.002
+PIPELINE_WINDOW = 0.005
 #: At most this many jobs in flight to one worker (the running one included).
 PIPELINE_DEPTH = 16
 
