@@ -325,8 +325,9 @@ def test_cancel_a_job_sent_ahead_to_a_busy_worker_it_never_runs(
     """A lane of short jobs sends jobs ahead to a busy worker (Core._top_up).
     One cancelled there is skipped by the worker: it never runs."""
     import procq._core
+    import procq._dispatch
 
-    monkeypatch.setattr(procq._core, "PIPELINE_WINDOW", 60.0)  # every job counts as short
+    monkeypatch.setattr(procq._dispatch, "PIPELINE_WINDOW", 60.0)  # every job counts as short
     log = str(tmp_path / "log")
     first, second = gates("first"), gates("second")
     with open_queue({"one": Lane(workers=1)}) as q:
@@ -722,8 +723,9 @@ def test_a_worker_that_dies_with_jobs_sent_ahead_fails_only_the_one_it_ran(
     back to their lane and run once, on its replacement. Only the job the
     worker was running fails."""
     import procq._core
+    import procq._dispatch
 
-    monkeypatch.setattr(procq._core, "PIPELINE_WINDOW", 60.0)  # every job counts as short
+    monkeypatch.setattr(procq._dispatch, "PIPELINE_WINDOW", 60.0)  # every job counts as short
     requeued: list[list[str]] = []
     requeue = procq._core.Core._requeue
 
