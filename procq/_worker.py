@@ -462,8 +462,7 @@ class _Runner:
         try:
             data = codec.ok(job_id, result)
         except BaseException as exc:
-            what = "encoded as JSON (an untrusted lane's results must be)" if isinstance(codec, _Json) else "pickled"
-            note = f"(the job's result, a {type(result).__name__}, could not be {what})"
+            note = f"(the job's result, a {type(result).__name__}, could not be pickled)"
             send(codec.error(job_id, "error", exc, note))
             return
         del result
