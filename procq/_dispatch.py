@@ -242,21 +242,28 @@ class Dispatch:
                     status = "retire"
                     break
             if status == "done":
-                if worker.entry is not None:
-                    self._top_up(worker, batch)
-                    if batch:
-                        worker.sending += 1
-                else:
-                    first = self._next_job(worker, wakeups)
-                    if first is not None:
-                        batch.append(first)
-                        self._top_up(worker, batch)
-                self._refill(lane, wakeups)
+                self._feed(worker, batch, wakeups)
         if deferred is None:
             run_wakeups(wakeups)
         else:
             deferred += wakeups
         return batch, status, taken
+
+    def _feed(self, worker: WorkerSlot, batch: list[Entry], wakeups: list[Wakeup]) -> None:
+        """Put in ``batch`` the jobs a worker that can take work is to be sent
+        now, in one frame, and hold the right to send them (lock held): jobs
+        ahead of the one it runs, or, idle, its next job and those ahead of it
+        (or park it idle). Then let blocked pushes into the room made."""
+        if worker.entry is not None:
+            self._top_up(worker, batch)
+            if batch:
+                worker.sending += 1
+        else:
+            first = self._next_job(worker, wakeups)  # (holds the right to send)
+            if first is not None:
+                batch.append(first)
+                self._top_up(worker, batch)
+        self._refill(worker.lane, wakeups)
 
     def _top_up(self, worker: WorkerSlot, batch: list[Entry]) -> None:
         """Send short jobs ahead to a busy worker (lock held): while its lane's

@@ -50,9 +50,7 @@ class Stopping:
 
         def _refill(self, lane: LaneState, wakeups: list[Wakeup]) -> None: ...
 
-        def _top_up(self, worker: WorkerSlot, batch: list[Entry]) -> None: ...
-
-        def _next_job(self, worker: WorkerSlot, wakeups: list[Wakeup]) -> Entry | None: ...
+        def _feed(self, worker: WorkerSlot, batch: list[Entry], wakeups: list[Wakeup]) -> None: ...
 
     def expired(self, now: float) -> list[WorkerSlot]:
         """Workers whose job ran past its deadline; each is marked doomed, its
@@ -175,16 +173,7 @@ class Stopping:
             if worker.dead or worker.retired or held is cancelled or (held is not None and held.kill_reason is not None):
                 return True, []
             worker.doomed = False
-            if held is not None:
-                self._top_up(worker, batch)
-                if batch:
-                    worker.sending += 1
-            else:
-                first = self._next_job(worker, wakeups)
-                if first is not None:
-                    batch.append(first)
-                    self._top_up(worker, batch)
-            self._refill(worker.lane, wakeups)
+            self._feed(worker, batch, wakeups)
         run_wakeups(wakeups)
         return False, batch
 

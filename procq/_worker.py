@@ -446,34 +446,52 @@ class _Runner:
             send(codec.error(job_id, "error", exc, note))
             return
         limits = self.limits
-        try:
+
+        def call() -> Any:
             limits.apply(memory_limit)
             try:
-                result = fn(*args, **kwargs) if kwargs else fn(*args)
+                return fn(*args, **kwargs) if kwargs else fn(*args)
             finally:
                 limits.lift()
-        except MemoryError as exc:
-            note = "" if memory_limit is None else f"(the job went over its memory_limit of {format_size(memory_limit)})"
-            send(codec.error(job_id, "memory", exc, note))
-            return
-        except BaseException as exc:
-            send(codec.error(job_id, "error", exc, pickle_it=True))
-            return
-        try:
-            data = codec.ok(job_id, result)
-        except BaseException as exc:
-            note = f"(the job's result, a {type(result).__name__}, could not be pickled)"
-            send(codec.error(job_id, "error", exc, note))
-            return
-        del result
-        max_result = self.max_result
-        if max_result is not None and len(data) > max_result:
-            too_large = ResultTooLarge(
-                f"the job's result is {len(data)} bytes, more than the lane's max_result_bytes of {max_result}"
-            )
-            send(codec.error(job_id, "protocol", too_large))
-            return
-        send(data)
+
+        call_and_report(codec, send, job_id, call, memory_limit, self.max_result, "pickled")
+
+
+def call_and_report(
+    codec: _Codec,
+    send: Callable[[bytes], None],
+    job_id: int,
+    call: Callable[[], Any],
+    memory_limit: int | None,
+    max_result: int | None,
+    encoding: str,
+) -> None:
+    """Run a job (``call``) and send how it ended: its result, its exception
+    (``MemoryError``: kind "memory"), a result that would not encode, or one
+    larger than ``max_result``. Both workers' way to end a job."""
+    try:
+        result = call()
+    except MemoryError as exc:
+        note = "" if memory_limit is None else f"(the job went over its memory_limit of {format_size(memory_limit)})"
+        send(codec.error(job_id, "memory", exc, note))
+        return
+    except BaseException as exc:
+        send(codec.error(job_id, "error", exc, pickle_it=True))
+        return
+    try:
+        data = codec.ok(job_id, result)
+    except BaseException as exc:
+        note = f"(the job's result, a {type(result).__name__}, could not be {encoding})"
+        send(codec.error(job_id, "error", exc, note))
+        return
+    del result
+    if max_result is not None and len(data) > max_result:
+        too_large = ResultTooLarge(
+            f"the job's result is {len(data)} bytes, more than the lane's max_result_bytes of {max_result}"
+        )
+        send(codec.error(job_id, "protocol", too_large))
+        return
+    send(data)
 
 
 class ResultTooLarge(Exception):

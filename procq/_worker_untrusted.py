@@ -32,15 +32,14 @@ from procq._protocol import (
     frame_header,
     json_dumps,
 )
-from procq._values import format_size
 from procq._worker import (
     _PR_SET_PDEATHSIG,
-    ResultTooLarge,
     _address_space,
     _boot,
     _close_inherited_fds,
     _Json,
     _rlimit,
+    call_and_report,
     run_until_eof,
     setup,
 )
@@ -409,25 +408,12 @@ def _run_job(
     except BaseException as exc:
         send(codec.error(job_id, "error", exc, "(the job's function or arguments could not be unpickled in the worker)"))
         return
-    try:
-        result = fn(*args, **kwargs) if kwargs else fn(*args)
-    except MemoryError as exc:
-        note = "" if memory_limit is None else f"(the job went over its memory_limit of {format_size(memory_limit)})"
-        send(codec.error(job_id, "memory", exc, note))
-        return
-    except BaseException as exc:
-        send(codec.error(job_id, "error", exc))
-        return
-    try:
-        data = codec.ok(job_id, result)
-    except BaseException as exc:
-        note = f"(the job's result, a {type(result).__name__}, could not be encoded as JSON (an untrusted lane's results must be))"
-        send(codec.error(job_id, "error", exc, note))
-        return
-    del result
-    max_result: int | None = config.get("max_result_bytes")
-    if max_result is not None and len(data) > max_result:
-        too_large = ResultTooLarge(f"the job's result is {len(data)} bytes, more than the lane's max_result_bytes of {max_result}")
-        send(codec.error(job_id, "protocol", too_large))
-        return
-    send(data)
+    call_and_report(
+        codec,
+        send,
+        job_id,
+        lambda: fn(*args, **kwargs) if kwargs else fn(*args),
+        memory_limit,
+        config.get("max_result_bytes"),
+        "encoded as JSON (an untrusted lane's results must be)",
+    )
