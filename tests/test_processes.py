@@ -9,7 +9,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +17,7 @@ import jobs
 import jobs_crashes
 import psutil
 import pytest
-from core_support import open_queue
+from core_support import open_queue, wait_started
 from process_support import children, kill_and_reap, linux_only, subreaper
 
 from procq import Failed, Job, JobFailed, ProcQueue, Queued
@@ -39,40 +38,7 @@ def _hold(q: ProcQueue, tmp_path: Any, key: str, lane: str) -> tuple[Any, int, s
     started, go = jobs.fifo(tmp_path, f"{key}-started"), jobs.fifo(tmp_path, f"{key}-go")
     outcome = q.push(Job(key, jobs.signal_and_wait, args=(started, go), lane=lane))
     assert isinstance(outcome, Queued)
-    return outcome.handle, _wait_started(outcome.handle, started), go
-
-
-def _wait_started(handle: Any, started: str, timeout: float = 20.0) -> int:
-    """The pid a held job reports on ``started``; fails at once, with the job's
-    failure, if the job ends before it reports."""
-    r, w = os.pipe()
-
-    def watch() -> None:  # wakes the select below if the job ends first
-        try:
-            handle.result(timeout=timeout)
-        except BaseException:  # noqa: BLE001 - only the wake-up matters here
-            pass
-        try:
-            os.write(w, b"x")
-        except OSError:  # the test stopped listening
-            pass
-        finally:
-            os.close(w)
-
-    fifo = os.open(started, os.O_RDONLY | os.O_NONBLOCK)
-    try:
-        threading.Thread(target=watch, daemon=True).start()
-        ready, _, _ = select.select([fifo, r], [], [], timeout)
-        if fifo in ready:
-            data = os.read(fifo, 4096)
-            if data:
-                return int(data)
-        if r in ready:
-            raise AssertionError(f"job {handle.key!r} ended before it started: {handle.state}")
-        raise TimeoutError(f"job {handle.key!r} did not start within {timeout}s")
-    finally:
-        os.close(fifo)
-        os.close(r)
+    return outcome.handle, int(wait_started(outcome.handle, started)), go
 
 
 # --- close() ---------------------------------------------------------------------------
