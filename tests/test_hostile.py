@@ -31,6 +31,7 @@ import signal
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jobs
@@ -38,6 +39,7 @@ import jobs_control
 import jobs_hostile
 import pytest
 from core_support import (
+    WAIT,
     Gates,
     assert_all_gone,
     failure_of,
@@ -50,17 +52,9 @@ from process_support import linux_only, subreaper
 from procq import Completed, Failed, Job, JobFailed, Lane, Processing, ProcQueue, Queued
 
 pytestmark = pytest.mark.skipif(not linux_only, reason="untrusted lanes need Linux (pidfd_open, /proc)")
-
-WAIT = 20.0
 LIMIT = 8192  # the hostile lane's max_result_bytes
 SLACK = 1 << 20  # what an untrusted message may take beyond it (procq's MESSAGE_SLACK)
 UNTRUSTED = "u"
-
-
-def read(path: Any) -> str:
-    with open(path) as f:
-        return f.read()
-
 
 @pytest.fixture
 def q() -> Iterator[ProcQueue]:
@@ -250,7 +244,7 @@ def test_hostile_table(q: ProcQueue, tmp_path: Any, gates: Gates, case: Case) ->
     assert pid in pids and pid != bystander_pid
     expected = case.message.replace("<pid>", str(pid))
     if os.path.exists(report):
-        expected = expected.replace("<id>", read(report))
+        expected = expected.replace("<id>", Path(report).read_text())
     if case.kind == "protocol":
         expected = (
             rf"the worker \(pid {pid}, lane 'u'\) running job '{key}' broke procq's protocol with {expected}; "
@@ -317,7 +311,7 @@ def test_a_message_about_a_job_another_worker_runs(q: ProcQueue, tmp_path: Any, 
     # Ids are handed out in push order: the victim's is the forger's less one.
     liar = q.push(Job("liar", jobs_hostile.forge, args=(message, -1, report), lane=UNTRUSTED)).handle
     failure = failure_of(liar, "protocol")
-    assert int(read(report)) == victim_id
+    assert int(Path(report).read_text()) == victim_id
     assert f"broke procq's protocol with a message about job id {victim_id} while it held job 'liar';" in failure.message
     assert q.state("victim") == Processing()
     go.open()
@@ -334,7 +328,7 @@ def test_a_hostile_job_cannot_answer_for_the_next_job(tmp_path: Any) -> None:
         pid = q.push_and_wait(Job("pid", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT)
         liar = Job("liar", jobs_hostile.answer_for_the_next_job, args=("pwned", report), lane=UNTRUSTED)
         assert q.push_and_wait(liar, timeout=WAIT) == "done"
-        assert read(report) == "no next job"
+        assert Path(report).read_text() == "no next job"
         assert q.push_and_wait(Job("victim", jobs.square, args=(3,), lane=UNTRUSTED, timeout=5), timeout=WAIT) == 9
         assert q.push_and_wait(Job("pid-again", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT) == pid
         assert q.stats().lanes[UNTRUSTED].worker_restarts == 0
@@ -422,7 +416,7 @@ def test_a_cancelled_job_handles_sigterm_before_its_worker_dies(tmp_path: Any) -
         assert q.cancel("tidy") is True
         failure = failure_of(handle, "cancelled")
         assert (failure.pid, failure.signal, failure.exitcode) == (worker, "SIGTERM", -signal.SIGTERM)
-        assert read(cleaned) == f"cleaned up {job_pid}"
+        assert Path(cleaned).read_text() == f"cleaned up {job_pid}"
         assert worker not in q._worker_pids()
         assert q.push_and_wait(Job("after", jobs.square, args=(6,), lane=UNTRUSTED), timeout=WAIT) == 36
 
@@ -446,7 +440,7 @@ def test_no_descendant_of_a_killed_job_survives(tmp_path: Any, how: str) -> None
                 worker = q.push_and_wait(Job(f"pid-{attempt}", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT)
             else:
                 pytest.fail("the job never got as far as starting its children")
-            pids = [int(p) for p in read(report).split()]
+            pids = [int(p) for p in Path(report).read_text().split()]
         else:
             started = jobs.fifo(tmp_path, "started")
             handle = q.push(Job("tree", jobs_control.tree_then_block, args=(gate, None, started), lane=UNTRUSTED)).handle
@@ -472,11 +466,11 @@ def test_a_fork_bomb_is_held_by_nproc(tmp_path: Any) -> None:
             report = str(tmp_path / f"bomb-{attempt}")
             handle = q.push(Job(f"bomb-{attempt}", jobs_hostile.fork_bomb, args=(report, 20 * nproc), lane=UNTRUSTED, timeout=limit)).handle
             failure = failure_of(handle, "timeout", timeout=limit + WAIT)
-            if os.path.exists(report) and read(report):
+            if os.path.exists(report) and Path(report).read_text():
                 break
         else:
             pytest.fail("the fork bomb never got as far as reporting")
-        result = json.loads(read(report))
+        result = json.loads(Path(report).read_text())
         assert result["uid"] == 65534 or os.getuid() != 0
         # Stopped by the limit (EAGAIN), not by running out of attempts.
         assert result["errno"] == errno.EAGAIN, result
