@@ -1,6 +1,6 @@
 """procq's benchmark: ``python -m bench`` from the repository root.
 
-Runs each workload of issue 5 for procq and for each peer
+Runs each workload for procq and for each peer
 (``concurrent.futures.ProcessPoolExecutor``, ``multiprocessing.Pool``, loky,
 pebble, mpire, and a raw pipe floor with no engine at all), 2 workers each,
 warmed up, forkserver where the peer allows it, interleaved over rounds, and

@@ -4,7 +4,7 @@ Runs every workload for procq and each peer, interleaved over rounds: in each
 round every workload runs once per engine, and the engine that goes first
 rotates from round to round, so drift on a shared machine falls on all alike.
 Prints one table of medians (a peer's cell also shows procq / that peer) and
-issue 5's targets, met or missed, with the figure.
+the performance targets (``report.TARGETS``), met or missed, with the figure.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = dataclasses.replace(cfg, spin_n=calibrate(cfg.cpu_job_seconds))
 
     info = report.machine()
-    print("procq benchmark (issue 5): procq vs its peers, 2 workers each")
+    print("procq benchmark: procq vs its peers, 2 workers each")
     print(f"machine: {info['nproc']} CPUs, {info['cpu']}; {info['python']}; {info['os']}")
     print(f"procq at commit {report.revision()}; load average (1 min) at start: {report.loadavg()}")
     peers = []
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in report.table(workloads, [p.name for p in peers], med, na, cfg):
         print(line)
     print()
-    print("Targets (issue 5):")
+    print("Targets:")
     for status, sentence in report.verdicts(med, na, cfg, {w.name for w in workloads}):
         print(f"  [{status.upper()}] {sentence}")
     print()

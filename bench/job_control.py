@@ -1,4 +1,4 @@
-"""Job control figures (issue 3): how fast a time limit ends a job, and what an
+"""Job control figures: how fast a time limit ends a job, and what an
 untrusted lane costs on tiny jobs.
 
     python -m bench.job_control            # about 20 s here

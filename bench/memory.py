@@ -1,4 +1,4 @@
-"""Key retention memory (issue 4): what a kept key costs the supervisor, and
+"""Key retention memory: what a kept key costs the supervisor, and
 that bounded retention keeps that memory flat while new keys keep arriving.
 
     python -m bench.memory            # 1,000,000 keys per run (a few minutes)

@@ -1,6 +1,6 @@
 """What the benchmark prints: the machine, the table of medians and ratios, the targets.
 
-``TARGETS`` holds issue 5's targets, each a function of the medians that
+``TARGETS`` holds the performance targets procq is held to, each a function of the medians that
 returns verdicts (met / missed / n/a, with the figure). Add a target by
 appending a function.
 """
@@ -132,7 +132,7 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}"
 
 
-# --- issue 5's targets -------------------------------------------------------------------
+# --- the targets -------------------------------------------------------------------------
 
 
 def _tiny(med: Medians, cfg: Config) -> list[Verdict]:

@@ -2,7 +2,7 @@
 
 A workload is a :class:`Workload`: a name, a ``run(peer, cfg, tmp)`` that opens
 the engine, measures, closes it and returns ``{metric: value}``, the metrics it
-reports (how to label and format them) and the targets of issue 5 it checks.
+reports (how to label and format them) and the targets it checks.
 To add one, write its ``run`` and append a ``Workload`` to ``WORKLOADS``; the
 runner, the table and the targets pick it up. ``engines`` limits a workload to
 some engines (``cached`` is procq's alone).

@@ -1,6 +1,5 @@
-"""Test-side helpers for test_states, test_races, test_lanes, test_api,
-test_job_control and test_hostile (job functions live in jobs*.py, which
-workers import; this module they never do)."""
+"""Test-side helpers shared by the test modules (job functions live in jobs*.py,
+which workers import; this module they never do)."""
 
 from __future__ import annotations
 
@@ -167,7 +166,7 @@ class BlockingCall:
         return self._result
 
 
-# --- For test_job_control and test_hostile: jobs that must end badly ------------------
+# --- For jobs that must end badly (timed out, cancelled, killed) -----------------------
 
 
 def wait_started(handle: JobHandle[Any], started: str, timeout: float = WAIT) -> bytes:

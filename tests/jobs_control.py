@@ -1,4 +1,5 @@
-"""Job functions for test_job_control: timeouts, SIGTERM, process trees, memory, recycling.
+"""Job functions for the job-control tests: timeouts, SIGTERM, process trees, memory, recycling,
+the worker's environment.
 
 Workers import this module (under both start methods), so it stays small and
 imports nothing heavy at module level.

@@ -150,7 +150,7 @@ def test_push_refuses_bad_arguments_at_once_and_claims_nothing(queue: ProcQueue)
 
 @pytest.mark.parametrize("timeout", ["soon", [1]])
 def test_push_refuses_a_timeout_that_is_not_a_number(queue: ProcQueue, timeout: Any) -> None:
-    # A bad argument raises at once (contract section 3), even when the lane has room.
+    # A bad argument raises at once, even when the lane has room.
     with pytest.raises(TypeError, match="timeout"):
         queue.push(Job("k", jobs.getpid), timeout=timeout)
     assert queue.state("k") is None

@@ -1,4 +1,4 @@
-"""Checking and claiming a key is one atomic step (contract section 2): N
+"""Checking and claiming a key is one atomic step: N
 threads or tasks racing to push one key give exactly one execution and N
 identical answers.
 

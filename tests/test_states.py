@@ -1,4 +1,4 @@
-"""The four states of a key (contract section 2) and JobHandle.
+"""The four states of a key and JobHandle.
 
 Every "it ran" / "nothing ran" claim is proven from inside the children: the
 jobs append ``"<tag> <pid>"`` to a log file (see jobs_core.py).
