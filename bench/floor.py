@@ -47,7 +47,7 @@ def child_main(conn: Connection) -> None:
             return
         try:
             send(_dumps((job_id, True, fn(*args)), PROTOCOL))
-        except Exception as exc:  # noqa: BLE001 - the job's error goes back to its waiter
+        except Exception as exc:  # the job's error goes back to its waiter
             send(_dumps((job_id, False, exc), PROTOCOL))
 
 
@@ -61,7 +61,7 @@ class _Child:
 
 
 def _send(child: _Child, job: tuple[int, Callable[..., Any], tuple[Any, ...]]) -> None:
-    try:
+    try:  # noqa: SIM105 - try/except costs less than contextlib.suppress on this per-job path
         child.conn.send_bytes(_dumps(job, PROTOCOL))
     except OSError:
         pass  # the child died: reading its pipe finds EOF, and the job goes to its replacement

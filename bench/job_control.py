@@ -28,6 +28,7 @@ untrusted cost
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import select
@@ -76,10 +77,8 @@ def kill_latency(samples: int, ignore_term: bool, tmp: str) -> tuple[list[float]
                 started, pid = f.read().split()
             deadline = float(started) + LIMIT
             gone = _wait_exit(int(pid), 5.0)
-            try:
+            with contextlib.suppress(JobFailed):
                 handle.result(timeout=5)
-            except JobFailed:
-                pass
             woken = time.monotonic()
             exits.append((gone - deadline) * 1e3)
             wakes.append((woken - deadline) * 1e3)

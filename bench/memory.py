@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("RSS growth over the base as keys arrive (MiB):")
     print(f"{'keys pushed':>12} {'forever':>10} {'bounded':>10}")
-    for (n, rss_f), (_, rss_b) in zip(forever["samples"], bounded["samples"]):
+    for (n, rss_f), (_, rss_b) in zip(forever["samples"], bounded["samples"], strict=False):
         print(f"{n:>12,} {(rss_f - forever['base']) / mib:>10.1f} {(rss_b - bounded['base']) / mib:>10.1f}")
     return 0
 

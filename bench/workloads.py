@@ -199,7 +199,7 @@ def _crash_batch(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
         for i, p in enumerate(paths):
             try:
                 futures.append(e.submit(jobs.double_or_die, i, p))
-            except Exception as exc:  # noqa: BLE001 - a broken pool refuses later submits (PPE)
+            except Exception as exc:  # a broken pool refuses later submits (PPE)
                 futures.append(exc)
         deadline = time.monotonic() + cfg.crash_timeout
         good = [i for i, p in enumerate(paths) if not p]
@@ -212,7 +212,7 @@ def _crash_batch(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
                 good_ok += e.result(futures[i], max(0.0, deadline - time.monotonic())) == 2 * i
             except TimeoutError:
                 good_hung += 1
-            except Exception:  # noqa: BLE001, S110 - any failure of a good job counts as not correct
+            except Exception:  # any failure of a good job counts as not correct
                 pass
         for i in bad:
             if isinstance(futures[i], Exception):
@@ -221,7 +221,7 @@ def _crash_batch(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
                 e.result(futures[i], max(0.0, deadline - time.monotonic()))
             except TimeoutError:
                 crash_hung += 1
-            except Exception as exc:  # noqa: BLE001 - each engine has its own type for a dead worker
+            except Exception as exc:  # each engine has its own type for a dead worker
                 crash_told += 1
                 crash_signal += e.crash_signal(exc) == "SIGKILL"
         last_any = time.monotonic()
@@ -230,7 +230,7 @@ def _crash_batch(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
         recover_ms = math.inf if good_hung or crash_hung or not stamps else (last_any - max(stamps)) * 1e3
         try:
             usable = e.result(e.submit(jobs.inc, 41), cfg.probe_timeout) == 42
-        except Exception:  # noqa: BLE001 - a broken engine raises its own type
+        except Exception:  # a broken engine raises its own type
             usable = False
         clean = usable and not good_hung and not crash_hung
     finally:
@@ -261,7 +261,7 @@ def _notify_probes(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
             else:
                 try:  # the replacement is up and has run a job
                     warm(e, cfg.workers, 10, timeout=cfg.probe_timeout)
-                except Exception:  # noqa: BLE001 - a broken engine raises its own type
+                except Exception:  # a broken engine raises its own type
                     breaks += 1
                     e.abort()
                     e = peer.open(cfg.workers)
@@ -273,7 +273,7 @@ def _notify_probes(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
             except TimeoutError:
                 samples.append(math.inf)
                 break
-            except Exception:  # noqa: BLE001 - each engine has its own type for a dead worker
+            except Exception:  # each engine has its own type for a dead worker
                 notified = time.monotonic()
                 stamp = _stamp(path)
                 samples.append(math.inf if stamp is None else notified - stamp)
@@ -283,7 +283,7 @@ def _notify_probes(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
         if e is not None and samples and samples[-1] != math.inf:
             try:
                 warm(e, cfg.workers, 0, timeout=cfg.probe_timeout)
-            except Exception:  # noqa: BLE001 - a broken engine raises its own type
+            except Exception:  # a broken engine raises its own type
                 breaks += 1
     finally:
         if e is not None:
@@ -332,7 +332,7 @@ def run_cached(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
         job = Job(key, jobs.noop)
         push = q.push
         if not isinstance(push(job), Cached):
-            raise RuntimeError("a completed key did not push as Cached")  # noqa: TRY004 - not a caller's type error
+            raise RuntimeError("a completed key did not push as Cached")  # not a caller's type error
         t0 = time.perf_counter()
         for _ in range(n):
             push(job)

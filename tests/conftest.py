@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
@@ -53,10 +54,8 @@ def no_leaked_processes() -> Iterator[None]:
     _, alive = psutil.wait_procs(leaked, timeout=3)
     real = [p for p in alive if p.is_running()]
     for p in real:  # only our own descendants, by pid
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     if real:
         desc = []
         for p in real:

@@ -9,9 +9,9 @@ import re
 import select
 import sys
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from typing import Any, TypeVar
 
 import jobs
 import pytest
@@ -175,10 +175,8 @@ def wait_started(handle: JobHandle[Any], started: str, timeout: float = WAIT) ->
     r, w = os.pipe()
 
     def watch() -> None:  # wakes the select below if the job ends first
-        try:
+        with suppress(BaseException):  # only the wake-up matters here
             handle.result(timeout=timeout)
-        except BaseException:  # noqa: BLE001, S110 - only the wake-up matters here
-            pass
         try:
             os.write(w, b"x")
         except OSError:
@@ -225,15 +223,11 @@ def assert_all_gone(pids: list[int]) -> None:
 
     procs = []
     for pid in pids:
-        try:
+        with suppress(psutil.NoSuchProcess):
             procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
     _, alive = psutil.wait_procs(procs, timeout=10)
     for p in alive:  # by pid, only what the test's own jobs started
-        try:
+        with suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(alive, timeout=10)
     assert not alive, f"processes outlived their job: {[p.pid for p in alive]}"

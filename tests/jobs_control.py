@@ -7,6 +7,7 @@ imports nothing heavy at module level.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -141,8 +142,6 @@ def open_fds() -> dict[int, str]:
     the job may run under a tight ``nofile`` limit.)"""
     fds = {}
     for fd in range(1024):
-        try:
+        with contextlib.suppress(OSError):
             fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
     return fds

@@ -9,7 +9,8 @@ in which process.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jobs
 

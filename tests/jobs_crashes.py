@@ -11,7 +11,8 @@ import os
 import subprocess
 import sys
 import threading
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import jobs
 

@@ -11,6 +11,7 @@ honest codec.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -243,10 +244,8 @@ def channel_peers() -> dict[str, Any]:
     supervisor for the worker's pipe)."""
     fds = {}
     for fd in range(1024):
-        try:
+        with contextlib.suppress(OSError):
             fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            pass
     peers = []
     for fd, link in fds.items():
         if link.startswith("socket:"):

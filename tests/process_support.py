@@ -42,8 +42,6 @@ def children() -> dict[int, psutil.Process]:
 def kill_and_reap(procs: list[psutil.Process]) -> None:
     """SIGKILL the given processes (by pid, only those still running) and reap them."""
     for p in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(procs, timeout=10)

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jobs
 import pytest
@@ -18,7 +19,6 @@ from procq import Job, Lane, ProcQueue
 
 def noop() -> None:
     """A module-level function to build jobs with."""
-
 
 
 @pytest.mark.parametrize(
@@ -91,14 +91,12 @@ def test_bad_arguments_raise_at_once(make: Callable[[], Any], error: type[Except
         make()
 
 
-
 def test_a_key_that_is_a_str_subclass_is_kept_as_a_plain_str() -> None:
     class Key(str):
         pass
 
     key = Job(Key("k"), noop).key
     assert key == "k" and type(key) is str
-
 
 
 def test_a_job_is_a_frozen_value() -> None:
@@ -109,12 +107,10 @@ def test_a_job_is_a_frozen_value() -> None:
     assert job == Job("k", jobs.square, args=(3,), kwargs={"x": 1}, lane="cpu", timeout=2.0)
 
 
-
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(key=st.text(min_size=1))
 def test_any_nonempty_str_is_a_key(key: str) -> None:
     assert Job(key, noop).key == key
-
 
 
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -122,7 +118,6 @@ def test_any_nonempty_str_is_a_key(key: str) -> None:
 def test_a_key_that_is_not_a_str_is_refused(key: Any) -> None:
     with pytest.raises(TypeError, match=r"^job key must be a str, got "):
         Job(key, noop)
-
 
 
 def test_push_refuses_bad_arguments_at_once_and_claims_nothing(queue: ProcQueue) -> None:
@@ -145,7 +140,6 @@ def test_push_refuses_bad_arguments_at_once_and_claims_nothing(queue: ProcQueue)
     assert queue.state("k") is None
     stats = queue.stats()
     assert (stats.pending, stats.processing, stats.completed, stats.failed) == (0, 0, 0, 0)
-
 
 
 @pytest.mark.parametrize("timeout", ["soon", [1]])

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import jobs
 import jobs_lifecycle

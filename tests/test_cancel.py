@@ -55,7 +55,6 @@ def test_cancel_a_pending_job_it_never_runs_and_a_blocked_push_gets_its_room(tmp
         assert q.state("waiting") == Completed("fresh")
 
 
-
 @pytest.mark.parametrize("capacity", [0, 1])
 def test_cancel_a_blocked_push(tmp_path: Any, capacity: int, gates: Gates) -> None:
     """A push waiting for room (no capacity, or a full lane) is cancelled: it
@@ -80,7 +79,6 @@ def test_cancel_a_blocked_push(tmp_path: Any, capacity: int, gates: Gates) -> No
         assert not marker.exists()
 
 
-
 def test_cancel_while_the_push_is_still_pickling(tmp_path: Any) -> None:
     """A cancel between a push's claim and its offer to the lane: the push
     returns Queued, the handle says cancelled, the job never runs."""
@@ -93,7 +91,6 @@ def test_cancel_while_the_push_is_still_pickling(tmp_path: Any) -> None:
         failure_of(outcome.handle, "cancelled")
         assert q.push_and_wait(Job("after", jobs.square, args=(3,)), timeout=WAIT) == 9
         assert not marker.exists()
-
 
 
 def test_cancel_a_running_job_kills_it_and_replaces_its_worker(start_method: str, tmp_path: Any, gates: Gates) -> None:
@@ -115,7 +112,6 @@ def test_cancel_a_running_job_kills_it_and_replaces_its_worker(start_method: str
         assert q.push_and_wait(Job("victim", jobs.getpid), timeout=WAIT) != pid
 
 
-
 def test_cancel_a_finished_or_unknown_key_changes_nothing() -> None:
     with open_queue(1) as q:
         assert q.cancel("never-pushed") is False
@@ -129,7 +125,6 @@ def test_cancel_a_finished_or_unknown_key_changes_nothing() -> None:
         assert q.stats() == stats
         with pytest.raises(TypeError, match=r"^a key is a str, got int: 1$"):
             q.cancel(1)  # type: ignore[arg-type]
-
 
 
 def test_cancel_a_job_sent_ahead_to_a_busy_worker_it_never_runs(
@@ -166,7 +161,6 @@ def test_cancel_a_job_sent_ahead_to_a_busy_worker_it_never_runs(
         assert q.push_and_wait(Job("c", jobs_core.record, args=(log, "c again"), lane="one"), timeout=WAIT) > 0
 
 
-
 def test_cancel_racing_completion_ends_once(tmp_path: Any) -> None:
     """Cancel a job as it starts or just as it finishes: whichever wins, the
     job ends in one terminal state, the one cancel's answer says."""
@@ -195,7 +189,6 @@ def test_cancel_racing_completion_ends_once(tmp_path: Any) -> None:
             assert handle.state == q.state(key)
         stats = q.stats()
         assert stats.failed == outcomes.count("cancelled") and stats.pending == stats.processing == 0
-
 
 
 @pytest.mark.parametrize("where", ["pending", "running"])
@@ -228,7 +221,7 @@ def test_cancel_wakes_every_waiter(tmp_path: Any, where: str, gates: Gates) -> N
             asyncio.get_running_loop().call_soon(awaiting.set)
             try:
                 await handle
-            except BaseException as exc:  # noqa: BLE001 - checked below
+            except BaseException as exc:  # checked below
                 errors.append(exc)
 
         task_thread = threading.Thread(target=asyncio.run, args=(in_task(handles[2]),), daemon=True)

@@ -62,7 +62,6 @@ def test_push_after_close_raises_queue_closed_and_close_is_idempotent(log: str) 
     assert read_log(log) == [f"ran {pid}"]
 
 
-
 def test_the_context_manager_closes_waiting_for_jobs(log: str) -> None:
     with ProcQueue(lanes=1) as q:
         assert isinstance(q, ProcQueue) and not q.closed
@@ -75,30 +74,25 @@ def test_the_context_manager_closes_waiting_for_jobs(log: str) -> None:
         q.push(Job("after", jobs.getpid))
 
 
-
 def test_the_context_manager_closes_waiting_when_its_body_raises(log: str) -> None:
-    with pytest.raises(RuntimeError, match="^inside the block$"):
-        with ProcQueue(lanes=1) as q:
-            handle = q.push(Job("k", jobs_core.record, args=(log,))).handle
-            raise RuntimeError("inside the block")
+    with pytest.raises(RuntimeError, match=r"^inside the block$"), ProcQueue(lanes=1) as q:
+        handle = q.push(Job("k", jobs_core.record, args=(log,))).handle
+        raise RuntimeError("inside the block")
     assert q.closed and q._worker_pids() == []
     assert handle.done()
     assert read_log(log) == [f"ran {handle.result(timeout=0)}"]
 
 
-
 def test_the_context_manager_on_keyboard_interrupt_closes_without_waiting(gates: Gates, log: str) -> None:
     gate = gates("held")
-    with pytest.raises(KeyboardInterrupt):
-        with ProcQueue(lanes=1) as q:
-            held = q.push(Job("held", jobs_core.record_signal_wait, args=(log, gate.started, gate.go))).handle
-            gate.wait_started()
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), ProcQueue(lanes=1) as q:
+        held = q.push(Job("held", jobs_core.record_signal_wait, args=(log, gate.started, gate.go))).handle
+        gate.wait_started()
+        raise KeyboardInterrupt
     assert q.closed and q._worker_pids() == []
-    with pytest.raises(JobFailed, match="^job 'held' failed: cancelled: ") as info:
+    with pytest.raises(JobFailed, match=r"^job 'held' failed: cancelled: ") as info:
         held.result(timeout=WAIT)
     assert info.value.failure.kind == "cancelled"
-
 
 
 def test_close_waiting_lets_running_and_waiting_jobs_complete(gates: Gates, log: str) -> None:
@@ -125,7 +119,6 @@ def test_close_waiting_lets_running_and_waiting_jobs_complete(gates: Gates, log:
         assert read_log(log) == [f"running {pid}", f"waiting {pid}"]
 
 
-
 def test_close_waiting_lets_a_push_blocked_for_room_in_and_runs_it(gates: Gates, log: str) -> None:
     # The blocked push claimed its key before close(): it is not a new push,
     # so close(wait=True) waits for it like any other waiting job.
@@ -145,7 +138,6 @@ def test_close_waiting_lets_a_push_blocked_for_room_in_and_runs_it(gates: Gates,
         assert q._worker_pids() == []
         assert [h.result(timeout=0) for h in (running.handle, waiting.handle, outcome.handle)] == [pid] * 3
         assert read_log(log) == [f"running {pid}", f"waiting {pid}", f"blocked {pid}"]
-
 
 
 def test_close_without_waiting_cancels_waiting_and_running_jobs(gates: Gates, log: str) -> None:
@@ -182,7 +174,6 @@ def test_close_without_waiting_cancels_waiting_and_running_jobs(gates: Gates, lo
         assert read_log(log) == [f"running {pid}"]  # neither of the others ever ran
         with pytest.raises(QueueClosed):
             q.push(Job("running", jobs.getpid))
-
 
 
 def test_close_without_waiting_cancels_a_push_that_claimed_its_key_just_before(gates: Gates, log: str) -> None:

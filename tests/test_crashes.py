@@ -15,9 +15,9 @@ import os
 import re
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import jobs
 import jobs_crashes
@@ -404,14 +404,14 @@ def test_every_waiter_gets_the_same_failure(q: ProcQueue, tmp_path: Any) -> None
     def wait_in_thread(handle: Any) -> None:
         try:
             handle.result(timeout=20)
-        except BaseException as exc:  # noqa: BLE001 - recorded and checked below
+        except BaseException as exc:  # recorded and checked below
             with lock:
                 errors.append(exc)
 
     async def wait_in_task(handle: Any) -> None:
         try:
             await asyncio.wait_for(_await(handle), 20)
-        except BaseException as exc:  # noqa: BLE001 - recorded and checked below
+        except BaseException as exc:  # recorded and checked below
             with lock:
                 errors.append(exc)
 

@@ -22,11 +22,12 @@ def test_failure_str_reads_well() -> None:
     assert "exception" not in repr(Failure("error", "x", exception=ValueError("x")))
 
 
-
 def test_job_failed_carries_the_exception_and_the_childs_traceback(start_method: str) -> None:
-    with open_queue({"main": 1}, start_method=start_method) as q:
-        with pytest.raises(JobFailed, match=r"^job 'bad' failed: error: ValueError: bad input$") as info:
-            q.push_and_wait(Job("bad", jobs.boom, args=("bad input",)), timeout=WAIT)
+    with (
+        open_queue({"main": 1}, start_method=start_method) as q,
+        pytest.raises(JobFailed, match=r"^job 'bad' failed: error: ValueError: bad input$") as info,
+    ):
+        q.push_and_wait(Job("bad", jobs.boom, args=("bad input",)), timeout=WAIT)
     error = info.value
     assert error.key == "bad"
     failure = error.failure

@@ -4,7 +4,7 @@ with the values they have when pushed; a module-level function is pickled once p
 from __future__ import annotations
 
 import os
-from typing import Callable
+from collections.abc import Callable
 
 import jobs
 import jobs_core
@@ -21,7 +21,6 @@ def make_adder(n: int) -> Callable[[int], int]:
         return x + n
 
     return add
-
 
 
 def test_lambdas_closures_and_local_functions_run_in_a_child(start_method: str) -> None:
@@ -44,7 +43,6 @@ def test_lambdas_closures_and_local_functions_run_in_a_child(start_method: str) 
         assert q.push_and_wait(Job("lambda-kwargs", lambda *, a, b: a - b, kwargs={"a": 10, "b": 3}), timeout=WAIT) == 7
 
 
-
 def test_many_distinct_closures_in_one_worker_each_run_their_own_code() -> None:
     # More distinct functions than a worker keeps unpickled, twice over, in one
     # worker: each job must run its own function, never a cached neighbour's.
@@ -54,7 +52,6 @@ def test_many_distinct_closures_in_one_worker_each_run_their_own_code() -> None:
         handles += [q.push(Job(f"again-{n}", fn, args=(2000,))).handle for n, fn in enumerate(adders)]
         results = [h.result(timeout=WAIT) for h in handles]
     assert results == [1000 + n for n in range(150)] + [2000 + n for n in range(150)]
-
 
 
 @pytest.mark.parametrize("change", ["rebound", "mutated"])
@@ -77,7 +74,6 @@ def test_a_function_runs_with_the_values_it_has_when_pushed(queue: ProcQueue, ch
         expected = current()
         seen.append((expected, queue.push_and_wait(Job(f"current-{i}", current), timeout=WAIT)))
     assert [got for _, got in seen] == [want for want, _ in seen]
-
 
 
 def test_a_module_level_function_is_pickled_once_per_queue(queue: ProcQueue, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -33,11 +33,9 @@ def test_bad_rlimits_are_refused(rlimits: Any, error: type[Exception], match: st
         Lane(rlimits=rlimits)
 
 
-
 def test_rlimits_are_normalized() -> None:
     lane = Lane(rlimits={"cpu": 5, "fsize": "1M", "nofile": 64, "nproc": 100})
     assert lane.rlimits == {"cpu": 5, "fsize": MIB, "nofile": 64, "nproc": 100}
-
 
 
 @pytest.mark.parametrize(
@@ -50,9 +48,7 @@ def test_sizes(size: Any, expected: int) -> None:
     assert (lane.memory_limit, lane.max_worker_rss, lane.max_result_bytes) == (expected, expected, expected)
 
 
-
 _NOT_A_SIZE = r"must be a number of bytes or a string such as '512M' or '2G', got "
-
 
 
 @pytest.mark.parametrize(
@@ -77,7 +73,6 @@ def test_bad_sizes_are_refused(size: Any, error: type[Exception], match: str) ->
             Lane(**{name: size})
 
 
-
 @pytest.mark.parametrize(
     ("timeout", "error", "match"),
     [
@@ -94,7 +89,6 @@ def test_bad_timeouts_are_refused(timeout: Any, error: type[Exception], match: s
         Job("k", jobs.square, timeout=timeout)
     with pytest.raises(error, match=r"^lane timeout " + match):
         Lane(timeout=timeout)
-
 
 
 @pytest.mark.parametrize(
@@ -115,7 +109,6 @@ def test_bad_timeouts_are_refused(timeout: Any, error: type[Exception], match: s
 def test_bad_lane_settings_are_refused(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
         Lane(**kwargs)
-
 
 
 def test_lane_defaults_depend_on_trust() -> None:

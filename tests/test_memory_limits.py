@@ -42,7 +42,6 @@ def test_a_job_past_its_memory_limit_fails_alone(start_method: str, tmp_path: An
         assert q.push_and_wait(Job("roomy", jobs_control.allocate, args=(200,), memory_limit="1G"), timeout=WAIT) == 200 * MIB
 
 
-
 def test_a_memory_limit_ends_with_its_job(start_method: str) -> None:
     """The address-space limit is set around one job: the worker's next job,
     with no limit, may use more."""
@@ -53,13 +52,11 @@ def test_a_memory_limit_ends_with_its_job(start_method: str) -> None:
         assert q.push_and_wait(Job("pid-again", jobs.getpid), timeout=WAIT) == pid
 
 
-
 def test_the_worker_of_a_job_past_its_memory_limit_is_replaced() -> None:
     with open_queue({"m": Lane(workers=1, memory_limit="64M")}) as q:
         failure = failure_of(q.push(Job("greedy", jobs_control.allocate, args=(300,))).handle, "memory")
         assert q.push_and_wait(Job("after", jobs.getpid), timeout=WAIT) != failure.pid
         assert q.stats().lanes["m"].worker_restarts == 1
-
 
 
 def test_a_memory_error_raised_by_a_job_is_kind_memory(start_method: str) -> None:

@@ -194,7 +194,7 @@ class KeyMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
         """Let a running held job go: it ends, and every handle on it sees that."""
-        running = [k for k, v in zip(self.held, self.live()) if v.running]
+        running = [k for k, v in zip(self.held, self.live(), strict=True) if v.running]
         if not running:
             self.check_every_state()
             return

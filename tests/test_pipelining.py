@@ -56,7 +56,7 @@ def test_jobs_are_sent_ahead_to_a_busy_worker_and_start_in_order() -> None:
     assert [core.state(k) for k in "abcd"] == [Completed(1), Processing(), Pending(), Pending()]
     assert lane.prefetched == 2 and list(worker.queue) == rest[1:]
     core._check_invariants()
-    for entry, out in zip(rest, (2, 3, 4)):
+    for entry, out in zip(rest, (2, 3, 4), strict=True):
         assert _done(core, worker, entry, out) == ([], "done")
     assert [core.state(k) for k in "abcd"] == [Completed(1), Completed(2), Completed(3), Completed(4)]
     assert lane.prefetched == 0 and lane.idle == [worker]
@@ -67,7 +67,7 @@ def test_a_dead_workers_jobs_sent_ahead_go_back_to_the_front_of_their_lane() -> 
     core, lane, worker = _core_with_worker()
     first, _ = _push(core, lane, "a")
     core.sent(worker)
-    b, c, d = (_push(core, lane, k)[0] for k in "bcd")
+    _b, c, d = (_push(core, lane, k)[0] for k in "bcd")
     _done(core, worker, first, 1)  # b runs; c and d are in the worker's queue
     e, _ = _push(core, lane, "e")  # waits in the lane, behind them
     _, wakeups = core.worker_died(worker, lambda entry: Failure("crashed", f"job {entry.key!r}: its worker died"))

@@ -30,12 +30,10 @@ def test_all_is_sorted_unique_and_importable() -> None:
     assert contract <= set(names)
 
 
-
 def test_the_error_tree() -> None:
     assert issubclass(procq.LaneFull, ProcQueueError) and issubclass(procq.LaneFull, TimeoutError)
     assert issubclass(QueueClosed, ProcQueueError)
     assert issubclass(JobFailed, Exception) and not issubclass(JobFailed, ProcQueueError)
-
 
 
 def test_stats_read_as_attributes_items_and_a_dict(queue: ProcQueue) -> None:

@@ -33,7 +33,6 @@ def test_push_and_wait_returns_cached_output_and_raises_job_failed(queue: ProcQu
     assert read_log(log) == [f"ran {pid}"]
 
 
-
 @pytest.mark.key_decides  # pushes other work under a held key on purpose: on_mismatch="ignore"
 def test_push_and_wait_joins_a_running_job(queue: ProcQueue, gates: Gates, log: str) -> None:
     gate = gates("held")
@@ -44,7 +43,6 @@ def test_push_and_wait_joins_a_running_job(queue: ProcQueue, gates: Gates, log: 
     gate.open()
     assert joiner.outcome() == pid == first.handle.result(timeout=WAIT)
     assert read_log(log) == [f"ran {pid}"]
-
 
 
 def test_push_and_wait_past_its_timeout_leaves_the_job_running(queue: ProcQueue, gates: Gates, log: str) -> None:
@@ -66,7 +64,6 @@ def test_push_and_wait_past_its_timeout_leaves_the_job_running(queue: ProcQueue,
     assert queue.push_and_wait(job, timeout=WAIT) == pid
     assert first.handle.result(timeout=0) == pid
     assert read_log(log) == [f"ran {pid}"]
-
 
 
 def test_push_and_wait_timeout_message_names_the_callers_timeout(queue: ProcQueue, gates: Gates, log: str) -> None:

@@ -12,7 +12,8 @@ import asyncio
 import random
 import threading
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jobs
 import jobs_core

@@ -52,7 +52,6 @@ def test_a_jobs_own_timeout_beats_its_lanes(start_method: str, tmp_path: Any, ga
         assert (lane.workers_alive, lane.running) == (2, 0)
 
 
-
 def test_a_timeout_counts_from_the_start_not_the_wait(start_method: str, tmp_path: Any, gates: Gates) -> None:
     """A job with a timeout that waits in its lane longer than that still runs."""
     never = jobs.fifo(tmp_path, "never")
@@ -67,7 +66,6 @@ def test_a_timeout_counts_from_the_start_not_the_wait(start_method: str, tmp_pat
         assert waiting.result(timeout=WAIT) == 49
 
 
-
 def test_a_timed_out_job_gets_sigterm_first(start_method: str, tmp_path: Any) -> None:
     """With the default grace, a job that does not handle SIGTERM dies of it;
     with ``kill_grace=0`` it gets SIGKILL at once."""
@@ -77,7 +75,6 @@ def test_a_timed_out_job_gets_sigterm_first(start_method: str, tmp_path: Any) ->
             failure = failure_of(q.push(Job(lane, jobs.wait_released, args=(never,), lane=lane)).handle, "timeout")
             assert (failure.signal, failure.exitcode) == (sig.name, -sig), failure
             assert failure.pid not in q._worker_pids()
-
 
 
 def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(start_method: str, tmp_path: Any) -> None:
@@ -95,7 +92,6 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(start_method: str,
         assert int(Path(ready).read_text()) == failure.pid
         assert (failure.signal, failure.exitcode) == ("SIGKILL", -9)
         assert q.push_and_wait(Job("after", jobs.square, args=(5,)), timeout=WAIT) == 25
-
 
 
 def test_a_job_that_handles_sigterm_runs_its_handler_before_it_dies(start_method: str, tmp_path: Any) -> None:

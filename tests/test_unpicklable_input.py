@@ -39,7 +39,6 @@ def test_an_unpicklable_argument_raises_type_error_and_leaves_a_new_key_absent(q
     assert read_log(log) == [f"ran {pid}"]
 
 
-
 def test_an_unpicklable_function_raises_type_error_and_leaves_a_new_key_absent(queue: ProcQueue) -> None:
     lock = threading.Lock()
     closure = lambda: lock  # noqa: E731 - a closure over something that cannot be pickled
@@ -53,7 +52,6 @@ def test_an_unpicklable_function_raises_type_error_and_leaves_a_new_key_absent(q
         queue.push(Job("k", partial))
     assert queue.state("k") is None
     assert queue.push_and_wait(Job("k", jobs.square, args=(9,)), timeout=WAIT) == 81
-
 
 
 def test_unpicklable_input_leaves_a_failed_key_failed_with_the_same_failure(queue: ProcQueue) -> None:
@@ -72,7 +70,6 @@ def test_unpicklable_input_leaves_a_failed_key_failed_with_the_same_failure(queu
     assert isinstance(after, Failed) and after.failure.message == "ValueError: earlier failure"
     assert queue.stats().failed == 1
     assert type(queue.push(Job("k", jobs.square, args=(5,)))) is Queued
-
 
 
 @pytest.mark.key_decides  # pushes other work under a held key on purpose: on_mismatch="ignore"
@@ -96,7 +93,6 @@ def test_a_push_joined_to_a_claim_that_fails_to_pickle_is_woken_cancelled(queue:
         outcome.handle.result(timeout=WAIT)
     assert info.value.failure.kind == "cancelled"
     assert queue.state("k") is None
-
 
 
 def test_an_unpicklable_argument_is_both_a_type_error_and_a_pickling_error(queue: ProcQueue) -> None:

@@ -65,7 +65,6 @@ def test_env_and_cwd(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, method: str
         assert q.push_and_wait(Job("cwd-default", jobs_control.getcwd, lane="default"), timeout=WAIT) == os.getcwd()
 
 
-
 @pytest.mark.parametrize(
     ("method", "trusted", "nofile"),
     [

@@ -26,7 +26,6 @@ def test_max_jobs_per_worker_replaces_the_worker_every_n_jobs(start_method: str)
         assert q.push_and_wait(Job("next", jobs.getpid), timeout=WAIT) not in pids
 
 
-
 def test_max_worker_rss_replaces_a_worker_that_grew(start_method: str) -> None:
     with open_queue({"r": Lane(workers=1, max_worker_rss="200M")}, start_method=start_method) as q:
         first = q.push_and_wait(Job("small-1", jobs.getpid), timeout=WAIT)
