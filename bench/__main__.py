@@ -27,9 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=doc.strip().splitlines()[-1])
     parser.add_argument("--rounds", type=int, default=None, help="rounds of every workload (default 3; 1 with --quick)")
     parser.add_argument("--quick", action="store_true", help="a short smoke run: fewer jobs, one round")
-    parser.add_argument("--only", nargs="+", choices=list(WORKLOADS), metavar="WORKLOAD", help="run only these workloads")
     parser.add_argument(
-        "--engines", nargs="+", choices=list(BY_NAME), metavar="ENGINE", help="run only these engines (procq always runs)"
+        "--only", nargs="+", choices=list(WORKLOADS), metavar="WORKLOAD", help="run only these workloads"
+    )
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        choices=list(BY_NAME),
+        metavar="ENGINE",
+        help="run only these engines (procq always runs)",
     )
     args = parser.parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
@@ -59,9 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"settings: start method {START_METHOD} where the engine allows it, {rounds} round(s)"
         f"{' (quick)' if args.quick else ''}; tiny {cfg.tiny_jobs:,} jobs; latency {cfg.latency_samples:,} samples"
-        f" after {cfg.latency_warmup}; cpu {cfg.cpu_jobs} x ~{cfg.cpu_job_seconds * 1e3:.0f} ms (spin n={cfg.spin_n:,});"
+        f" after {cfg.latency_warmup}; cpu {cfg.cpu_jobs} x ~{cfg.cpu_job_seconds * 1e3:.0f} ms"
+        f" (spin n={cfg.spin_n:,});"
         f" bigdata {cfg.big_jobs} x {cfg.big_bytes / 1e6:g} MB; crash {cfg.crash_jobs} jobs, every {cfg.crash_every}th"
-        f" killed, {cfg.crash_probes} timed kill(s), {cfg.crash_timeout:g} s bound; cached {cfg.cached_pushes:,} pushes;"
+        f" killed, {cfg.crash_probes} timed kill(s), {cfg.crash_timeout:g} s bound;"
+        f" cached {cfg.cached_pushes:,} pushes;"
         f" map {cfg.map_items:,} items, imap chunksizes {', '.join(map(str, cfg.map_chunksizes))};"
         f" warm-up {cfg.warmup_jobs} jobs"
     )

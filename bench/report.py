@@ -140,7 +140,8 @@ def _tiny(med: Medians, cfg: Config) -> list[Verdict]:
     p = med.get(("procq", "tiny", "jobs_per_s"))
     if p is None:
         return out
-    for peer, factor, name in (("mp.Pool", 2.0, "2x multiprocessing.Pool"), ("raw pipe", 0.5, "half the raw pipe floor")):
+    peers = (("mp.Pool", 2.0, "2x multiprocessing.Pool"), ("raw pipe", 0.5, "half the raw pipe floor"))
+    for peer, factor, name in peers:
         b = med.get((peer, "tiny", "jobs_per_s"))
         if b is not None:
             out.append(
@@ -160,8 +161,10 @@ def _latency(med: Medians, cfg: Config) -> list[Verdict]:
         out.append(
             (
                 "met" if p50 <= 3 * floor else "missed",
-                (f"latency p50 <= 3x the raw pipe floor: procq {p50:,.0f} us vs floor {floor:,.0f} us "
-                f"(x{p50 / floor:.2f}; need x3, i.e. <= {3 * floor:,.0f} us)"),
+                (
+                    f"latency p50 <= 3x the raw pipe floor: procq {p50:,.0f} us vs floor {floor:,.0f} us "
+                    f"(x{p50 / floor:.2f}; need x3, i.e. <= {3 * floor:,.0f} us)"
+                ),
             )
         )
     if p99 is not None:
@@ -204,11 +207,17 @@ def _crash(med: Medians, cfg: Config) -> list[Verdict]:
         out.append(("met" if usable == 1 else "missed", f"crash: queue usable after: {'yes' if usable else 'no'}"))
     if recover is not None:
         out.append(
-            ("met" if recover <= 100 else "missed", f"crash: last answer within 100 ms of the last crash: {recover:,.0f} ms")
+            (
+                "met" if recover <= 100 else "missed",
+                f"crash: last answer within 100 ms of the last crash: {recover:,.0f} ms",
+            )
         )
     if notify is not None:
         out.append(
-            ("met" if notify <= 5 else "missed", f"crash: waiter notified within 5 ms median of the death: {notify:.2f} ms")
+            (
+                "met" if notify <= 5 else "missed",
+                f"crash: waiter notified within 5 ms median of the death: {notify:.2f} ms",
+            )
         )
     return out
 
@@ -218,7 +227,10 @@ def _startup_close(med: Medians, cfg: Config) -> list[Verdict]:
     p, b = med.get(("procq", "startup", "startup_ms")), med.get(("PPE", "startup", "startup_ms"))
     if p is not None and b is not None:
         out.append(
-            ("met" if p <= b else "missed", f"start-up (create + first job) <= PPE: procq {p:,.0f} ms vs PPE {b:,.0f} ms")
+            (
+                "met" if p <= b else "missed",
+                f"start-up (create + first job) <= PPE: procq {p:,.0f} ms vs PPE {b:,.0f} ms",
+            )
         )
     c = med.get(("procq", "close", "close_ms"))
     if c is not None:
@@ -236,8 +248,10 @@ def _cached(med: Medians, cfg: Config) -> list[Verdict]:
         out.append(
             (
                 "met" if many >= 0.5 * one else "missed",
-                (f"cached push, {t} threads do not collapse (>= half of 1 thread): {many:,.0f}/s together, "
-                f"x{many / one:.2f} of 1 thread"),
+                (
+                    f"cached push, {t} threads do not collapse (>= half of 1 thread): {many:,.0f}/s together, "
+                    f"x{many / one:.2f} of 1 thread"
+                ),
             )
         )
     return out

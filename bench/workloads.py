@@ -506,7 +506,9 @@ WORKLOADS: dict[str, Workload] = {
             run_crash,
             (
                 Metric("good_ok", "good jobs correct (of {good})", "higher", num("{:.0f}"), ratio=False),
-                Metric("crash_signal", "crashes reported with SIGKILL (of {crashes})", "higher", num("{:.0f}"), ratio=False),
+                Metric(
+                    "crash_signal", "crashes reported with SIGKILL (of {crashes})", "higher", num("{:.0f}"), ratio=False
+                ),
                 Metric("crash_hung", "crashed jobs never resolved (of {crashes})", "lower", num("{:.0f}"), ratio=False),
                 Metric("usable_after", "usable after (1 = yes)", "higher", num("{:.0f}"), ratio=False),
                 Metric("recover_ms", "last crash -> last answer, ms", "lower", num("{:,.0f}")),

@@ -94,7 +94,9 @@ def forge_two(first: list[Any], second: list[Any], report: str | None = None) ->
     if report is not None:
         with open(report, "w") as f:
             f.write(str(job_id))
-    data = b"".join(frame(json.dumps([job_id if part == "<id>" else part for part in m]).encode()) for m in (first, second))
+    data = b"".join(
+        frame(json.dumps([job_id if part == "<id>" else part for part in m]).encode()) for m in (first, second)
+    )
     write_then_block(data)
 
 

@@ -45,10 +45,26 @@ def noop() -> None:
             TypeError,
             r"^job 'k': timeout must be a number of seconds or None, got bool$",
         ),
-        (lambda: Job("k", noop, timeout=0), ValueError, r"^job 'k': timeout must be a positive number of seconds, got 0$"),
-        (lambda: Job("k", noop, timeout=-1.5), ValueError, r"^job 'k': timeout must be a positive number of seconds, got -1\.5$"),
-        (lambda: Job("k", noop, timeout=math.nan), ValueError, r"^job 'k': timeout must be a positive number of seconds, got nan$"),
-        (lambda: Job("k", noop, timeout=math.inf), ValueError, r"^job 'k': timeout must be a positive number of seconds, got inf$"),
+        (
+            lambda: Job("k", noop, timeout=0),
+            ValueError,
+            r"^job 'k': timeout must be a positive number of seconds, got 0$",
+        ),
+        (
+            lambda: Job("k", noop, timeout=-1.5),
+            ValueError,
+            r"^job 'k': timeout must be a positive number of seconds, got -1\.5$",
+        ),
+        (
+            lambda: Job("k", noop, timeout=math.nan),
+            ValueError,
+            r"^job 'k': timeout must be a positive number of seconds, got nan$",
+        ),
+        (
+            lambda: Job("k", noop, timeout=math.inf),
+            ValueError,
+            r"^job 'k': timeout must be a positive number of seconds, got inf$",
+        ),
         (lambda: Lane(workers=0), ValueError, r"^a lane needs at least 1 worker, got 0$"),
         (lambda: Lane(workers=-2), ValueError, r"^a lane needs at least 1 worker, got -2$"),
         (lambda: Lane(workers=1.5), TypeError, r"^lane workers must be an int, got float$"),  # type: ignore[arg-type]
@@ -101,7 +117,14 @@ def test_a_key_that_is_a_str_subclass_is_kept_as_a_plain_str() -> None:
 
 def test_a_job_is_a_frozen_value() -> None:
     job = Job("k", jobs.square, args=[3], kwargs={"x": 1}, lane="cpu", timeout=2)
-    assert (job.key, job.fn, job.args, job.kwargs, job.lane, job.timeout) == ("k", jobs.square, (3,), {"x": 1}, "cpu", 2.0)
+    assert (job.key, job.fn, job.args, job.kwargs, job.lane, job.timeout) == (
+        "k",
+        jobs.square,
+        (3,),
+        {"x": 1},
+        "cpu",
+        2.0,
+    )
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.key = "other"  # type: ignore[misc]
     assert job == Job("k", jobs.square, args=(3,), kwargs={"x": 1}, lane="cpu", timeout=2.0)

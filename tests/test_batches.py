@@ -51,7 +51,10 @@ def test_push_all_claims_nothing_when_one_job_cannot_be_pickled() -> None:
             Job("b", jobs.identity, args=(threading.Lock(),)),
             Job("c", jobs.identity, args=(3,)),
         ]
-        with pytest.raises(JobPicklingError, match=r"^push_all\(\): nothing was pushed: job #1 job 'b': its arguments could not be pickled"):
+        with pytest.raises(
+            JobPicklingError,
+            match=r"^push_all\(\): nothing was pushed: job #1 job 'b': its arguments could not be pickled",
+        ):
             q.push_all(batch)
         assert [q.state(k) for k in "abc"] == [None, None, None]
         assert q.stats().pending == 0
@@ -103,7 +106,11 @@ def test_map_yields_outputs_in_input_order() -> None:
 def test_map_forgets_the_keys_it_claimed_once_their_outputs_are_out() -> None:
     with open_queue(2) as q:
         q.push_and_wait(Job("theirs", jobs_lifecycle.double, args=(21,)), timeout=WAIT)
-        assert list(q.map(jobs_lifecycle.double, [1, 21, 2], key=lambda i: "theirs" if i == 21 else f"m:{i}")) == [2, 42, 4]
+        assert list(q.map(jobs_lifecycle.double, [1, 21, 2], key=lambda i: "theirs" if i == 21 else f"m:{i}")) == [
+            2,
+            42,
+            4,
+        ]
         # the map's own keys are gone; a key someone else pushed is not the map's to drop
         assert q.keys() == ["theirs"]
         assert q.stats().completed == 1

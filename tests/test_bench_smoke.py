@@ -18,7 +18,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_quick_run_reports_procq_and_the_floor() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--only", "tiny", "latency", "crash", "map", "--engines", "raw pipe"],
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--only",
+            "tiny",
+            "latency",
+            "crash",
+            "map",
+            "--engines",
+            "raw pipe",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -27,7 +39,9 @@ def test_quick_run_reports_procq_and_the_floor() -> None:
     ).stdout
     assert "| workload | metric | better | procq | raw pipe |" in out, out
     # Each row shows a figure for procq and one for the floor, with procq / floor beside it.
-    assert re.search(r"^\| tiny \| throughput, jobs/s \| higher \| [\d,]+ \| [\d,]+ \[\d+\.\d\d\] \|$", out, re.MULTILINE), out
+    assert re.search(
+        r"^\| tiny \| throughput, jobs/s \| higher \| [\d,]+ \| [\d,]+ \[\d+\.\d\d\] \|$", out, re.MULTILINE
+    ), out
     assert re.search(r"^\| latency \| p50, us \| lower \| [\d,]+ \| [\d,]+ \[\d+\.\d\d\] \|$", out, re.MULTILINE), out
     # Crash isolation is counted, not timed: every good job right, every crash named with its signal.
     assert re.search(r"^\| crash \| good jobs correct \(of 36\) \| higher \| 36 \| 36 \|$", out, re.MULTILINE), out

@@ -44,7 +44,10 @@ def test_jobs_fail_clearly_when_workers_keep_dying_at_start(tmp_path: Path, meth
     assert proc.returncode == 0, proc.stderr
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines())
     assert lines["KIND"] == "crashed"
-    assert "the workers of lane 'default' keep dying while they start (3 in a row; the last exited with code 1)" in lines["MESSAGE"]
+    assert (
+        "the workers of lane 'default' keep dying while they start (3 in a row; the last exited with code 1)"
+        in lines["MESSAGE"]
+    )
     assert "if __name__ == '__main__'" in lines["MESSAGE"]
     # Dying at start is no job's crash; the lane kept trying to restart its worker.
     assert lines["STATS"] == "0 True"

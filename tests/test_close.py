@@ -160,7 +160,8 @@ def test_close_without_waiting_cancels_waiting_and_running_jobs(gates: Gates, lo
         for name, outcome in (("running", running), ("waiting", waiting), ("waiting", joined)):
             with pytest.raises(
                 JobFailed,
-                match=rf"^job '{name}' failed: cancelled: job '{name}' was cancelled: the queue was closed without waiting$",
+                match=rf"^job '{name}' failed: cancelled: job '{name}' was cancelled: "
+                r"the queue was closed without waiting$",
             ) as info:
                 outcome.handle.result(timeout=WAIT)
             assert info.value.failure.kind == "cancelled"
@@ -183,7 +184,9 @@ def test_close_without_waiting_cancels_a_push_that_claimed_its_key_just_before(g
     does not wait for it."""
     with open_queue({"one": 1}) as q:
         running_gate, late_gate = gates("running"), gates("late")
-        running = q.push(Job("running", jobs_core.record_signal_wait, args=(log, running_gate.started, running_gate.go, "running")))
+        running = q.push(
+            Job("running", jobs_core.record_signal_wait, args=(log, running_gate.started, running_gate.go, "running"))
+        )
         running_gate.wait_started()
         waiting = q.push(Job("waiting", jobs_core.record, args=(log, "waiting")))
         closing: dict[str, BlockingCall] = {}

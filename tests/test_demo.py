@@ -35,7 +35,9 @@ def test_demo_runs_clean_and_shows_every_outcome() -> None:
     assert re.search(r"^crash:sigkill +Queued +Failed .*\n +`- crashed: .*SIGKILL", out, re.M)
     assert re.search(r"^pow:unbounded +Queued +Failed .*\n +`- timeout: ", out, re.M)
     # The killed and the broken key were retried: a fresh run (Queued) that completed.
-    assert re.search(r"^ast:hung +Queued InFlight Queued +Completed .*\n +`- 1st run, pid \d+: crashed: .*SIGKILL", out, re.M)
+    assert re.search(
+        r"^ast:hung +Queued InFlight Queued +Completed .*\n +`- 1st run, pid \d+: crashed: .*SIGKILL", out, re.M
+    )
     assert re.search(r"^ast:broken +Queued Queued +Completed .*\n +`- 1st run, pid \d+: error: SyntaxError", out, re.M)
     assert re.search(r"^ +cpu +2 +2 +0 +0 +2 +3 ", out, re.M), "cpu lane: 2 crashes, 3 restarts"
     assert re.search(r"^ +tools +2 +2 +0 +0 +1 +1 ", out, re.M), "tools lane: 1 crash, 1 restart"

@@ -37,7 +37,10 @@ def test_lambdas_closures_and_local_functions_run_in_a_child(start_method: str) 
         assert q.push_and_wait(Job("closure-1", make_adder(1), args=(10,)), timeout=WAIT) == 11
         assert q.push_and_wait(Job("closure-2", make_adder(2), args=(10,)), timeout=WAIT) == 12
         # As arguments: a lambda and a local function travel by value too.
-        assert q.push_and_wait(Job("arg-lambda", jobs_core.apply, args=(lambda v: v * 2, 21)), timeout=WAIT) == (42, pid)
+        assert q.push_and_wait(Job("arg-lambda", jobs_core.apply, args=(lambda v: v * 2, 21)), timeout=WAIT) == (
+            42,
+            pid,
+        )
         assert q.push_and_wait(Job("arg-local", jobs_core.apply, args=(local, 2)), timeout=WAIT) == ((6, pid), pid)
         assert q.push_and_wait(Job("closure-kwargs", make_adder(100), kwargs={"x": 1}), timeout=WAIT) == 101
         assert q.push_and_wait(Job("lambda-kwargs", lambda *, a, b: a - b, kwargs={"a": 10, "b": 3}), timeout=WAIT) == 7

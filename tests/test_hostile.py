@@ -101,10 +101,25 @@ CASES = [
     # The body of this frame is replaced by a crafted pickle in the test (it needs tmp_path).
     Case("crafted-pickle", jobs_hostile.write_then_block, message=_NOT_JSON),
     Case("empty-frame", jobs_hostile.write_then_block, _raw(jobs_hostile.frame(b"")), message=_NOT_JSON),
-    Case("huge-int-literal", jobs_hostile.write_then_block, _raw(jobs_hostile.frame(b'["ok", 1, ' + b"7" * 100_000 + b"]")), message=_NOT_JSON),
-    Case("garbage-bytes", jobs_hostile.write_then_block, _raw(jobs_hostile.frame(b"\x00\xff garbage \x80")), message=_NOT_JSON),
+    Case(
+        "huge-int-literal",
+        jobs_hostile.write_then_block,
+        _raw(jobs_hostile.frame(b'["ok", 1, ' + b"7" * 100_000 + b"]")),
+        message=_NOT_JSON,
+    ),
+    Case(
+        "garbage-bytes",
+        jobs_hostile.write_then_block,
+        _raw(jobs_hostile.frame(b"\x00\xff garbage \x80")),
+        message=_NOT_JSON,
+    ),
     Case("not-utf8", jobs_hostile.write_then_block, _raw(jobs_hostile.frame(b'["ok", 1, "\xff"]')), message=_NOT_JSON),
-    Case("unterminated-nesting", jobs_hostile.write_then_block, _raw(jobs_hostile.frame(b"[" * 100_000)), message=_NOT_JSON),
+    Case(
+        "unterminated-nesting",
+        jobs_hostile.write_then_block,
+        _raw(jobs_hostile.frame(b"[" * 100_000)),
+        message=_NOT_JSON,
+    ),
     Case(
         "deep-nesting",
         jobs_hostile.write_then_block,
@@ -147,7 +162,12 @@ CASES = [
         _json(["error", "<id>", "error", "X", {"m": 1}, "tb"]),
         message=r"a malformed message: b'\[\"error\", <id>, .*",
     ),
-    Case("huge-length-prefix", jobs_hostile.write_then_block, _raw(struct.pack("!i", 2**31 - 1)), message=_LENGTH.format(2**31 - 1)),
+    Case(
+        "huge-length-prefix",
+        jobs_hostile.write_then_block,
+        _raw(struct.pack("!i", 2**31 - 1)),
+        message=_LENGTH.format(2**31 - 1),
+    ),
     Case(
         "huge-8-byte-length-prefix",
         jobs_hostile.write_then_block,
@@ -160,7 +180,12 @@ CASES = [
         _raw(struct.pack("!i", LIMIT + SLACK + 1)),
         message=_LENGTH.format(LIMIT + SLACK + 1),
     ),
-    Case("negative-length", jobs_hostile.write_then_block, _raw(struct.pack("!i", -7)), message=re.escape("a message with a negative length (-7)")),
+    Case(
+        "negative-length",
+        jobs_hostile.write_then_block,
+        _raw(struct.pack("!i", -7)),
+        message=re.escape("a message with a negative length (-7)"),
+    ),
     Case(
         "oversized-ok-frame",
         jobs_hostile.forge,
@@ -173,7 +198,12 @@ CASES = [
         _json(["ok", "<id>", "forged"], delta=1000),
         message=r"a message about job id <id> while it held job 'row:another-jobs-id'",
     ),
-    Case("second-ready", jobs_hostile.write_then_block, _raw(jobs_hostile.frame(b'["ready"]')), message="a READY message written by the job"),
+    Case(
+        "second-ready",
+        jobs_hostile.write_then_block,
+        _raw(jobs_hostile.frame(b'["ready"]')),
+        message="a READY message written by the job",
+    ),
     Case(
         "exit-message",
         jobs_hostile.forge,
@@ -201,8 +231,8 @@ CASES = [
         signal=None,
         crashed=True,
         replaced=False,
-        message=r"the process running job 'row:close-pipe-then-exit-0' \(forked by worker <pid> of lane 'u'\) exited with "
-        r"code 0 \(os\._exit\(\), or exit\(\) in native code, ended it mid-job\)",
+        message=r"the process running job 'row:close-pipe-then-exit-0' \(forked by worker <pid> of lane 'u'\) "
+        r"exited with code 0 \(os\._exit\(\), or exit\(\) in native code, ended it mid-job\)",
     ),
     Case(
         "half-a-frame-then-exit-0",
@@ -260,7 +290,10 @@ def test_hostile_table(q: ProcQueue, tmp_path: Any, gates: Gates, case: Case) ->
     after = q.stats()
     assert after.failed == before.failed + 1
     lane = after.lanes[UNTRUSTED]
-    assert (lane.failed, lane.crashes) == (before.lanes[UNTRUSTED].failed + 1, before.lanes[UNTRUSTED].crashes + case.crashed)
+    assert (lane.failed, lane.crashes) == (
+        before.lanes[UNTRUSTED].failed + 1,
+        before.lanes[UNTRUSTED].crashes + case.crashed,
+    )
     assert lane.worker_restarts == before.lanes[UNTRUSTED].worker_restarts + case.replaced
     assert (pid in q._worker_pids()) is not case.replaced
     assert q.state("bystander") == Processing()
@@ -290,7 +323,9 @@ def test_half_a_frame_then_a_hang_blocks_nothing(q: ProcQueue, tmp_path: Any) ->
     completing, and the hanging job ends by its own timeout."""
     started = jobs.fifo(tmp_path, "started")
     partial = struct.pack("!i", 1000) + b'["ok", 1, "'
-    handle = q.push(Job("half", jobs_hostile.write_then_block, args=(partial, started), lane=UNTRUSTED, timeout=2)).handle
+    handle = q.push(
+        Job("half", jobs_hostile.write_then_block, args=(partial, started), lane=UNTRUSTED, timeout=2)
+    ).handle
     assert wait_started(handle, started) == b"1"  # the half frame is written
     for i in range(3):
         assert q.push_and_wait(Job(f"u{i}", jobs.square, args=(i,), lane=UNTRUSTED), timeout=WAIT) == i * i
@@ -312,7 +347,9 @@ def test_a_message_about_a_job_another_worker_runs(q: ProcQueue, tmp_path: Any, 
     liar = q.push(Job("liar", jobs_hostile.forge, args=(message, -1, report), lane=UNTRUSTED)).handle
     failure = failure_of(liar, "protocol")
     assert int(Path(report).read_text()) == victim_id
-    assert f"broke procq's protocol with a message about job id {victim_id} while it held job 'liar';" in failure.message
+    assert (
+        f"broke procq's protocol with a message about job id {victim_id} while it held job 'liar';" in failure.message
+    )
     assert q.state("victim") == Processing()
     go.open()
     assert victim.result(timeout=WAIT) == victim_pid
@@ -384,22 +421,42 @@ def test_a_process_left_holding_the_channel_does_not_hold_the_job(tmp_path: Any)
 @pytest.mark.parametrize(
     ("fn", "args", "exitcode", "sig", "how"),
     [
-        (jobs.exit_now, (3,), 3, None, r"exited with code 3 \(os\._exit\(\), or exit\(\) in native code, ended it mid-job\)"),
-        (jobs.segfault, (), -11, "SIGSEGV", r"was killed by SIGSEGV \(signal 11\): a segmentation fault: native code run by the job crashed"),
+        (
+            jobs.exit_now,
+            (3,),
+            3,
+            None,
+            r"exited with code 3 \(os\._exit\(\), or exit\(\) in native code, ended it mid-job\)",
+        ),
+        (
+            jobs.segfault,
+            (),
+            -11,
+            "SIGSEGV",
+            r"was killed by SIGSEGV \(signal 11\): a segmentation fault: native code run by the job crashed",
+        ),
         (jobs_hostile.signal_self, (11,), -11, "SIGSEGV", r"was killed by SIGSEGV \(signal 11\): .*"),
         (jobs.sigkill_self, (), -9, "SIGKILL", r"was killed by SIGKILL \(signal 9\): .*"),
     ],
     ids=["exit-3", "segfault", "kill-sigsegv", "sigkill"],
 )
-def test_a_crashing_job_fails_alone_and_its_worker_stays(q: ProcQueue, fn: Any, args: Any, exitcode: int, sig: str | None, how: str) -> None:
+def test_a_crashing_job_fails_alone_and_its_worker_stays(
+    q: ProcQueue, fn: Any, args: Any, exitcode: int, sig: str | None, how: str
+) -> None:
     pid = q.push_and_wait(Job("pid", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT)
     before = q.stats().lanes[UNTRUSTED]
     failure = failure_of(q.push(Job("crash", fn, args, lane=UNTRUSTED)).handle, "crashed")
     assert (failure.exitcode, failure.signal, failure.pid) == (exitcode, sig, pid)
-    assert re.fullmatch(rf"the process running job 'crash' \(forked by worker {pid} of lane 'u'\) {how}", failure.message), failure.message
+    assert re.fullmatch(
+        rf"the process running job 'crash' \(forked by worker {pid} of lane 'u'\) {how}", failure.message
+    ), failure.message
     assert q.push_and_wait(Job("pid-again", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT) == pid
     lane = q.stats().lanes[UNTRUSTED]
-    assert (lane.crashes, lane.failed, lane.worker_restarts) == (before.crashes + 1, before.failed + 1, before.worker_restarts)
+    assert (lane.crashes, lane.failed, lane.worker_restarts) == (
+        before.crashes + 1,
+        before.failed + 1,
+        before.worker_restarts,
+    )
     _assert_lane_works(q)
 
 
@@ -411,7 +468,9 @@ def test_a_cancelled_job_handles_sigterm_before_its_worker_dies(tmp_path: Any) -
     started = jobs.fifo(tmp_path, "started")
     with open_queue({UNTRUSTED: Lane(trusted=False, kill_grace=30)}) as q:
         worker = q.push_and_wait(Job("pid", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT)
-        handle = q.push(Job("tidy", jobs_control.handle_sigterm_then_block, args=(started, cleaned), lane=UNTRUSTED)).handle
+        handle = q.push(
+            Job("tidy", jobs_control.handle_sigterm_then_block, args=(started, cleaned), lane=UNTRUSTED)
+        ).handle
         job_pid = int(wait_started(handle, started))
         assert q.cancel("tidy") is True
         failure = failure_of(handle, "cancelled")
@@ -433,7 +492,9 @@ def test_no_descendant_of_a_killed_job_survives(tmp_path: Any, how: str) -> None
             # machine it may not have, and then the attempt is repeated with a longer limit.
             for attempt, limit in enumerate((0.5, 4.0, 16.0)):
                 report = str(tmp_path / f"pids-{attempt}")
-                job = Job(f"tree-{attempt}", jobs_control.tree_then_block, args=(gate, report), lane=UNTRUSTED, timeout=limit)
+                job = Job(
+                    f"tree-{attempt}", jobs_control.tree_then_block, args=(gate, report), lane=UNTRUSTED, timeout=limit
+                )
                 failure = failure_of(q.push(job).handle, "timeout", timeout=limit + WAIT)
                 if os.path.exists(report):
                     break
@@ -443,7 +504,9 @@ def test_no_descendant_of_a_killed_job_survives(tmp_path: Any, how: str) -> None
             pids = [int(p) for p in Path(report).read_text().split()]
         else:
             started = jobs.fifo(tmp_path, "started")
-            handle = q.push(Job("tree", jobs_control.tree_then_block, args=(gate, None, started), lane=UNTRUSTED)).handle
+            handle = q.push(
+                Job("tree", jobs_control.tree_then_block, args=(gate, None, started), lane=UNTRUSTED)
+            ).handle
             pids = [int(p) for p in wait_started(handle, started).split()]
             assert q.cancel("tree") is True
             failure = failure_of(handle, "cancelled")
@@ -464,7 +527,9 @@ def test_a_fork_bomb_is_held_by_nproc(tmp_path: Any) -> None:
         # run out before that on a loaded machine: then again, with a longer one.
         for attempt, limit in enumerate((1.0, 4.0, 16.0)):
             report = str(tmp_path / f"bomb-{attempt}")
-            handle = q.push(Job(f"bomb-{attempt}", jobs_hostile.fork_bomb, args=(report, 20 * nproc), lane=UNTRUSTED, timeout=limit)).handle
+            handle = q.push(
+                Job(f"bomb-{attempt}", jobs_hostile.fork_bomb, args=(report, 20 * nproc), lane=UNTRUSTED, timeout=limit)
+            ).handle
             failure = failure_of(handle, "timeout", timeout=limit + WAIT)
             if os.path.exists(report) and Path(report).read_text():
                 break
@@ -484,12 +549,19 @@ def test_a_huge_file_is_held_by_fsize(tmp_path: Any) -> None:
     path = tmp_path / "huge"
     with open_queue({UNTRUSTED: Lane(trusted=False, rlimits={"fsize": "1M"})}) as q:
         pid = q.push_and_wait(Job("pid", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT)
-        failure = failure_of(q.push(Job("huge", jobs_hostile.write_file, args=(str(path), 10), lane=UNTRUSTED)).handle, "error")
+        failure = failure_of(
+            q.push(Job("huge", jobs_hostile.write_file, args=(str(path), 10), lane=UNTRUSTED)).handle, "error"
+        )
         assert (failure.exc_type, failure.message) == ("OSError", f"OSError: [Errno {errno.EFBIG}] File too large")
         assert failure.pid == pid
         assert 0 < path.stat().st_size <= 1 << 20
         # The worker lives on, still held by the limit.
-        assert q.push_and_wait(Job("small", jobs_hostile.write_file, args=(str(tmp_path / "small"), 1), lane=UNTRUSTED), timeout=WAIT) == 1 << 20
+        assert (
+            q.push_and_wait(
+                Job("small", jobs_hostile.write_file, args=(str(tmp_path / "small"), 1), lane=UNTRUSTED), timeout=WAIT
+            )
+            == 1 << 20
+        )
         assert q.push_and_wait(Job("pid", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT) == pid
 
 
@@ -519,7 +591,10 @@ def test_the_cpu_limit_is_per_job() -> None:
     with open_queue({UNTRUSTED: Lane(workers=1, trusted=False, rlimits={"cpu": 1})}) as q:
         pid = q.push_and_wait(Job("pid", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT)
         for i in range(2):
-            assert q.push_and_wait(Job(f"burn-{i}", jobs_hostile.burn_cpu, args=(0.6,), lane=UNTRUSTED), timeout=WAIT) >= 0.6
+            assert (
+                q.push_and_wait(Job(f"burn-{i}", jobs_hostile.burn_cpu, args=(0.6,), lane=UNTRUSTED), timeout=WAIT)
+                >= 0.6
+            )
         assert q.push_and_wait(Job("pid-again", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT) == pid
 
 
@@ -534,7 +609,9 @@ def test_the_memory_limit_is_per_job_and_costs_no_worker() -> None:
         failure = failure_of(q.push(Job("greedy", jobs_control.allocate, args=(100,), lane=UNTRUSTED)).handle, "memory")
         assert failure.message == "MemoryError (the job went over its memory_limit of 64 MiB)"
         assert failure.pid == pid
-        assert q.push_and_wait(Job("after", jobs_control.allocate, args=(40,), lane=UNTRUSTED), timeout=WAIT) == 40 << 20
+        assert (
+            q.push_and_wait(Job("after", jobs_control.allocate, args=(40,), lane=UNTRUSTED), timeout=WAIT) == 40 << 20
+        )
         assert q.push_and_wait(Job("pid-again", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT) == pid
         assert q.stats().lanes[UNTRUSTED].worker_restarts == 0
 
@@ -545,7 +622,6 @@ def test_a_job_cannot_raise_its_limits() -> None:
     with open_queue({UNTRUSTED: lane}) as q:
         tried = q.push_and_wait(Job("raise", jobs_hostile.raise_own_limits, lane=UNTRUSTED), timeout=WAIT)
         assert tried == {"cpu": "ValueError", "as": "ValueError"}
-
 
 
 # --- Honest jobs, results as data ------------------------------------------------------------
@@ -560,7 +636,9 @@ def test_a_result_over_max_result_bytes_fails_but_keeps_the_worker(q: ProcQueue)
         failure.message,
     ), failure.message
     # Just under the limit passes; and the worker is the same one.
-    assert q.push_and_wait(Job("fits", jobs_hostile.text, args=(LIMIT - 100,), lane=UNTRUSTED), timeout=WAIT) == "x" * (LIMIT - 100)
+    assert q.push_and_wait(Job("fits", jobs_hostile.text, args=(LIMIT - 100,), lane=UNTRUSTED), timeout=WAIT) == "x" * (
+        LIMIT - 100
+    )
     assert q.push_and_wait(Job("pid-again", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT) == pid
     lane = q.stats().lanes[UNTRUSTED]
     assert (lane.worker_restarts, lane.crashes, lane.failed) == (0, 0, 1)

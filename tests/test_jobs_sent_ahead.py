@@ -43,7 +43,9 @@ def test_a_worker_that_dies_with_jobs_sent_ahead_fails_only_the_one_it_ran(
         first = q.push(Job("first", jobs.signal_and_wait, args=(gate.started, gate.go), lane="one")).handle
         gate.wait_started()
         killer = q.push(Job("killer", jobs.sigkill_self, lane="one")).handle
-        after = [q.push(Job(f"after:{i}", jobs_core.record, args=(log, f"after:{i}"), lane="one")).handle for i in range(3)]
+        after = [
+            q.push(Job(f"after:{i}", jobs_core.record, args=(log, f"after:{i}"), lane="one")).handle for i in range(3)
+        ]
         gate.open()  # first ends; the worker is given killer, and the rest behind it
         failure = failure_of(killer, "crashed")
         assert failure.signal == "SIGKILL"

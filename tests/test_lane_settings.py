@@ -19,12 +19,24 @@ MIB = 1 << 20
     [
         ({"stack": 10}, ValueError, r"^unknown rlimit 'stack'; procq sets 'cpu', 'fsize', 'nofile', 'nproc'$"),
         ({"cpu": 0}, ValueError, r"^rlimit 'cpu' must be an int of at least 1 \(seconds of CPU time per job\), got 0$"),
-        ({"nofile": "64"}, ValueError, r"^rlimit 'nofile' must be an int of at least 1 \(open file descriptors\), got '64'$"),
+        (
+            {"nofile": "64"},
+            ValueError,
+            r"^rlimit 'nofile' must be an int of at least 1 \(open file descriptors\), got '64'$",
+        ),
         ({"nproc": True}, ValueError, r"^rlimit 'nproc' must be an int of at least 1 .*, got True$"),
         ({"nproc": -3}, ValueError, r"^rlimit 'nproc' must be an int of at least 1 .*, got -3$"),
-        ({"fsize": "lots"}, ValueError, r"^rlimit 'fsize' must be a number of bytes or a string such as '512M' or '2G', got 'lots'$"),
+        (
+            {"fsize": "lots"},
+            ValueError,
+            r"^rlimit 'fsize' must be a number of bytes or a string such as '512M' or '2G', got 'lots'$",
+        ),
         ({"fsize": 0}, ValueError, r"^rlimit 'fsize' must be at least 1 byte, got 0$"),
-        ({"fsize": 1.5}, TypeError, r"^rlimit 'fsize' must be a number of bytes or a string such as '512M', got float$"),
+        (
+            {"fsize": 1.5},
+            TypeError,
+            r"^rlimit 'fsize' must be a number of bytes or a string such as '512M', got float$",
+        ),
         ([("cpu", 1)], TypeError, r"^lane rlimits must be a mapping such as \{'cpu': 10\}, got list$"),
     ],
 )
@@ -40,7 +52,16 @@ def test_rlimits_are_normalized() -> None:
 
 @pytest.mark.parametrize(
     ("size", "expected"),
-    [(1, 1), (4096, 4096), ("512M", 512 * MIB), ("2G", 2 << 30), ("1.5GiB", 3 << 29), ("64k", 64 << 10), (" 3 MB ", 3 * MIB), ("100", 100)],
+    [
+        (1, 1),
+        (4096, 4096),
+        ("512M", 512 * MIB),
+        ("2G", 2 << 30),
+        ("1.5GiB", 3 << 29),
+        ("64k", 64 << 10),
+        (" 3 MB ", 3 * MIB),
+        ("100", 100),
+    ],
 )
 def test_sizes(size: Any, expected: int) -> None:
     assert Job("k", jobs.square, memory_limit=size).memory_limit == expected
@@ -94,8 +115,16 @@ def test_bad_timeouts_are_refused(timeout: Any, error: type[Exception], match: s
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"max_jobs_per_worker": 0}, ValueError, r"^lane max_jobs_per_worker must be an int of at least 1 or None, got 0$"),
-        ({"max_jobs_per_worker": 2.0}, ValueError, r"^lane max_jobs_per_worker must be an int of at least 1 or None, got 2\.0$"),
+        (
+            {"max_jobs_per_worker": 0},
+            ValueError,
+            r"^lane max_jobs_per_worker must be an int of at least 1 or None, got 0$",
+        ),
+        (
+            {"max_jobs_per_worker": 2.0},
+            ValueError,
+            r"^lane max_jobs_per_worker must be an int of at least 1 or None, got 2\.0$",
+        ),
         ({"kill_grace": -1}, ValueError, r"^lane kill_grace must be a number of seconds >= 0, got -1$"),
         ({"kill_grace": float("inf")}, ValueError, r"^lane kill_grace must be a number of seconds >= 0, got inf$"),
         ({"trusted": "no"}, TypeError, r"^lane trusted must be a bool, got str$"),

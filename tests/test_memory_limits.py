@@ -37,9 +37,15 @@ def test_a_job_past_its_memory_limit_fails_alone(start_method: str, tmp_path: An
         other_go.open()
         assert other.result(timeout=WAIT) == other_pid
         # Within the limit the same allocation-sized work passes, and the key is retryable.
-        assert q.push_and_wait(Job("greedy", jobs_control.allocate, args=(16,), memory_limit=own), timeout=WAIT) == 16 * MIB
+        assert (
+            q.push_and_wait(Job("greedy", jobs_control.allocate, args=(16,), memory_limit=own), timeout=WAIT)
+            == 16 * MIB
+        )
         # A job's own limit beats its lane's: here a larger one.
-        assert q.push_and_wait(Job("roomy", jobs_control.allocate, args=(200,), memory_limit="1G"), timeout=WAIT) == 200 * MIB
+        assert (
+            q.push_and_wait(Job("roomy", jobs_control.allocate, args=(200,), memory_limit="1G"), timeout=WAIT)
+            == 200 * MIB
+        )
 
 
 def test_a_memory_limit_ends_with_its_job(start_method: str) -> None:
@@ -47,7 +53,10 @@ def test_a_memory_limit_ends_with_its_job(start_method: str) -> None:
     with no limit, may use more."""
     with open_queue({"m": Lane(workers=1)}, start_method=start_method) as q:
         pid = q.push_and_wait(Job("pid", jobs.getpid), timeout=WAIT)
-        assert q.push_and_wait(Job("limited", jobs_control.allocate, args=(16,), memory_limit="64M"), timeout=WAIT) == 16 * MIB
+        assert (
+            q.push_and_wait(Job("limited", jobs_control.allocate, args=(16,), memory_limit="64M"), timeout=WAIT)
+            == 16 * MIB
+        )
         assert q.push_and_wait(Job("unlimited", jobs_control.allocate, args=(200,)), timeout=WAIT) == 200 * MIB
         assert q.push_and_wait(Job("pid-again", jobs.getpid), timeout=WAIT) == pid
 

@@ -144,7 +144,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             with pytest.raises(JobFailed) as info:
                 outcome.handle.result(WAIT)
             failure = info.value.failure
-            assert (failure.kind, failure.attempts, len(failure.history)) == ("error", attempts, attempts if attempts > 1 else 0)
+            history = attempts if attempts > 1 else 0
+            assert (failure.kind, failure.attempts, len(failure.history)) == ("error", attempts, history)
             self.store(key, Rec("failed", attempts, self.clock.now))
         assert jobs_lifecycle.attempts(counter) == min(fails + 1, attempts)
 

@@ -34,7 +34,9 @@ def test_no_descendant_survives_a_killed_job(start_method: str, tmp_path: Any, h
             # The job must report its pids before its time runs out (see above).
             for attempt, limit in enumerate((0.5, 4.0, 16.0)):
                 report = str(tmp_path / f"pids-{attempt}")
-                handle = q.push(Job(f"tree-{attempt}", jobs_control.tree_then_block, args=(gate, report), lane="t", timeout=limit)).handle
+                handle = q.push(
+                    Job(f"tree-{attempt}", jobs_control.tree_then_block, args=(gate, report), lane="t", timeout=limit)
+                ).handle
                 failure = failure_of(handle, "timeout", timeout=limit + WAIT)
                 if os.path.exists(report):
                     break
@@ -43,25 +45,33 @@ def test_no_descendant_survives_a_killed_job(start_method: str, tmp_path: Any, h
             pids = [int(p) for p in Path(report).read_text().split()]
         elif how == "memory":
             report = str(tmp_path / "pids")
-            job = Job("tree", jobs_control.tree_then_hog, args=(gate, report, 1024), lane="t", memory_limit="64M", timeout=30)
+            job = Job(
+                "tree", jobs_control.tree_then_hog, args=(gate, report, 1024), lane="t", memory_limit="64M", timeout=30
+            )
             failure = failure_of(q.push(job).handle, "memory")
             pids = [int(p) for p in Path(report).read_text().split()]
             assert len(pids) == 4
             assert re.fullmatch(
-                r"job 'tree' went over its memory_limit of 64 MiB \(its process tree held [\d.]+ [KMG]iB( \(\d+ bytes\))? more "
+                r"job 'tree' went over its memory_limit of 64 MiB "
+                r"\(its process tree held [\d.]+ [KMG]iB( \(\d+ bytes\))? more "
                 rf"than the idle worker\); its worker \(pid {pids[0]}\) and that process's tree were killed",
                 failure.message,
             ), failure.message
         else:
             started = jobs.fifo(tmp_path, "started")
             own_session = how == "cancel"
-            handle = q.push(Job("tree", jobs_control.tree_then_block, args=(gate, None, started, own_session), lane="t")).handle
+            handle = q.push(
+                Job("tree", jobs_control.tree_then_block, args=(gate, None, started, own_session), lane="t")
+            ).handle
             pids = [int(p) for p in wait_started(handle, started).split()]
             assert len(pids) == (3 if own_session else 2)
             if how == "cancel":
                 assert q.cancel("tree") is True
                 failure = failure_of(handle, "cancelled")
-                assert failure.message == "job 'tree' was cancelled by q.cancel() while it ran; its worker's process tree was killed"
+                assert (
+                    failure.message
+                    == "job 'tree' was cancelled by q.cancel() while it ran; its worker's process tree was killed"
+                )
             else:
                 os.kill(pids[0], signal.SIGKILL)
                 failure = failure_of(handle, "crashed")

@@ -170,7 +170,9 @@ def test_forget_drops_an_ended_key_and_refuses_a_live_one(gates: Gates) -> None:
         assert q.forget("never") is False
         outcome = q.push(Job("live", jobs.signal_and_wait, args=(gate.started, gate.go)))
         gate.wait_started()
-        with pytest.raises(ValueError, match=r"^cannot forget key 'live': it is live \(running\); only a key that ended"):
+        with pytest.raises(
+            ValueError, match=r"^cannot forget key 'live': it is live \(running\); only a key that ended"
+        ):
             q.forget("live")
         assert q.state("live") == Processing()
         gate.open()

@@ -38,8 +38,17 @@ FAR = 3600.0
         ({"factor": 0.5}, ValueError, r"^Retry factor must be >= 1"),
         ({"jitter": 2}, ValueError, r"^Retry jitter must be between 0 and 1, got 2$"),
         ({"max_backoff": float("inf")}, TypeError, r"^Retry max_backoff must be a finite number, got inf$"),
-        ({"on": ("error", "cancelled")}, ValueError, r"^Retry on cannot include 'cancelled': a cancelled job is never retried$"),
-        ({"on": ("eror",)}, ValueError, r"^Retry on: unknown failure kind 'eror'; the kinds are 'crashed', 'error', 'memory', 'protocol', 'timeout'$"),
+        (
+            {"on": ("error", "cancelled")},
+            ValueError,
+            r"^Retry on cannot include 'cancelled': a cancelled job is never retried$",
+        ),
+        (
+            {"on": ("eror",)},
+            ValueError,
+            r"^Retry on: unknown failure kind 'eror'; "
+            r"the kinds are 'crashed', 'error', 'memory', 'protocol', 'timeout'$",
+        ),
     ],
 )
 def test_retry_rejects_bad_settings(kwargs: dict[str, Any], error: type[Exception], match: str) -> None:
@@ -167,7 +176,9 @@ def test_a_datetime_in_the_past_runs_at_once_and_one_far_ahead_waits() -> None:
 def test_not_before_is_checked() -> None:
     with pytest.raises(ValueError, match=r"^job 'k': not_before as a delay must be a number of seconds >= 0, got -1$"):
         Job("k", jobs.identity, not_before=-1)
-    with pytest.raises(TypeError, match=r"^job 'k': not_before must be a datetime, a delay in seconds or None, got str$"):
+    with pytest.raises(
+        TypeError, match=r"^job 'k': not_before must be a datetime, a delay in seconds or None, got str$"
+    ):
         Job("k", jobs.identity, not_before="soon")  # type: ignore[arg-type]
 
 

@@ -29,7 +29,9 @@ from procq._fingerprint import MAX_NODES, content_key, describe, fingerprint
 
 
 def test_reuse_must_be_a_known_policy() -> None:
-    with pytest.raises(ValueError, match=r"^job 'k': reuse must be 'failed', 'always', 'never' or None, got 'sometimes'$"):
+    with pytest.raises(
+        ValueError, match=r"^job 'k': reuse must be 'failed', 'always', 'never' or None, got 'sometimes'$"
+    ):
         Job("k", jobs.identity, reuse="sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"^reuse must be 'failed', 'always' or 'never', got 'x'$"):
         ProcQueue(1, reuse="x")  # type: ignore[arg-type]
@@ -146,8 +148,13 @@ def test_arguments_that_cannot_be_read_cheaply_fall_back_to_the_function() -> No
     assert len(fingerprint(jobs.identity, (Opaque(1),), None)) == 8
     assert len(fingerprint(jobs.identity, (list(range(MAX_NODES + 1)),), None)) == 8
     assert len(fingerprint(jobs.identity, ({1: "int key"},), None)) == 8
-    assert describe(fingerprint(jobs.identity, (Opaque(1),), None), fingerprint(jobs.identity, (Opaque(2),), None)) is None
-    assert describe(fingerprint(jobs.identity, (Opaque(1),), None), fingerprint(jobs.square, (Opaque(1),), None)) == "function"
+    assert (
+        describe(fingerprint(jobs.identity, (Opaque(1),), None), fingerprint(jobs.identity, (Opaque(2),), None)) is None
+    )
+    assert (
+        describe(fingerprint(jobs.identity, (Opaque(1),), None), fingerprint(jobs.square, (Opaque(1),), None))
+        == "function"
+    )
     assert content_key(jobs.identity, Opaque(1)) != content_key(jobs.identity, Opaque(2))
     assert content_key(jobs.identity, 1).startswith("map:")
 
@@ -158,10 +165,17 @@ def test_a_live_key_pushed_with_other_work_raises_key_conflict(gates: Gates) -> 
         held = Job("k", jobs.signal_and_wait, args=(gate.started, gate.go))
         first = q.push(held)
         gate.wait_started()
-        with pytest.raises(KeyConflict, match=r"^key 'k' is held by a job with other arguments to the same function, jobs.signal_and_wait\.") as info:
+        with pytest.raises(
+            KeyConflict,
+            match=r"^key 'k' is held by a job with other arguments to the same function, jobs.signal_and_wait\.",
+        ) as info:
             q.push(Job("k", jobs.signal_and_wait, args=(gate.started, "elsewhere")))
         assert (info.value.key, info.value.differs) == ("k", "arguments")
-        with pytest.raises(KeyConflict, match=r"^key 'k' is held by a job with another function: this push runs jobs.getpid, the key's job jobs.signal_and_wait\."):
+        with pytest.raises(
+            KeyConflict,
+            match=r"^key 'k' is held by a job with another function: "
+            r"this push runs jobs.getpid, the key's job jobs.signal_and_wait\.",
+        ):
             q.push(Job("k", jobs.getpid))
         same = q.push(held)
         assert type(same) is InFlight
@@ -172,7 +186,11 @@ def test_a_live_key_pushed_with_other_work_raises_key_conflict(gates: Gates) -> 
 def test_a_completed_key_pushed_with_other_work_raises_and_changes_nothing() -> None:
     with open_queue(1, on_mismatch="raise") as q:
         assert q.push_and_wait(Job("k", jobs.identity, args=(1,)), timeout=WAIT) == 1
-        with pytest.raises(KeyConflict, match=r"^key 'k' is held by a job with another function: this push runs jobs.square, the key's job a job that ended \(its function is not kept\)"):
+        with pytest.raises(
+            KeyConflict,
+            match=r"^key 'k' is held by a job with another function: "
+            r"this push runs jobs.square, the key's job a job that ended \(its function is not kept\)",
+        ):
             q.push(Job("k", jobs.square, args=(1,)))
         with pytest.raises(KeyConflict, match=r"other arguments"):
             q.push_and_wait(Job("k", jobs.identity, args=(2,)))

@@ -70,7 +70,9 @@ def test_a_timed_out_job_gets_sigterm_first(start_method: str, tmp_path: Any) ->
     """With the default grace, a job that does not handle SIGTERM dies of it;
     with ``kill_grace=0`` it gets SIGKILL at once."""
     never = jobs.fifo(tmp_path, "never")
-    with open_queue({"grace": Lane(timeout=0.3), "nograce": Lane(timeout=0.3, kill_grace=0)}, start_method=start_method) as q:
+    with open_queue(
+        {"grace": Lane(timeout=0.3), "nograce": Lane(timeout=0.3, kill_grace=0)}, start_method=start_method
+    ) as q:
         for lane, sig in (("grace", signal.SIGTERM), ("nograce", signal.SIGKILL)):
             failure = failure_of(q.push(Job(lane, jobs.wait_released, args=(never,), lane=lane)).handle, "timeout")
             assert (failure.signal, failure.exitcode) == (sig.name, -sig), failure
@@ -83,7 +85,9 @@ def test_a_job_that_ignores_sigterm_is_killed_after_the_grace(start_method: str,
         # machine it may not have, and then the attempt is repeated with a longer limit.
         for attempt, limit in enumerate((0.5, 4.0, 16.0)):
             ready = str(tmp_path / f"ready-{attempt}")
-            handle = q.push(Job(f"stubborn-{attempt}", jobs_control.ignore_sigterm_then_block, args=(ready,), timeout=limit)).handle
+            handle = q.push(
+                Job(f"stubborn-{attempt}", jobs_control.ignore_sigterm_then_block, args=(ready,), timeout=limit)
+            ).handle
             failure = failure_of(handle, "timeout", timeout=limit + WAIT)
             if os.path.exists(ready):
                 break

@@ -43,7 +43,9 @@ def test_an_unpicklable_function_raises_type_error_and_leaves_a_new_key_absent(q
     lock = threading.Lock()
     closure = lambda: lock  # noqa: E731 - a closure over something that cannot be pickled
     with pytest.raises(
-        TypeError, match=r"^job 'k': its function <function .*<lambda>.* could not be pickled: cannot pickle '_thread\.lock' object$"
+        TypeError,
+        match=r"^job 'k': its function <function .*<lambda>.* could not be pickled: "
+        r"cannot pickle '_thread\.lock' object$",
     ):
         queue.push(Job("k", closure))
     assert queue.state("k") is None
