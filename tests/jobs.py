@@ -60,7 +60,7 @@ def sleep(seconds: float) -> float:
 
 # --- Synchronising tests with jobs, through named pipes (FIFOs) ----------------
 #
-# A job signals the test with ``signal(path)``; the test waits for it with
+# A job signals the test with ``signal_test(path)``; the test waits for it with
 # ``wait_signal(path, timeout)``. The test lets a job go with ``release(path)``;
 # the job waits for that with ``wait_released(path)``. Every wait is on the pipe
 # itself: no sleeping, no polling.

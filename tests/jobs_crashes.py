@@ -25,13 +25,13 @@ def report_pid_then(started: str, action: Callable[..., Any], *args: Any) -> Any
     return action(*args)
 
 
-def gated(started: str, go: str, action: Callable[..., Any], *args: Any) -> Any:
+def report_pid_wait_then(started: str, go: str, action: Callable[..., Any], *args: Any) -> Any:
     """Report the pid on ``started``, wait for ``go``, then run ``action(*args)``."""
     jobs.signal_and_wait(started, go)
     return action(*args)
 
 
-def parents() -> tuple[int, list[int]]:
+def pid_and_ancestors() -> tuple[int, list[int]]:
     """This process's pid and the pids of its ancestors, nearest first."""
     import psutil
 

@@ -183,7 +183,7 @@ def open_files(most: int) -> dict[str, Any]:
     return {"opened": len(fds), "errno": error}
 
 
-def spin() -> None:
+def spin_forever() -> None:
     while True:
         pass
 
@@ -191,7 +191,7 @@ def spin() -> None:
 # --- Honest jobs with awkward results -----------------------------------------------------
 
 
-def make(kind: str) -> Any:
+def awkward_result(kind: str) -> Any:
     if kind == "set":
         return {1, 2}
     if kind == "object":
@@ -201,7 +201,7 @@ def make(kind: str) -> Any:
     raise ValueError(kind)
 
 
-def text(size: int) -> str:
+def text_of_size(size: int) -> str:
     return "x" * size
 
 

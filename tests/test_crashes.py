@@ -23,7 +23,7 @@ import jobs
 import jobs_crashes
 import psutil
 import pytest
-from core_support import open_queue
+from core_support import awaited, open_queue
 from process_support import children, linux_only, subreaper
 
 from procq import (
@@ -359,7 +359,9 @@ def test_crash_fails_only_its_own_job(q: ProcQueue, tmp_path: Any, action: Calla
     crash_started, crash_go = jobs.fifo(tmp_path, "crash-started"), jobs.fifo(tmp_path, "crash-go")
     held = q.push(Job("held", jobs.signal_and_wait, args=(held_started, held_go), lane=CPU)).handle
     held_pid = int(jobs.wait_signal(held_started))
-    crash = q.push(Job("crash", jobs_crashes.gated, args=(crash_started, crash_go, action), lane=CPU)).handle
+    crash = q.push(
+        Job("crash", jobs_crashes.report_pid_wait_then, args=(crash_started, crash_go, action), lane=CPU)
+    ).handle
     crash_pid = int(jobs.wait_signal(crash_started))
     waiting = q.push(Job("waiting", jobs.getpid, lane=CPU)).handle
     assert crash_pid != held_pid
@@ -390,7 +392,7 @@ def test_every_waiter_gets_the_same_failure(q: ProcQueue, tmp_path: Any) -> None
     """Handles that joined a crashing job -- blocked threads and an awaiting
     task -- are all woken, each with the same failure."""
     started, go = jobs.fifo(tmp_path, "started"), jobs.fifo(tmp_path, "go")
-    job = Job("shared", jobs_crashes.gated, args=(started, go, jobs.segfault), lane=CPU)
+    job = Job("shared", jobs_crashes.report_pid_wait_then, args=(started, go, jobs.segfault), lane=CPU)
     first = q.push(job)
     assert isinstance(first, Queued)
     pid = int(jobs.wait_signal(started))
@@ -410,7 +412,7 @@ def test_every_waiter_gets_the_same_failure(q: ProcQueue, tmp_path: Any) -> None
 
     async def wait_in_task(handle: Any) -> None:
         try:
-            await asyncio.wait_for(_await(handle), 20)
+            await asyncio.wait_for(awaited(handle), 20)
         except BaseException as exc:  # recorded and checked below
             with lock:
                 errors.append(exc)
@@ -441,10 +443,6 @@ def test_every_waiter_gets_the_same_failure(q: ProcQueue, tmp_path: Any) -> None
     assert q.state("shared") == Failed(failure)
     lane = q.stats().lanes[CPU]
     assert (lane.crashes, lane.failed) == (1, 1)  # one job failed once, however many waited
-
-
-async def _await(handle: Any) -> Any:
-    return await handle
 
 
 # --- Time limits -------------------------------------------------------------------

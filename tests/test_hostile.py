@@ -86,11 +86,11 @@ class Case:
     replaced: bool = True
 
 
-def _raw(data: bytes) -> tuple[Any, ...]:
+def _raw_args(data: bytes) -> tuple[Any, ...]:
     return (data,)
 
 
-def _json(message: list[Any], delta: int = 0) -> tuple[Any, ...]:
+def _forge_args(message: list[Any], delta: int = 0) -> tuple[Any, ...]:
     return (message, delta)
 
 
@@ -100,114 +100,119 @@ _LENGTH = r"a message of {} bytes, more than the lane's max_result_bytes of " + 
 CASES = [
     # The body of this frame is replaced by a crafted pickle in the test (it needs tmp_path).
     Case("crafted-pickle", jobs_hostile.write_then_block, message=_NOT_JSON),
-    Case("empty-frame", jobs_hostile.write_then_block, _raw(jobs_hostile.frame(b"")), message=_NOT_JSON),
+    Case("empty-frame", jobs_hostile.write_then_block, _raw_args(jobs_hostile.frame(b"")), message=_NOT_JSON),
     Case(
         "huge-int-literal",
         jobs_hostile.write_then_block,
-        _raw(jobs_hostile.frame(b'["ok", 1, ' + b"7" * 100_000 + b"]")),
+        _raw_args(jobs_hostile.frame(b'["ok", 1, ' + b"7" * 100_000 + b"]")),
         message=_NOT_JSON,
     ),
     Case(
         "garbage-bytes",
         jobs_hostile.write_then_block,
-        _raw(jobs_hostile.frame(b"\x00\xff garbage \x80")),
+        _raw_args(jobs_hostile.frame(b"\x00\xff garbage \x80")),
         message=_NOT_JSON,
     ),
-    Case("not-utf8", jobs_hostile.write_then_block, _raw(jobs_hostile.frame(b'["ok", 1, "\xff"]')), message=_NOT_JSON),
+    Case(
+        "not-utf8",
+        jobs_hostile.write_then_block,
+        _raw_args(jobs_hostile.frame(b'["ok", 1, "\xff"]')),
+        message=_NOT_JSON,
+    ),
     Case(
         "unterminated-nesting",
         jobs_hostile.write_then_block,
-        _raw(jobs_hostile.frame(b"[" * 100_000)),
+        _raw_args(jobs_hostile.frame(b"[" * 100_000)),
         message=_NOT_JSON,
     ),
     Case(
         "deep-nesting",
         jobs_hostile.write_then_block,
-        _raw(jobs_hostile.frame(b"[" * 50_000 + b"]" * 50_000)),
+        _raw_args(jobs_hostile.frame(b"[" * 50_000 + b"]" * 50_000)),
         message=_NOT_JSON,
     ),
     Case(
         "not-an-array",
         jobs_hostile.write_then_block,
-        _raw(jobs_hostile.frame(b'{"ok": 1}')),
+        _raw_args(jobs_hostile.frame(b'{"ok": 1}')),
         message=re.escape("a message that is not a tagged JSON array: b'{\"ok\": 1}'"),
     ),
     Case(
         "no-job-id",
         jobs_hostile.write_then_block,
-        _raw(jobs_hostile.frame(b'["ok"]')),
+        _raw_args(jobs_hostile.frame(b'["ok"]')),
         message=re.escape("a message without a job id: b'[\"ok\"]'"),
     ),
     Case(
         "job-id-not-an-int",
         jobs_hostile.write_then_block,
-        _raw(jobs_hostile.frame(b'["ok", true, 1]')),
+        _raw_args(jobs_hostile.frame(b'["ok", true, 1]')),
         message=re.escape("a message without a job id: b'[\"ok\", true, 1]'"),
     ),
     Case(
         "ok-without-output",
         jobs_hostile.forge,
-        _json(["ok", "<id>"]),
+        _forge_args(["ok", "<id>"]),
         message=r"a malformed message: b'\[\"ok\", <id>\]'",
     ),
     Case(
         "error-with-unknown-kind",
         jobs_hostile.forge,
-        _json(["error", "<id>", "sandbox-escape", "X", "m", "tb"]),
+        _forge_args(["error", "<id>", "sandbox-escape", "X", "m", "tb"]),
         message=re.escape("an error message with an unknown kind 'sandbox-escape'"),
     ),
     Case(
         "error-with-non-text-fields",
         jobs_hostile.forge,
-        _json(["error", "<id>", "error", "X", {"m": 1}, "tb"]),
+        _forge_args(["error", "<id>", "error", "X", {"m": 1}, "tb"]),
         message=r"a malformed message: b'\[\"error\", <id>, .*",
     ),
     Case(
         "huge-length-prefix",
         jobs_hostile.write_then_block,
-        _raw(struct.pack("!i", 2**31 - 1)),
+        _raw_args(struct.pack("!i", 2**31 - 1)),
         message=_LENGTH.format(2**31 - 1),
     ),
     Case(
         "huge-8-byte-length-prefix",
         jobs_hostile.write_then_block,
-        _raw(struct.pack("!i", -1) + struct.pack("!Q", 2**40)),
+        _raw_args(struct.pack("!i", -1) + struct.pack("!Q", 2**40)),
         message=_LENGTH.format(2**40),
     ),
     Case(
         "length-just-past-the-limit",
         jobs_hostile.write_then_block,
-        _raw(struct.pack("!i", LIMIT + SLACK + 1)),
+        _raw_args(struct.pack("!i", LIMIT + SLACK + 1)),
         message=_LENGTH.format(LIMIT + SLACK + 1),
     ),
     Case(
         "negative-length",
         jobs_hostile.write_then_block,
-        _raw(struct.pack("!i", -7)),
+        _raw_args(struct.pack("!i", -7)),
         message=re.escape("a message with a negative length (-7)"),
     ),
     Case(
         "oversized-ok-frame",
         jobs_hostile.forge,
-        _json(["ok", "<id>", "x" * (2 * LIMIT)]),
+        _forge_args(["ok", "<id>", "x" * (2 * LIMIT)]),
         message=rf"a result of \d+ bytes, more than the lane's max_result_bytes of {LIMIT}",
     ),
     Case(
         "another-jobs-id",
         jobs_hostile.forge,
-        _json(["ok", "<id>", "forged"], delta=1000),
+        _forge_args(["ok", "<id>", "forged"], delta=1000),
         message=r"a message about job id <id> while it held job 'row:another-jobs-id'",
     ),
     Case(
         "second-ready",
         jobs_hostile.write_then_block,
-        _raw(jobs_hostile.frame(b'["ready"]')),
+        _raw_args(jobs_hostile.frame(b'["ready"]')),
         message="a READY message written by the job",
     ),
     Case(
         "exit-message",
         jobs_hostile.forge,
-        _json(["exit", "<id>", 0]),
+        _forge_args(["exit", "<id>", 0]),
         message="an exit message written by the job",
     ),
     Case(
@@ -237,13 +242,13 @@ CASES = [
     Case(
         "half-a-frame-then-exit-0",
         jobs_hostile.write_then_exit,
-        _raw(struct.pack("!i", 100) + b'["ok"'),
+        _raw_args(struct.pack("!i", 100) + b'["ok"'),
         message=re.escape("a message cut short (the job's process ended partway through writing it)"),
     ),
     Case(
         "half-a-length-then-exit-0",
         jobs_hostile.write_then_exit,
-        _raw(b"\x00\x00"),
+        _raw_args(b"\x00\x00"),
         message=re.escape("a message cut short (the job's process ended partway through writing it)"),
     ),
 ]
@@ -574,7 +579,7 @@ def test_descriptors_are_held_by_nofile() -> None:
 
 def test_a_cpu_spin_is_held_by_cpu() -> None:
     with open_queue({UNTRUSTED: Lane(trusted=False, rlimits={"cpu": 1})}) as q:
-        handle = q.push(Job("spin", jobs_hostile.spin, lane=UNTRUSTED, timeout=30)).handle
+        handle = q.push(Job("spin", jobs_hostile.spin_forever, lane=UNTRUSTED, timeout=30)).handle
         failure = failure_of(handle, "timeout")
         assert (failure.signal, failure.exitcode) == ("SIGXCPU", -24)
         assert re.fullmatch(
@@ -629,16 +634,17 @@ def test_a_job_cannot_raise_its_limits() -> None:
 
 def test_a_result_over_max_result_bytes_fails_but_keeps_the_worker(q: ProcQueue) -> None:
     pid = q.push_and_wait(Job("pid", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT)
-    failure = failure_of(q.push(Job("big", jobs_hostile.text, args=(2 * LIMIT,), lane=UNTRUSTED)).handle, "protocol")
+    failure = failure_of(
+        q.push(Job("big", jobs_hostile.text_of_size, args=(2 * LIMIT,), lane=UNTRUSTED)).handle, "protocol"
+    )
     assert failure.exc_type == "ResultTooLarge" and failure.pid == pid
     assert re.fullmatch(
         rf"ResultTooLarge: the job's result is \d+ bytes, more than the lane's max_result_bytes of {LIMIT}",
         failure.message,
     ), failure.message
     # Just under the limit passes; and the worker is the same one.
-    assert q.push_and_wait(Job("fits", jobs_hostile.text, args=(LIMIT - 100,), lane=UNTRUSTED), timeout=WAIT) == "x" * (
-        LIMIT - 100
-    )
+    fits = Job("fits", jobs_hostile.text_of_size, args=(LIMIT - 100,), lane=UNTRUSTED)
+    assert q.push_and_wait(fits, timeout=WAIT) == "x" * (LIMIT - 100)
     assert q.push_and_wait(Job("pid-again", jobs.worker_pid, lane=UNTRUSTED), timeout=WAIT) == pid
     lane = q.stats().lanes[UNTRUSTED]
     assert (lane.worker_restarts, lane.crashes, lane.failed) == (0, 0, 1)
@@ -646,7 +652,7 @@ def test_a_result_over_max_result_bytes_fails_but_keeps_the_worker(q: ProcQueue)
 
 @pytest.mark.parametrize("kind", ["set", "object", "bytes"])
 def test_a_result_json_cannot_hold_fails_with_a_clear_message(q: ProcQueue, kind: str) -> None:
-    failure = failure_of(q.push(Job(kind, jobs_hostile.make, args=(kind,), lane=UNTRUSTED)).handle, "error")
+    failure = failure_of(q.push(Job(kind, jobs_hostile.awkward_result, args=(kind,), lane=UNTRUSTED)).handle, "error")
     assert failure.exc_type == "TypeError"
     assert failure.message == (
         f"TypeError: Object of type {kind} is not JSON serializable (the job's result, a {kind}, could not be "

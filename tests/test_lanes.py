@@ -123,7 +123,7 @@ def test_lanes_as_an_int_makes_one_default_lane_of_that_many_workers(gates: Gate
 
 
 @dataclass
-class Full:
+class FullLane:
     """A lane "one" (1 worker, capacity 1) with one job running and one waiting."""
 
     gate: Gate
@@ -140,7 +140,8 @@ class Full:
 ONE = {"one": Lane(workers=1, capacity=1)}
 
 
-def fill(q: ProcQueue, gates: Gates, log: str) -> Full:
+def fill_lane_one(q: ProcQueue, gates: Gates, log: str) -> FullLane:
+    """Fill lane \"one\" of ``ONE``: a job running (held at its gate) and one waiting."""
     gate = gates("running")
     running = q.push(Job("running", jobs_core.record_signal_wait, args=(log, gate.started, gate.go, "running")))
     pid = gate.wait_started()
@@ -149,10 +150,11 @@ def fill(q: ProcQueue, gates: Gates, log: str) -> Full:
     assert q.state("waiting") == Pending()
     lane = q.stats().lanes["one"]
     assert (lane.running, lane.waiting, lane.capacity) == (1, 1, 1)
-    return Full(gate, running.handle, waiting.handle, pid)
+    return FullLane(gate, running.handle, waiting.handle, pid)
 
 
-def full_message(key: str, timeout: object, capacity: int = 1, lane: str = "one") -> str:
+def lane_full_message(key: str, timeout: object, capacity: int = 1, lane: str = "one") -> str:
+    """The regex LaneFull's message must match."""
     return (
         rf"^lane '{lane}' is full \(capacity {capacity}\) and had no room for job '{key}' "
         rf"within {timeout}s; the key is left as it was$"
@@ -161,15 +163,15 @@ def full_message(key: str, timeout: object, capacity: int = 1, lane: str = "one"
 
 def test_a_push_into_a_full_lane_raises_lane_full_and_leaves_an_absent_key_absent(gates: Gates, log: str) -> None:
     with open_queue(ONE) as q:
-        full = fill(q, gates, log)
+        full = fill_lane_one(q, gates, log)
         job = Job("c", jobs_core.record, args=(log, "c"))
-        with pytest.raises(LaneFull, match=full_message("c", r"0\.2")) as info:
+        with pytest.raises(LaneFull, match=lane_full_message("c", r"0\.2")) as info:
             q.push(job, timeout=0.2)
         assert isinstance(info.value, ProcQueueError) and isinstance(info.value, TimeoutError)
         assert q.state("c") is None
-        with pytest.raises(LaneFull, match=full_message("c", "0")):
+        with pytest.raises(LaneFull, match=lane_full_message("c", "0")):
             q.push(job, timeout=0)
-        with pytest.raises(LaneFull, match=full_message("c", r"0\.2")):
+        with pytest.raises(LaneFull, match=lane_full_message("c", r"0\.2")):
             q.push_and_wait(job, timeout=0.2)
         assert q.state("c") is None
         stats = q.stats()
@@ -190,8 +192,8 @@ def test_lane_full_leaves_a_failed_key_failed_with_the_same_failure(gates: Gates
             q.push_and_wait(Job("f", jobs.boom, args=("the first failure",)), timeout=WAIT)
         before = q.state("f")
         assert isinstance(before, Failed)
-        full = fill(q, gates, log)
-        with pytest.raises(LaneFull, match=full_message("f", r"0\.2")):
+        full = fill_lane_one(q, gates, log)
+        with pytest.raises(LaneFull, match=lane_full_message("f", r"0\.2")):
             q.push(Job("f", jobs_core.record, args=(log, "f")), timeout=0.2)
         after = q.state("f")
         assert after == before
@@ -215,7 +217,7 @@ def test_a_push_joined_to_a_claim_abandoned_by_lane_full_is_woken_cancelled(
             with pytest.raises(JobFailed):
                 q.push_and_wait(Job("c", jobs.boom), timeout=WAIT)
         prior = q.state("c")
-        full = fill(q, gates, log)
+        full = fill_lane_one(q, gates, log)
         joined: dict[str, object] = {}
 
         def join_from_another_thread() -> None:
@@ -228,7 +230,7 @@ def test_a_push_joined_to_a_claim_abandoned_by_lane_full_is_woken_cancelled(
             thread.start()
             thread.join(WAIT)
 
-        with pytest.raises(LaneFull, match=full_message("c", r"0\.2")):
+        with pytest.raises(LaneFull, match=lane_full_message("c", r"0\.2")):
             q.push(Job("c", jobs.identity, args=(OnPickle(join_from_another_thread),)), timeout=0.2)
 
         assert joined["state"] == Pending()
@@ -251,7 +253,7 @@ def test_a_push_joined_to_a_claim_abandoned_by_lane_full_is_woken_cancelled(
 
 def test_a_blocked_push_is_accepted_when_room_frees_and_runs(gates: Gates, log: str) -> None:
     with open_queue(ONE) as q:
-        full = fill(q, gates, log)
+        full = fill_lane_one(q, gates, log)
         call = BlockingCall(lambda: q.push(Job("c", jobs_core.record, args=(log, "c")), timeout=WAIT))
         call.wait_blocked()
         assert q.state("c") == Pending()
@@ -270,7 +272,7 @@ def test_capacity_zero_lets_a_push_in_only_when_a_worker_is_free(gates: Gates, l
         gate = gates("running")
         running = q.push(Job("running", jobs_core.record_signal_wait, args=(log, gate.started, gate.go, "running")))
         pid = gate.wait_started()
-        with pytest.raises(LaneFull, match=full_message("next", r"0\.2", capacity=0, lane="zero")):
+        with pytest.raises(LaneFull, match=lane_full_message("next", r"0\.2", capacity=0, lane="zero")):
             q.push(Job("next", jobs_core.record, args=(log, "next")), timeout=0.2)
         assert q.state("next") is None
 
@@ -295,7 +297,7 @@ def test_a_cancelled_apush_releases_its_claim_and_wakes_its_joiner(gates: Gates,
             with pytest.raises(JobFailed):
                 q.push_and_wait(Job("c", jobs.boom), timeout=WAIT)
         prior = q.state("c")
-        full = fill(q, gates, log)
+        full = fill_lane_one(q, gates, log)
 
         async def main() -> None:
             task = asyncio.create_task(q.apush(Job("c", jobs_core.record, args=(log, "c"))))
@@ -326,17 +328,17 @@ def test_a_cancelled_apush_releases_its_claim_and_wakes_its_joiner(gates: Gates,
 
 def test_apush_past_its_timeout_raises_lane_full(gates: Gates, log: str) -> None:
     with open_queue(ONE) as q:
-        full = fill(q, gates, log)
+        full = fill_lane_one(q, gates, log)
         job = Job("c", jobs_core.record, args=(log, "c"))
 
         async def main() -> None:
-            with pytest.raises(LaneFull, match=full_message("c", r"0\.2")):
+            with pytest.raises(LaneFull, match=lane_full_message("c", r"0\.2")):
                 await q.apush(job, timeout=0.2)
             assert q.state("c") is None
-            with pytest.raises(LaneFull, match=full_message("c", "0")):
+            with pytest.raises(LaneFull, match=lane_full_message("c", "0")):
                 await q.apush(job, timeout=0)
             assert q.state("c") is None
-            with pytest.raises(LaneFull, match=full_message("c", r"0\.2")):
+            with pytest.raises(LaneFull, match=lane_full_message("c", r"0\.2")):
                 await q.apush_and_wait(job, timeout=0.2)
             assert q.state("c") is None
 
@@ -349,7 +351,7 @@ def test_apush_past_its_timeout_raises_lane_full(gates: Gates, log: str) -> None
 
 def test_a_blocked_apush_is_accepted_when_room_frees_and_runs(gates: Gates, log: str) -> None:
     with open_queue(ONE) as q:
-        full = fill(q, gates, log)
+        full = fill_lane_one(q, gates, log)
 
         async def main() -> None:
             task = asyncio.create_task(q.apush(Job("c", jobs_core.record, args=(log, "c"))))
@@ -373,7 +375,7 @@ def test_a_push_interrupted_while_it_waits_for_room_releases_its_claim(
     """Ctrl-C (KeyboardInterrupt) arriving while a push waits for room: the key
     goes back to what it was and a push that joined the claim is woken."""
     with open_queue(ONE) as q:
-        full = fill(q, gates, log)
+        full = fill_lane_one(q, gates, log)
         job = Job("c", jobs_core.record, args=(log, "c"))
         joined: list[Any] = []
 

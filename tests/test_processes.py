@@ -149,7 +149,7 @@ def _release_and_check(held: list[tuple[Any, int, str]]) -> None:
 
 def test_job_code_never_runs_in_the_supervisor(q: ProcQueue) -> None:
     me = os.getpid()
-    pid, ancestors = q.push_and_wait(Job("parents", jobs_crashes.parents, lane="cpu"), timeout=20)
+    pid, ancestors = q.push_and_wait(Job("parents", jobs_crashes.pid_and_ancestors, lane="cpu"), timeout=20)
     assert pid != me and pid in q._worker_pids()
     if q.start_method == "spawn":
         assert ancestors[0] == me  # the supervisor started the worker itself
@@ -179,7 +179,8 @@ def test_replacements_restore_full_concurrency(q: ProcQueue, tmp_path: Any) -> N
     crashing = []
     for i in range(2):
         started, go = jobs.fifo(tmp_path, f"crash-{i}-started"), jobs.fifo(tmp_path, f"crash-{i}-go")
-        handle = q.push(Job(f"crash:{i}", jobs_crashes.gated, args=(started, go, jobs.exit_now, 9), lane="cpu")).handle
+        job = Job(f"crash:{i}", jobs_crashes.report_pid_wait_then, args=(started, go, jobs.exit_now, 9), lane="cpu")
+        handle = q.push(job).handle
         crashing.append((handle, int(jobs.wait_signal(started)), go))
     fds = [jobs.release(go) for _, _, go in crashing]
     try:
@@ -259,7 +260,7 @@ def _read_line(stream: Any, timeout: float) -> str:
     return data.decode()
 
 
-def _tagged(tag: str) -> list[psutil.Process]:
+def _descendants_tagged(tag: str) -> list[psutil.Process]:
     """Our descendants started by the supervisor script (they carry its environment tag)."""
     found = []
     for p in children().values():
@@ -309,14 +310,14 @@ def test_workers_exit_when_the_supervisor_is_sigkilled(start_method: str, tmp_pa
             _, alive = psutil.wait_procs(tree, timeout=10)
             assert [p.pid for p in alive] == [], "processes outlived their SIGKILLed supervisor"
             # Anything started after the snapshot (a worker mid-start) went with it too.
-            late = _tagged(tag)
+            late = _descendants_tagged(tag)
             _, alive = psutil.wait_procs(late, timeout=10)
             assert [p.pid for p in alive] == []
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
-            kill_and_reap(_tagged(tag))
+            kill_and_reap(_descendants_tagged(tag))
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     stream.close()

@@ -44,7 +44,8 @@ def run_threads(n: int, target: Callable[[int], None]) -> list[BaseException]:
     return errors
 
 
-def fail_first(queue: ProcQueue, key: str, log: str) -> Failed:
+def fail_key(queue: ProcQueue, key: str, log: str) -> Failed:
+    """Run a job under ``key`` that raises, so the key ends failed; returns its state."""
     with pytest.raises(JobFailed, match="failed first"):
         queue.push_and_wait(Job(key, jobs_core.boom_logged, args=(log, "failed first")), timeout=WAIT)
     state = queue.state(key)
@@ -57,7 +58,7 @@ def test_threads_racing_to_push_one_key_run_it_once(
     queue: ProcQueue, gates: Gates, log: str, before: str
 ) -> None:
     if before == "failed":
-        fail_first(queue, "race", log)
+        fail_key(queue, "race", log)
     gate = gates("race")
     start = threading.Barrier(N, timeout=WAIT)
     pushed = threading.Barrier(N + 1, timeout=WAIT)  # the racers and this thread
@@ -113,10 +114,10 @@ def test_asyncio_tasks_racing_to_apush_one_key_run_it_once(queue: ProcQueue, gat
     job = Job("arace", jobs_core.record_and_wait, args=(log, gate.go))
 
     async def main() -> list[int]:
-        outcomes = await within_all(*(queue.apush(job) for _ in range(N)))
+        outcomes = await gather_within_wait(*(queue.apush(job) for _ in range(N)))
         assert Counter(type(o) for o in outcomes) == {Queued: 1, InFlight: N - 1}
         gate.open()
-        return await within_all(*(awaited(o.handle) for o in outcomes))
+        return await gather_within_wait(*(awaited(o.handle) for o in outcomes))
 
     results = asyncio.run(main())
     pid = results[0]
@@ -136,10 +137,10 @@ def test_tasks_on_several_loops_racing_to_apush_one_key_run_it_once(
     results: dict[int, list[int]] = {}
 
     async def push_all() -> list[Any]:
-        return await within_all(*(queue.apush(job) for _ in range(tasks_per_loop)))
+        return await gather_within_wait(*(queue.apush(job) for _ in range(tasks_per_loop)))
 
     async def wait_all(outs: list[Any]) -> list[int]:
-        return await within_all(*(awaited(o.handle) for o in outs))
+        return await gather_within_wait(*(awaited(o.handle) for o in outs))
 
     def thread(i: int) -> None:
         start.wait()
@@ -177,7 +178,7 @@ def test_apush_and_wait_from_racing_loops_gives_one_execution_and_one_answer(
 
     async def wait_all() -> list[int]:
         job = Job("answer", jobs_core.record, args=(log,))
-        return await within_all(*(queue.apush_and_wait(job, timeout=WAIT) for _ in range(tasks_per_loop)))
+        return await gather_within_wait(*(queue.apush_and_wait(job, timeout=WAIT) for _ in range(tasks_per_loop)))
 
     def thread(i: int) -> None:
         start.wait()
@@ -256,5 +257,6 @@ def test_racing_pushes_of_one_key_into_a_busy_lane_keep_one_claim(queue: ProcQue
     assert read_log(log) == [f"ran {answers.pop()}"]
 
 
-async def within_all(*aws: Any) -> list[Any]:
+async def gather_within_wait(*aws: Any) -> list[Any]:
+    """Gather ``aws``, all within the tests' bound on a wait."""
     return await asyncio.wait_for(asyncio.gather(*aws), WAIT)

@@ -33,17 +33,20 @@ class Clock:
         return self.now
 
 
-def clocked(q: ProcQueue) -> Clock:
+def install_test_clock(q: ProcQueue) -> Clock:
+    """Set a test clock on the queue's retention bookkeeping and return it."""
     clock = Clock()
     q._core.keeper.clock = clock
     return clock
 
 
-def run(q: ProcQueue, key: str, value: Any = None) -> Any:
+def complete_key(q: ProcQueue, key: str, value: Any = None) -> Any:
+    """Run a job under ``key`` that returns ``value`` (by default the key) and wait for it."""
     return q.push_and_wait(Job(key, jobs.identity, args=(key if value is None else value,)), timeout=WAIT)
 
 
-def fail(q: ProcQueue, key: str) -> None:
+def fail_key(q: ProcQueue, key: str) -> None:
+    """Run a job under ``key`` that raises, so the key ends failed."""
     with pytest.raises(JobFailed):
         q.push_and_wait(Job(key, jobs.boom, args=(key,)), timeout=WAIT)
 
@@ -69,9 +72,9 @@ def test_a_queue_takes_only_a_retention() -> None:
 
 def test_by_default_every_ended_key_is_kept() -> None:
     with open_queue(1) as q:
-        clock = clocked(q)
-        run(q, "a")
-        fail(q, "b")
+        clock = install_test_clock(q)
+        complete_key(q, "a")
+        fail_key(q, "b")
         clock.now += 10**9
         assert q.state("a") == Completed("a")
         assert isinstance(q.state("b"), Failed)
@@ -81,7 +84,7 @@ def test_by_default_every_ended_key_is_kept() -> None:
 def test_a_completed_key_expires_after_its_ttl_and_then_runs_again(tmp_path: Any) -> None:
     counter = str(tmp_path / "runs")
     with open_queue(1, retention=Retention(ttl=10)) as q:
-        clock = clocked(q)
+        clock = install_test_clock(q)
         job = Job("k", jobs_lifecycle.counted, args=(counter, "v"))
         assert q.push_and_wait(job, timeout=WAIT) == "v"
         clock.now += 9.5
@@ -98,26 +101,26 @@ def test_a_completed_key_expires_after_its_ttl_and_then_runs_again(tmp_path: Any
 
 def test_expired_keys_are_reclaimed_without_being_read() -> None:
     with open_queue(1, retention=Retention(ttl=5, failed_ttl=5)) as q:
-        clock = clocked(q)
+        clock = install_test_clock(q)
         for i in range(20):
-            run(q, f"k{i}")
-        fail(q, "f")
+            complete_key(q, f"k{i}")
+        fail_key(q, "f")
         clock.now += 5
-        run(q, "fresh")  # any use of the map reclaims what expired
+        complete_key(q, "fresh")  # any use of the map reclaims what expired
         assert len(q._core._keys) == 1
         assert q.keys() == ["fresh"]
 
 
 def test_beyond_max_completed_the_least_recently_used_key_goes() -> None:
     with open_queue(1, retention=Retention(max_completed=2)) as q:
-        run(q, "a")
-        run(q, "b")
+        complete_key(q, "a")
+        complete_key(q, "b")
         assert q.state("a") == Completed("a")  # a read is a use: b is now the oldest
-        run(q, "c")
+        complete_key(q, "c")
         assert q.state("b") is None
         assert q.keys() == ["a", "c"]
         assert q.push(Job("a", jobs.identity, args=("a",))) == Cached("a")  # a use too
-        run(q, "d")
+        complete_key(q, "d")
         assert q.keys() == ["a", "d"]
         assert q.stats().completed == 2
 
@@ -131,13 +134,13 @@ def test_max_completed_zero_keeps_no_output_but_the_handle_has_it() -> None:
 
 def test_a_failed_record_is_kept_for_failed_ttl_and_stays_retryable() -> None:
     with open_queue(1, retention=Retention(failed_ttl=30)) as q:
-        clock = clocked(q)
-        fail(q, "f")
+        clock = install_test_clock(q)
+        fail_key(q, "f")
         clock.now += 29
         state = q.state("f")
         assert isinstance(state, Failed) and state.failure.kind == "error"
         assert q.push_and_wait(Job("f", jobs.identity, args=(1,)), timeout=WAIT) == 1  # retryable
-        fail(q, "g")
+        fail_key(q, "g")
         clock.now += 30
         assert q.state("g") is None
         assert q.stats().failed == 0
@@ -146,8 +149,8 @@ def test_a_failed_record_is_kept_for_failed_ttl_and_stays_retryable() -> None:
 
 def test_an_abandoned_claim_gives_back_a_record_unless_it_expired_meanwhile() -> None:
     with open_queue({"w": 1}, retention=Retention(failed_ttl=10)) as q:
-        clock = clocked(q)
-        fail(q, "f")
+        clock = install_test_clock(q)
+        fail_key(q, "f")
         core = q._core
         kind, entry, _ = core.claim(Job("f", jobs.identity, args=(1,)), core.default_lane)
         assert kind == "queued" and q.state("f") == Pending()
@@ -163,8 +166,8 @@ def test_an_abandoned_claim_gives_back_a_record_unless_it_expired_meanwhile() ->
 def test_forget_drops_an_ended_key_and_refuses_a_live_one(gates: Gates) -> None:
     gate = gates("live")
     with open_queue(1) as q:
-        run(q, "done")
-        fail(q, "failed")
+        complete_key(q, "done")
+        fail_key(q, "failed")
         assert q.forget("done") is True and q.state("done") is None
         assert q.forget("failed") is True and q.state("failed") is None
         assert q.forget("never") is False
@@ -185,9 +188,9 @@ def test_forget_drops_an_ended_key_and_refuses_a_live_one(gates: Gates) -> None:
 def test_keys_and_handles_list_every_key_with_its_state(gates: Gates) -> None:
     gate = gates("shard")
     with open_queue(1) as q:
-        run(q, "shard:1")
-        fail(q, "shard:2")
-        run(q, "other")
+        complete_key(q, "shard:1")
+        fail_key(q, "shard:2")
+        complete_key(q, "other")
         live = q.push(Job("shard:3", jobs.signal_and_wait, args=(gate.started, gate.go)))
         gate.wait_started()
         waiting = q.push(Job("shard:4", jobs.identity, args=(4,)))
@@ -214,10 +217,10 @@ def test_keys_and_handles_list_every_key_with_its_state(gates: Gates) -> None:
 
 def test_enumeration_leaves_out_expired_keys() -> None:
     with open_queue(1, retention=Retention(ttl=5)) as q:
-        clock = clocked(q)
-        run(q, "a")
+        clock = install_test_clock(q)
+        complete_key(q, "a")
         clock.now += 3
-        run(q, "b")
+        complete_key(q, "b")
         clock.now += 2
         assert q.keys() == ["b"] and [h.key for h in q.handles()] == ["b"]
         q._check_invariants()
