@@ -53,6 +53,12 @@ def abort() -> None:
     os.abort()
 
 
+def block_forever() -> None:
+    """Block on a pipe nobody writes to (the thing a timeout, a cancel or a kill ends)."""
+    r, _w = os.pipe()
+    os.read(r, 1)
+
+
 def sleep(seconds: float) -> float:
     time.sleep(seconds)
     return seconds

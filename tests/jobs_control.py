@@ -46,12 +46,6 @@ def write_atomic(path: str, text: str) -> None:
     os.replace(tmp, path)
 
 
-def block_forever() -> None:
-    """Block on a pipe nobody writes to (the thing a timeout or cancel ends)."""
-    r, _w = os.pipe()
-    os.read(r, 1)
-
-
 def touch_then(path: str, value: Any = "ran") -> Any:
     """Create ``path`` (proof the job ran), return ``value``."""
     with open(path, "w") as f:
@@ -63,7 +57,7 @@ def ignore_sigterm_then_block(ready: str) -> None:
     """Ignore SIGTERM, say so in the file ``ready``, block until killed."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     write_atomic(ready, str(os.getpid()))
-    block_forever()
+    jobs.block_forever()
 
 
 def handle_sigterm_then_block(started: str, cleaned: str) -> None:
@@ -77,7 +71,7 @@ def handle_sigterm_then_block(started: str, cleaned: str) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     jobs.signal_test(started, str(os.getpid()).encode())
-    block_forever()
+    jobs.block_forever()
 
 
 def _spawn(code: str, *args: str, new_session: bool = False, **kwargs: Any) -> subprocess.Popen[bytes]:

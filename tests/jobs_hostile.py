@@ -59,17 +59,12 @@ def _write(data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def block_forever() -> None:
-    r, _w = os.pipe()
-    os.read(r, 1)
-
-
 def write_then_block(data: bytes, started: str | None = None) -> None:
     """Write ``data`` raw to the pipe (tell the test on ``started``), then block."""
     _write(data)
     if started is not None:
         jobs.signal_test(started)
-    block_forever()
+    jobs.block_forever()
 
 
 def write_then_exit(data: bytes, code: int = 0) -> None:
@@ -107,7 +102,7 @@ def close_pipe_then_exit() -> None:
 
 def close_pipe_then_block() -> None:
     os.close(_pipe_fd())
-    block_forever()
+    jobs.block_forever()
 
 
 class Evil:
@@ -155,7 +150,7 @@ def fork_bomb(report: str, most: int) -> None:
         pids.append(pid)
     os.write(fd, json.dumps({"forks": len(pids), "errno": error, "pids": pids, "uid": os.getuid()}).encode())
     os.close(fd)
-    block_forever()
+    jobs.block_forever()
 
 
 def write_file(path: str, mib: int) -> int:
@@ -305,7 +300,7 @@ def leave_a_holder(started: str) -> int:
     if pid == 0:  # pragma: no cover - the leftover process only waits to be killed
         try:
             jobs.signal_test(started)
-            block_forever()
+            jobs.block_forever()
         finally:
             os._exit(0)
     return pid
