@@ -52,9 +52,11 @@ from process_support import linux_only, subreaper
 from procq import Completed, Failed, Job, JobFailed, Lane, Processing, ProcQueue, Queued
 
 pytestmark = pytest.mark.skipif(not linux_only, reason="untrusted lanes need Linux (pidfd_open, /proc)")
+
 LIMIT = 8192  # the hostile lane's max_result_bytes
 SLACK = 1 << 20  # what an untrusted message may take beyond it (procq's MESSAGE_SLACK)
 UNTRUSTED = "u"
+
 
 @pytest.fixture
 def q() -> Iterator[ProcQueue]:
