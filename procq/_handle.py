@@ -6,7 +6,8 @@ import asyncio
 from typing import TYPE_CHECKING, Any, Generator, Generic, TypeVar
 
 from procq._errors import JobFailed
-from procq._values import Completed, State, check_wait
+from procq._job import check_wait
+from procq._values import Completed, State
 
 if TYPE_CHECKING:
     from procq._core import Core

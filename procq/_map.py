@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from procq._errors import JobFailed
 from procq._fingerprint import content_key, fn_name
 from procq._protocol import dumps
-from procq._values import Cached, Job, PushOutcome, Queued
+from procq._job import Job
+from procq._values import Cached, PushOutcome, Queued
 
 if TYPE_CHECKING:
     from procq._queue import ProcQueue

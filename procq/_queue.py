@@ -45,23 +45,18 @@ from procq._handle import JobHandle
 from procq._messages import send_job
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
 from procq._supervisor import Supervisor
+from procq._job import REUSE_POLICIES, Job, Lane, Retention, Reuse, check_wait
 from procq._values import (
-    REUSE_POLICIES,
     Cached,
     Completed,
     Failed,
     InFlight,
-    Job,
-    Lane,
     Pending,
     Processing,
     PushOutcome,
     Queued,
     QueueStats,
-    Retention,
-    Reuse,
     State,
-    check_wait,
 )
 
 __all__ = ["ProcQueue"]
