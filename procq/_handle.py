@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Generator, Generic, TypeVar
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from procq._errors import JobFailed
 from procq._job import check_wait
@@ -47,7 +48,7 @@ class JobHandle(Generic[T]):
         """True once the job has ended, in any way."""
         return self._entry.outcome is not None
 
-    def result(self, timeout: float | None = None) -> T:
+    def result(self, *, timeout: float | None = None) -> T:
         """The job's output, waiting for it up to ``timeout`` seconds.
 
         Raises ``JobFailed`` if the job failed, and ``TimeoutError`` if it has
