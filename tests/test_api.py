@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import procq
-import procq._queue
+import procq._push
 from procq import (
     Cached,
     Completed,
@@ -659,14 +659,14 @@ def test_an_unpicklable_argument_is_both_a_type_error_and_a_pickling_error(queue
 
 
 def test_a_module_level_function_is_pickled_once_per_queue(queue: ProcQueue, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = procq._queue.dumps_fn
+    real = procq._push.dumps_fn
     pickled: list[object] = []
 
     def counting(fn: object) -> bytes:
         pickled.append(fn)
         return real(fn)
 
-    monkeypatch.setattr(procq._queue, "dumps_fn", counting)
+    monkeypatch.setattr(procq._push, "dumps_fn", counting)
     outputs = [queue.push_and_wait(Job(f"sq:{i}", jobs.square, args=(i,)), timeout=20) for i in range(6)]
     assert outputs == [i * i for i in range(6)]
     assert pickled == [jobs.square]
