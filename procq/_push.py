@@ -45,8 +45,9 @@ class Room:
     """A push that found its lane full and waits in the lane's blocked queue.
 
     ``wakeup`` is what the lane calls, from whichever thread made room, once it
-    has taken the job. Subclasses say how the push sleeps until then; either
-    way it ends in ``_waited``.
+    has taken the job. Subclasses say how the push sleeps until then (or
+    until its timeout), and then call ``_waited``; a push interrupted in its
+    sleep releases its claim instead.
     """
 
     __slots__ = ("core", "entry", "timeout", "wakeup")
