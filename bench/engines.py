@@ -89,7 +89,7 @@ class ProcqEngine(Engine):
         return self._push(self._job(f"b{next(_key_ids)}", fn, args=args)).handle
 
     def result(self, future: Any, timeout: float) -> Any:
-        return future.result(timeout)
+        return future.result(timeout=timeout)
 
     def close(self) -> None:
         self.q.close()
@@ -289,12 +289,12 @@ def ensure_forkserver() -> None:
     before anything is timed, so the first engine to start does not pay for it.
 
     With the preload procq asks for when it is the one to start it (see
-    ``procq._queue._preload_worker``): the server imports procq once, and every
+    ``procq._config.preload_worker``): the server imports procq once, and every
     child, of any engine, finds it loaded when it re-imports this program's
     main module (which imports procq)."""
-    from procq._queue import _preload_worker
+    from procq._config import preload_worker
 
-    _preload_worker(context())
+    preload_worker(context())
     p = context().Process(target=jobs.noop)
     p.start()
     p.join()

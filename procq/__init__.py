@@ -27,20 +27,21 @@ _SOURCES = {
     "QueueClosed": "procq._errors",
     "JobHandle": "procq._handle",
     "ProcQueue": "procq._queue",
+    "Job": "procq._job",
+    "Lane": "procq._job",
+    "Retention": "procq._job",
+    "Retry": "procq._job",
     "Cached": "procq._values",
     "Completed": "procq._values",
     "Failed": "procq._values",
     "Failure": "procq._values",
+    "FailureKind": "procq._values",
     "InFlight": "procq._values",
-    "Job": "procq._values",
-    "Lane": "procq._values",
     "LaneStats": "procq._values",
     "Pending": "procq._values",
     "Processing": "procq._values",
     "QueueStats": "procq._values",
     "Queued": "procq._values",
-    "Retention": "procq._values",
-    "Retry": "procq._values",
 }
 
 if TYPE_CHECKING:
@@ -54,22 +55,20 @@ if TYPE_CHECKING:
         QueueClosed,
     )
     from procq._handle import JobHandle
+    from procq._job import Job, Lane, Retention, Retry
     from procq._queue import ProcQueue
     from procq._values import (
         Cached,
         Completed,
         Failed,
         Failure,
+        FailureKind,
         InFlight,
-        Job,
-        Lane,
         LaneStats,
         Pending,
         Processing,
         Queued,
         QueueStats,
-        Retention,
-        Retry,
     )
 
 
@@ -95,6 +94,7 @@ __all__ = [
     "Completed",
     "Failed",
     "Failure",
+    "FailureKind",
     "InFlight",
     "Job",
     "JobFailed",

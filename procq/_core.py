@@ -76,17 +76,15 @@ from procq._entries import (
     run_wakeups,
 )
 from procq._errors import QueueClosed
+from procq._job import Job, Lane, Retention
 from procq._retention import Done, Fell, Keeper, Record
 from procq._stopping import Stopping
 from procq._values import (
     Completed,
     Failed,
     Failure,
-    Job,
-    Lane,
     LaneStats,
     QueueStats,
-    Retention,
     State,
 )
 

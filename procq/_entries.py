@@ -9,13 +9,12 @@ import threading
 from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
+from procq._job import Job, Lane
 from procq._protocol import FnMirror
 from procq._values import (
     Completed,
     Failed,
     Failure,
-    Job,
-    Lane,
     Pending,
     Processing,
     State,

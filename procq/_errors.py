@@ -103,8 +103,12 @@ class JobFailed(Exception):
     """A job ended in ``Failed``.
 
     ``key`` is the job's key and ``failure`` the :class:`procq.Failure` that
-    says how it failed (``failure.kind``: ``"error"``, ``"crashed"``,
-    ``"timeout"``, ``"cancelled"``).
+    says how it failed. ``failure.kind`` (a :data:`procq.FailureKind`) is
+    ``"error"`` (the job raised), ``"crashed"`` (its worker died),
+    ``"timeout"`` (it ran past its time limit), ``"cancelled"`` (cancelled, or
+    abandoned before it ran), ``"memory"`` (it went over its memory limit) or
+    ``"protocol"`` (its worker broke procq's protocol); ``Failure`` says more
+    about each.
     """
 
     def __init__(self, key: str, failure: Failure) -> None:

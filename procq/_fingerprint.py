@@ -27,10 +27,12 @@ of equal dicts differ with their insertion order.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["MAX_BYTES", "MAX_NODES", "content_key", "describe", "fingerprint", "fn_name", "job_fingerprint"]
 
@@ -88,10 +90,8 @@ def _head(fn: Callable[..., Any]) -> bytes:
         if type(fn) is _FunctionType and "<" not in qualname and "." not in qualname and len(_module_heads) < 4096:
             _module_heads[fn] = head
             return head
-        try:
+        with contextlib.suppress(TypeError):
             _heads[fn] = head
-        except TypeError:
-            pass
     return head
 
 

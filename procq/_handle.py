@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Generator, Generic, TypeVar
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from procq._errors import JobFailed
-from procq._values import Completed, State, check_wait
+from procq._job import check_wait
+from procq._values import Completed, State
 
 if TYPE_CHECKING:
     from procq._core import Core
@@ -46,7 +48,7 @@ class JobHandle(Generic[T]):
         """True once the job has ended, in any way."""
         return self._entry.outcome is not None
 
-    def result(self, timeout: float | None = None) -> T:
+    def result(self, *, timeout: float | None = None) -> T:
         """The job's output, waiting for it up to ``timeout`` seconds.
 
         Raises ``JobFailed`` if the job failed, and ``TimeoutError`` if it has

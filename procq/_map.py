@@ -21,6 +21,7 @@ so the iterator sleeps on that queue and never polls.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import queue
 from collections import deque
@@ -29,8 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 from procq._errors import JobFailed
 from procq._fingerprint import content_key, fn_name
+from procq._job import Job
 from procq._protocol import dumps
-from procq._values import Cached, Job, PushOutcome, Queued
+from procq._values import Cached, PushOutcome, Queued
 
 if TYPE_CHECKING:
     from procq._queue import ProcQueue
@@ -131,10 +133,8 @@ def _values(q: ProcQueue, out: _Out, return_failures: bool, keep: bool) -> list[
         return value if out.chunked else [value]
     finally:
         if out.ours and not keep:
-            try:
+            with contextlib.suppress(ValueError):  # pushed again since, and running: not this map's to drop
                 q._core.forget(out.key)
-            except ValueError:
-                pass  # pushed again since, and running: not this map's to drop
 
 
 def _ordered(

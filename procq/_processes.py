@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from procq._entries import WorkerSlot
-from procq._values import Lane
+from procq._job import Lane
 
 __all__ = [
     "ExecProcess",

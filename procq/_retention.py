@@ -34,7 +34,8 @@ import time
 from collections import OrderedDict, deque
 from typing import Any, Callable
 
-from procq._values import Completed, Failed, Failure, Retention
+from procq._job import Retention
+from procq._values import Completed, Failed, Failure
 
 __all__ = ["Done", "Fell", "Keeper", "Record"]
 

@@ -80,6 +80,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable
 
 from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
+from procq._job import format_size
 from procq._messages import (
     close_worker_pipe,
     decode_trusted,
@@ -105,7 +106,7 @@ from procq._protocol import (
     FrameReader,
 )
 from procq._supervisor_untrusted import UntrustedWorkers
-from procq._values import Completed, Failed, Failure, format_size
+from procq._values import Completed, Failed, Failure
 from procq._worker import worker_main
 
 __all__ = ["Supervisor", "send_job"]
@@ -566,9 +567,8 @@ class Supervisor(UntrustedWorkers):
         explained = "" if not cause else f": {cause}" if sig else f" ({cause})"
 
         def crash(entry: Entry) -> Failure:
-            kind = "timeout" if sig == "SIGXCPU" else "crashed"
             return Failure(
-                kind,
+                "timeout" if sig == "SIGXCPU" else "crashed",
                 f"worker process {worker.pid} (lane {worker.lane.name!r}) {how}{explained}, "
                 f"while running job {entry.key!r}",
                 exitcode=exitcode,

@@ -1,509 +1,43 @@
-"""procq's public values: jobs, lanes, the four key states, push outcomes, failures, stats.
+"""procq's public values that say where a key is: failures, the four key states, push outcomes, stats.
 
 All of them are frozen dataclasses: they are handed across threads and event
-loops and never change once made.
+loops and never change once made. (What a job is, and the lanes and policies
+it runs under, are in ``_job``.)
 """
 
 from __future__ import annotations
 
-import datetime
-import math
-import os
-import re
-from dataclasses import dataclass, field
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Callable,
-    Generic,
-    Literal,
-    Mapping,
-    TypeVar,
-    Union,
-)
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_args
 
 if TYPE_CHECKING:
     from procq._handle import JobHandle
 
 __all__ = [
+    "RETRYABLE_KINDS",
     "Cached",
     "Completed",
-    "DEFAULT_CAPACITY",
-    "DEFAULT_UNTRUSTED_RESULT_BYTES",
-    "FAILURE_KINDS",
     "Failed",
     "Failure",
+    "FailureKind",
     "InFlight",
-    "Job",
-    "Lane",
     "LaneStats",
     "Pending",
     "Processing",
     "PushOutcome",
     "QueueStats",
     "Queued",
-    "RETRYABLE_KINDS",
-    "Retention",
-    "Retry",
-    "Reuse",
     "State",
 ]
 
 T = TypeVar("T")
 
-#: How many waiting jobs a lane holds when its capacity is not given.
-DEFAULT_CAPACITY = 1024
+#: How a job failed: what each kind means is listed in :class:`Failure`.
+FailureKind = Literal["error", "crashed", "timeout", "cancelled", "memory", "protocol"]
 
-#: The largest result an untrusted lane accepts when its ``max_result_bytes`` is not given.
-DEFAULT_UNTRUSTED_RESULT_BYTES = 16 * 1024 * 1024
-
-#: Every ``Failure.kind``, with what produces it (see :class:`Failure`).
-FAILURE_KINDS = ("error", "crashed", "timeout", "memory", "cancelled", "protocol")
-
-#: Resource limits a lane may set on its workers: name -> what the value counts.
-RLIMITS = {
-    "cpu": "seconds of CPU time per job",
-    "fsize": "bytes: the largest file a job may write",
-    "nofile": "open file descriptors",
-    "nproc": "processes of the user (the kernel does not apply it to root)",
-}
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def format_size(n: int) -> str:
-    """``52428800`` -> ``"50 MiB"``; exact, so a limit reads as it was given."""
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            value = n / size
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit} ({n} bytes)"
-    return f"{n} bytes"
-
-
-def parse_size(what: str, value: int | str | None) -> int | None:
-    """Bytes from an int or a string such as ``"512M"``, ``"2G"``, ``"1.5GiB"``.
-
-    Units are powers of 1024 (K, M, G, T; a trailing ``B`` or ``iB`` is
-    allowed), as ``ulimit`` and container runtimes read them.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"{what} must be a number of bytes or a string such as '512M', got {type(value).__name__}")
-    given = value
-    if isinstance(value, str):
-        match = _SIZE.match(value)
-        if match is None:
-            raise ValueError(f"{what} must be a number of bytes or a string such as '512M' or '2G', got {value!r}")
-        number, unit, _ = match.groups()
-        value = int(float(number) * _UNITS[unit.lower()])
-    if value < 1:
-        raise ValueError(f"{what} must be at least 1 byte, got {given!r}")
-    return value
-#: How a terminal key answers a new push (see ``Job.reuse``).
-Reuse = Literal["failed", "always", "never"]
-REUSE_POLICIES = ("failed", "always", "never")
-
-#: The failure kinds a ``Retry`` may retry. ``"cancelled"`` is never retried:
-#: a cancelled job was stopped on purpose.
-RETRYABLE_KINDS = frozenset({"error", "crashed", "timeout", "memory", "protocol"})
-
-
-def _check_timeout(what: str, value: float | None) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds or None, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def check_wait(value: float | None) -> float | None:
-    """Validate a ``timeout`` for a wait: None (no limit) or seconds >= 0."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"timeout must be a number of seconds or None, got {type(value).__name__}: {value!r}")
-    if math.isnan(value) or value < 0:
-        raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
-    return None if math.isinf(value) else float(value)
-
-
-@dataclass(frozen=True, init=False)
-class Job(Generic[T]):
-    """One unit of work: a key, a function and its arguments.
-
-    ``fn`` runs in a worker process, never in the supervisor. It may be a
-    lambda, a closure or a local function: procq pickles it with cloudpickle.
-    ``lane`` names the lane to run in (``None``: the queue's first lane).
-    ``timeout`` is how many seconds the job may run once a worker has started
-    it (``None``: the lane's ``timeout``); past that its worker's process tree
-    is killed and the job fails with kind ``"timeout"``. ``memory_limit``
-    (bytes, or a string such as ``"512M"``; ``None``: the lane's) bounds the
-    memory the job may use; past it the job fails with kind ``"memory"``.
-
-    ``reuse`` says how a key that already ended answers this push
-    (``None``: the queue's default, ``"failed"`` unless the queue says
-    otherwise): ``"failed"`` runs a failed key again and answers a completed
-    one with its output; ``"always"`` runs any ended key again; ``"never"``
-    runs no ended key again (a failed one answers with its failure).
-    ``retry`` (a :class:`Retry`) runs a failed attempt again after a backoff.
-    ``not_before`` (a ``datetime``, or a delay in seconds from the push)
-    holds the job until then.
-    """
-
-    key: str
-    fn: Callable[..., T]
-    args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] | None = None
-    lane: str | None = None
-    timeout: float | None = None
-    memory_limit: int | None = None
-    reuse: Reuse | None = None
-    retry: Retry | None = None
-    not_before: datetime.datetime | float | None = None
-
-    def __init__(
-        self,
-        key: str,
-        fn: Callable[..., T],
-        args: tuple[Any, ...] | list[Any] = (),
-        kwargs: Mapping[str, Any] | None = None,
-        *,
-        lane: str | None = None,
-        timeout: float | None = None,
-        memory_limit: int | str | None = None,
-        reuse: Reuse | None = None,
-        retry: Retry | None = None,
-        not_before: datetime.datetime | float | None = None,
-    ) -> None:
-        if not isinstance(key, str):
-            raise TypeError(f"job key must be a str, got {type(key).__name__}: {key!r}")
-        if not key:
-            raise ValueError("job key must be a non-empty str")
-        if type(key) is not str:
-            # A str subclass could run its own __hash__ / __eq__ under the
-            # state map's lock; keys are plain strings from here on.
-            key = str.__str__(key)
-        if not callable(fn):
-            raise TypeError(f"job {key!r}: fn must be callable, got {type(fn).__name__}: {fn!r}")
-        if isinstance(args, (str, bytes)) or not isinstance(args, (tuple, list)):
-            raise TypeError(
-                f"job {key!r}: args must be a tuple or list, got {type(args).__name__}"
-            )
-        if kwargs is not None:
-            if not isinstance(kwargs, Mapping):
-                raise TypeError(
-                    f"job {key!r}: kwargs must be a mapping or None, got {type(kwargs).__name__}"
-                )
-            bad = [k for k in kwargs if not isinstance(k, str)]
-            if bad:
-                raise TypeError(f"job {key!r}: kwargs keys must be str, got {bad[0]!r}")
-            kwargs = dict(kwargs)
-        if lane is not None and not isinstance(lane, str):
-            raise TypeError(f"job {key!r}: lane must be a str or None, got {type(lane).__name__}")
-        if timeout is not None:
-            timeout = _check_timeout(f"job {key!r}: timeout", timeout)
-        if memory_limit is not None:
-            memory_limit = parse_size(f"job {key!r}: memory_limit", memory_limit)
-        if reuse is not None and reuse not in REUSE_POLICIES:
-            raise ValueError(f"job {key!r}: reuse must be 'failed', 'always', 'never' or None, got {reuse!r}")
-        if retry is not None and not isinstance(retry, Retry):
-            raise TypeError(f"job {key!r}: retry must be a procq.Retry or None, got {type(retry).__name__}")
-        if not_before is not None and not isinstance(not_before, datetime.datetime):
-            if isinstance(not_before, bool) or not isinstance(not_before, (int, float)):
-                raise TypeError(
-                    f"job {key!r}: not_before must be a datetime, a delay in seconds or None, "
-                    f"got {type(not_before).__name__}"
-                )
-            if not math.isfinite(not_before) or not_before < 0:
-                raise ValueError(f"job {key!r}: not_before as a delay must be a number of seconds >= 0, got {not_before!r}")
-            not_before = float(not_before)
-        # Straight into the instance dict: the frozen class's __setattr__
-        # refuses, and object.__setattr__ per field costs, at every push.
-        fields = self.__dict__
-        fields["key"] = key
-        fields["fn"] = fn
-        fields["args"] = args if type(args) is tuple else tuple(args)
-        fields["kwargs"] = kwargs
-        fields["lane"] = lane
-        fields["timeout"] = timeout
-        fields["memory_limit"] = memory_limit
-        fields["reuse"] = reuse
-        fields["retry"] = retry
-        fields["not_before"] = not_before
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Not the payload fingerprint procq may keep here (see
-        # _fingerprint.job_fingerprint): it holds hashes of this process only.
-        return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-
-    def due(self, now: float) -> float | None:
-        """When the job may start, on the ``time.monotonic()`` clock (None: at once).
-
-        A delay counts from ``now`` (the push); a ``datetime`` is converted
-        through the wall clock at the same moment (a naive one is local time).
-        """
-        nb = self.not_before
-        if nb is None:
-            return None
-        if isinstance(nb, datetime.datetime):
-            wall = datetime.datetime.now(nb.tzinfo)
-            return now + (nb - wall).total_seconds()
-        return now + nb
-
-
-@dataclass(frozen=True)
-class Retry:
-    """Run a failed attempt again, after a growing backoff.
-
-    At most ``attempts`` attempts run in all (the first included). After
-    attempt ``n`` fails with a kind in ``on``, attempt ``n + 1`` starts
-    ``min(max_backoff, backoff * factor ** (n - 1))`` seconds later, that
-    delay scaled by a random factor in ``[1 - jitter, 1 + jitter]``. Between
-    attempts the key stays live: ``state()`` is ``Pending(attempt=n + 1)`` and
-    a push joins it (``InFlight``). The key becomes ``Failed`` only when an
-    attempt fails with a kind not in ``on`` or the last attempt fails; that
-    failure says how many attempts ran and why each failed.
-
-    ``on`` takes kinds from ``"error"``, ``"crashed"``, ``"timeout"``,
-    ``"memory"`` and ``"protocol"``; a ``"cancelled"`` job is never retried.
-    """
-
-    attempts: int = 3
-    backoff: float = 0.1
-    factor: float = 2.0
-    max_backoff: float = 30.0
-    jitter: float = 0.2
-    on: tuple[str, ...] = ("crashed", "timeout", "error")
-
-    def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
-            raise TypeError(f"Retry attempts must be an int, got {type(self.attempts).__name__}")
-        if self.attempts < 1:
-            raise ValueError(f"Retry needs at least 1 attempt, got {self.attempts}")
-        for name in ("backoff", "factor", "max_backoff", "jitter"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise TypeError(f"Retry {name} must be a finite number, got {value!r}")
-            if value < 0:
-                raise ValueError(f"Retry {name} must be >= 0, got {value!r}")
-        if self.factor < 1:
-            raise ValueError(f"Retry factor must be >= 1 (a backoff never shrinks), got {self.factor!r}")
-        if self.jitter > 1:
-            raise ValueError(f"Retry jitter must be between 0 and 1, got {self.jitter!r}")
-        on = self.on
-        if isinstance(on, str):
-            on = (on,)
-        if not isinstance(on, (tuple, list, set, frozenset)):
-            raise TypeError(f"Retry on must be a tuple of failure kinds, got {type(on).__name__}")
-        for kind in on:
-            if kind == "cancelled":
-                raise ValueError("Retry on cannot include 'cancelled': a cancelled job is never retried")
-            if kind not in RETRYABLE_KINDS:
-                known = ", ".join(repr(k) for k in sorted(RETRYABLE_KINDS))
-                raise ValueError(f"Retry on: unknown failure kind {kind!r}; the kinds are {known}")
-        object.__setattr__(self, "on", tuple(on))
-
-    def delay(self, attempt: int, rand: float) -> float:
-        """Seconds to wait after failed attempt ``attempt`` (1-based), for a
-        ``rand`` drawn uniformly from [0, 1)."""
-        base = min(self.max_backoff, self.backoff * self.factor ** (attempt - 1))
-        return max(0.0, base * (1.0 + self.jitter * (2.0 * rand - 1.0)))
-
-
-@dataclass(frozen=True)
-class Retention:
-    """How long a queue keeps keys that ended. The default keeps every key forever.
-
-    - ``ttl``: a completed key is dropped this many seconds after it completed.
-    - ``max_completed``: at most this many completed keys are kept; beyond it
-      the least recently used are dropped (a push answered ``Cached`` and a
-      ``state()`` read count as uses).
-    - ``failed_ttl``: a failed key's record (what ``state()`` reports) is
-      dropped this many seconds after it failed. A failed key stays retryable
-      either way.
-
-    A dropped key is as if never pushed: ``state()`` is ``None`` and the next
-    push runs it. Expiry is decided from the times stored with each key
-    whenever the key is read, so an expired key is never answered from the
-    store; the memory of expired keys is reclaimed as the queue is used.
-    """
-
-    ttl: float | None = None
-    max_completed: int | None = None
-    failed_ttl: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("ttl", "failed_ttl"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"Retention {name} must be a number of seconds or None, got {type(value).__name__}")
-            if math.isnan(value) or value < 0:
-                raise ValueError(f"Retention {name} must be None or a number of seconds >= 0, got {value!r}")
-        limit = self.max_completed
-        if limit is not None:
-            if isinstance(limit, bool) or not isinstance(limit, int):
-                raise TypeError(f"Retention max_completed must be an int or None, got {type(limit).__name__}")
-            if limit < 0:
-                raise ValueError(f"Retention max_completed must be >= 0, got {limit}")
-
-    @property
-    def bounded(self) -> bool:
-        return self.ttl is not None or self.max_completed is not None or self.failed_ttl is not None
-
-
-@dataclass(frozen=True)
-class Lane:
-    """A lane: how many workers run its jobs, how many jobs may wait, and the
-    limits and isolation its workers run under.
-
-    Concurrency:
-
-    - ``workers``: at most this many jobs run at once, in that many worker processes.
-    - ``capacity``: at most this many jobs wait for a worker; a push that finds
-      the lane full blocks until one starts (or until its own timeout: ``LaneFull``).
-
-    Per-job limits (a job's own ``timeout`` / ``memory_limit`` take precedence):
-
-    - ``timeout``: seconds a job may run once started; then its process tree
-      gets SIGTERM, ``kill_grace`` seconds later SIGKILL, and the job fails
-      with kind ``"timeout"``.
-    - ``memory_limit``: bytes (or ``"512M"``, ``"2G"``) a job may use; past it
-      the job fails with kind ``"memory"`` (see the README for how it is enforced).
-
-    Worker recycling (between jobs; no job fails for it):
-
-    - ``max_jobs_per_worker``: a worker that has run this many jobs is replaced.
-    - ``max_worker_rss``: a worker whose resident memory is above this after a
-      job is replaced.
-
-    Isolation:
-
-    - ``trusted=False``: results and errors come back as JSON, decoded with a
-      data-only codec, never with pickle; every message is checked, and one
-      that breaks the protocol fails only its job (kind ``"protocol"``). Its
-      workers are fresh interpreters that inherit nothing but their pipe, and
-      never run job code: each job runs in a process of its own, forked for
-      it by the worker, that holds no descriptor but a socket to the worker
-      and exits after the job. So a job never sees another job's function,
-      arguments or leftovers, nor the supervisor's pipe; its limits (CPU,
-      ``memory_limit``, ``rlimits``) are hard and its own; a crash of its
-      process fails the job (kind ``"crashed"``) and keeps the worker. The
-      cost: a fork per job, and the job's modules imported in every job's
-      process (milliseconds per job).
-    - ``max_result_bytes``: a larger result fails its job (kind ``"protocol"``)
-      without the supervisor reading it. Default: no limit for trusted lanes,
-      ``DEFAULT_UNTRUSTED_RESULT_BYTES`` (16 MiB) for untrusted ones.
-    - ``rlimits``: ``{"cpu": seconds per job, "fsize": bytes, "nofile": n,
-      "nproc": n}``, set in each worker before it takes a job (untrusted
-      lanes: in each job's process).
-    - ``env``: the workers' environment variables. ``inherit_env``: whether they
-      start from the supervisor's environment (default: trusted lanes do,
-      untrusted ones do not).
-    - ``cwd``: the workers' working directory.
-    """
-
-    workers: int = 1
-    capacity: int = DEFAULT_CAPACITY
-    timeout: float | None = None
-    memory_limit: int | str | None = None
-    max_jobs_per_worker: int | None = None
-    max_worker_rss: int | str | None = None
-    trusted: bool = True
-    max_result_bytes: int | str | None = None
-    rlimits: Mapping[str, int | str] | None = None
-    env: Mapping[str, str] | None = None
-    inherit_env: bool | None = None
-    cwd: str | os.PathLike[str] | None = None
-    kill_grace: float = 0.05
-
-    def __post_init__(self) -> None:
-        if isinstance(self.workers, bool) or not isinstance(self.workers, int):
-            raise TypeError(f"lane workers must be an int, got {type(self.workers).__name__}")
-        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int):
-            raise TypeError(f"lane capacity must be an int, got {type(self.capacity).__name__}")
-        if self.workers < 1:
-            raise ValueError(f"a lane needs at least 1 worker, got {self.workers}")
-        if self.capacity < 0:
-            raise ValueError(f"a lane's capacity must be 0 or more, got {self.capacity}")
-        _set = object.__setattr__
-        _set(self, "timeout", _check_timeout("lane timeout", self.timeout))
-        _set(self, "memory_limit", parse_size("lane memory_limit", self.memory_limit))
-        _set(self, "max_worker_rss", parse_size("lane max_worker_rss", self.max_worker_rss))
-        n = self.max_jobs_per_worker
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(f"lane max_jobs_per_worker must be an int of at least 1 or None, got {n!r}")
-        if not isinstance(self.trusted, bool):
-            raise TypeError(f"lane trusted must be a bool, got {type(self.trusted).__name__}")
-        limit = parse_size("lane max_result_bytes", self.max_result_bytes)
-        if limit is None and not self.trusted:
-            limit = DEFAULT_UNTRUSTED_RESULT_BYTES
-        _set(self, "max_result_bytes", limit)
-        _set(self, "rlimits", _check_rlimits(self.rlimits))
-        if self.env is not None:
-            if not isinstance(self.env, Mapping):
-                raise TypeError(f"lane env must be a mapping of str to str, got {type(self.env).__name__}")
-            bad = [(k, v) for k, v in self.env.items() if not isinstance(k, str) or not isinstance(v, str)]
-            if bad:
-                raise TypeError(f"lane env must map str to str, got {bad[0][0]!r}: {bad[0][1]!r}")
-            _set(self, "env", dict(self.env))
-        if self.inherit_env is None:
-            _set(self, "inherit_env", self.trusted)
-        elif not isinstance(self.inherit_env, bool):
-            raise TypeError(f"lane inherit_env must be a bool or None, got {type(self.inherit_env).__name__}")
-        if self.cwd is not None:
-            if not isinstance(self.cwd, (str, os.PathLike)):
-                raise TypeError(f"lane cwd must be a path, got {type(self.cwd).__name__}")
-            cwd = os.fspath(self.cwd)
-            if not os.path.isdir(cwd):
-                raise ValueError(f"lane cwd {cwd!r} is not a directory")
-            _set(self, "cwd", cwd)
-        grace = self.kill_grace
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
-            raise ValueError(f"lane kill_grace must be a number of seconds >= 0, got {grace!r}")
-        _set(self, "kill_grace", float(grace))
-
-    # After __post_init__ these hold the normalized values; typed accessors for the engine.
-    @property
-    def memory_limit_bytes(self) -> int | None:
-        return self.memory_limit  # type: ignore[return-value]
-
-    @property
-    def max_worker_rss_bytes(self) -> int | None:
-        return self.max_worker_rss  # type: ignore[return-value]
-
-    @property
-    def max_result(self) -> int | None:
-        return self.max_result_bytes  # type: ignore[return-value]
-
-
-def _check_rlimits(rlimits: Mapping[str, int | str] | None) -> dict[str, int] | None:
-    if rlimits is None:
-        return None
-    if not isinstance(rlimits, Mapping):
-        raise TypeError(f"lane rlimits must be a mapping such as {{'cpu': 10}}, got {type(rlimits).__name__}")
-    checked: dict[str, int] = {}
-    for name, value in rlimits.items():
-        if name not in RLIMITS:
-            known = ", ".join(repr(k) for k in RLIMITS)
-            raise ValueError(f"unknown rlimit {name!r}; procq sets {known}")
-        if name == "fsize":
-            size = parse_size("rlimit 'fsize'", value)
-            assert size is not None
-            checked[name] = size
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"rlimit {name!r} must be an int of at least 1 ({RLIMITS[name]}), got {value!r}")
-        checked[name] = value
-    return checked
+#: The failure kinds a ``Retry`` may retry: all but ``"cancelled"`` (a
+#: cancelled job was stopped on purpose).
+RETRYABLE_KINDS: frozenset[FailureKind] = frozenset(get_args(FailureKind)) - {"cancelled"}
 
 
 # --- The four states of a key ------------------------------------------------
@@ -563,7 +97,7 @@ class Failure:
     message lists them.
     """
 
-    kind: str
+    kind: FailureKind
     message: str
     exc_type: str | None = None
     traceback: str | None = None
@@ -589,7 +123,7 @@ class Failed:
     failure: Failure
 
 
-State = Union[Pending, Processing, Completed[Any], Failed]
+State = Pending | Processing | Completed[Any] | Failed
 
 
 # --- What a push answers ------------------------------------------------------
@@ -619,7 +153,7 @@ class Cached(Generic[T]):
         self.__dict__["output"] = output  # (made at every cached push: kept cheap)
 
 
-PushOutcome = Union[Queued[Any], InFlight[Any], Cached[Any]]
+PushOutcome = Queued[Any] | InFlight[Any] | Cached[Any]
 
 
 # --- Stats --------------------------------------------------------------------
@@ -663,6 +197,4 @@ class QueueStats(_ItemAccess):
     lanes: dict[str, LaneStats]
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         return asdict(self)

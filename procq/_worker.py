@@ -32,6 +32,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from procq._job import format_size
 from procq._protocol import (
     CANCEL,
     ERROR,
@@ -44,7 +45,6 @@ from procq._protocol import (
     dumps,
     json_dumps,
 )
-from procq._values import format_size
 
 __all__ = ["worker_main"]
 

@@ -40,7 +40,7 @@ def test_push_all_answers_one_outcome_per_job_in_order() -> None:
         assert [type(o) for o in outcomes] == [Queued, Cached, Queued, InFlight]
         assert outcomes[1] == Cached("d")
         assert outcomes[3].handle._entry is outcomes[0].handle._entry  # type: ignore[union-attr]
-        assert [o.handle.result(WAIT) for o in (outcomes[0], outcomes[2], outcomes[3])] == [1, 2, 1]  # type: ignore[union-attr]
+        assert [o.handle.result(timeout=WAIT) for o in (outcomes[0], outcomes[2], outcomes[3])] == [1, 2, 1]  # type: ignore[union-attr]
         assert q.push_all([]) == []
 
 
@@ -81,7 +81,7 @@ def test_push_all_with_wake_moves_a_scheduled_holder() -> None:
         first = q.push(Job("s", jobs.identity, args=(1,), not_before=3600))
         assert q.state("s") == Pending()
         [again] = q.push_all([Job("s", jobs.identity, args=(1,))], wake=True)
-        assert type(again) is InFlight and again.handle.result(WAIT) == 1
+        assert type(again) is InFlight and again.handle.result(timeout=WAIT) == 1
         assert type(first) is Queued and first.handle.result() == 1
 
 

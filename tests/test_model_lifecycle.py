@@ -138,11 +138,11 @@ class LifecycleMachine(RuleBasedStateMachine):
             return
         assert type(outcome) is Queued
         if fails < attempts:
-            assert outcome.handle.result(WAIT) == token
+            assert outcome.handle.result(timeout=WAIT) == token
             self.store(key, Rec("completed", token, self.clock.now))
         else:
             with pytest.raises(JobFailed) as info:
-                outcome.handle.result(WAIT)
+                outcome.handle.result(timeout=WAIT)
             failure = info.value.failure
             history = attempts if attempts > 1 else 0
             assert (failure.kind, failure.attempts, len(failure.history)) == ("error", attempts, history)

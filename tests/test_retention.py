@@ -95,7 +95,7 @@ def test_a_completed_key_expires_after_its_ttl_and_then_runs_again(tmp_path: Any
         assert q.stats().completed == 0
         q._check_invariants()
         outcome = q.push(job)
-        assert type(outcome) is Queued and outcome.handle.result(WAIT) == "v"
+        assert type(outcome) is Queued and outcome.handle.result(timeout=WAIT) == "v"
         assert jobs_lifecycle.attempts(counter) == 2
 
 
@@ -128,7 +128,7 @@ def test_beyond_max_completed_the_least_recently_used_key_goes() -> None:
 def test_max_completed_zero_keeps_no_output_but_the_handle_has_it() -> None:
     with open_queue(1, retention=Retention(max_completed=0)) as q:
         outcome = q.push(Job("k", jobs.identity, args=(5,)))
-        assert type(outcome) is Queued and outcome.handle.result(WAIT) == 5
+        assert type(outcome) is Queued and outcome.handle.result(timeout=WAIT) == 5
         assert q.state("k") is None and outcome.handle.state == Completed(5)
 
 
@@ -179,7 +179,7 @@ def test_forget_drops_an_ended_key_and_refuses_a_live_one(gates: Gates) -> None:
             q.forget("live")
         assert q.state("live") == Processing()
         gate.open()
-        assert type(outcome) is Queued and outcome.handle.result(WAIT) > 0
+        assert type(outcome) is Queued and outcome.handle.result(timeout=WAIT) > 0
         with pytest.raises(TypeError, match=r"^a key is a str, got int: 3$"):
             q.forget(3)  # type: ignore[arg-type]
         assert q.stats().completed == 1 and q.stats().failed == 0
@@ -207,7 +207,7 @@ def test_keys_and_handles_list_every_key_with_its_state(gates: Gates) -> None:
         assert not all(h.done() for h in handles.values())  # "is every shard caught up?": not yet
         gate.open()
         assert type(live) is Queued and type(waiting) is Queued
-        assert handles["shard:4"].result(WAIT) == 4 and handles["shard:3"].result(WAIT) > 0
+        assert handles["shard:4"].result(timeout=WAIT) == 4 and handles["shard:3"].result(timeout=WAIT) > 0
         assert all(h.done() for h in q.handles(prefix="shard:"))
         with pytest.raises(TypeError, match=r"^state must be Pending, Processing, Completed or Failed"):
             q.keys(state="completed")

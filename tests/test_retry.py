@@ -132,7 +132,7 @@ def test_between_attempts_the_key_is_pending_with_its_attempt_and_joinable(tmp_p
         assert entry.due == due and q.state("k") == Pending(attempt=2)
         q.close(wait=False)
         with pytest.raises(JobFailed) as info:
-            joined.handle.result(WAIT)
+            joined.handle.result(timeout=WAIT)
         failure = info.value.failure
         assert failure.kind == "cancelled" and failure.attempts == 2
         assert failure.history[0].message == "ValueError: attempt 1 failed"
@@ -151,7 +151,7 @@ def test_a_scheduled_job_waits_and_a_wake_starts_it_at_once(gates: Gates) -> Non
         q.push(Job("k", jobs.identity, args=(1,), not_before=FAR / 2), wake=True)  # earlier, not now
         assert entry.due is not None and entry.due < due and q.state("k") == Pending()
         woken = q.push(Job("k", jobs.identity, args=(1,)), wake=True)  # now
-        assert type(woken) is InFlight and woken.handle.result(WAIT) == 1
+        assert type(woken) is InFlight and woken.handle.result(timeout=WAIT) == 1
         assert outcome.handle.result() == 1
         assert type(q.push(late, wake=True)).__name__ == "Cached"  # repeated wakes change nothing
 
@@ -193,8 +193,8 @@ def test_a_job_that_falls_due_in_a_full_lane_waits_for_room_ahead_of_blocked_pus
         assert q.stats().lanes["w"].waiting == 1
         q._check_invariants()
         gate.open()
-        assert type(scheduled) is Queued and scheduled.handle.result(WAIT) == 5
-        assert type(busy) is Queued and busy.handle.result(WAIT) > 0
+        assert type(scheduled) is Queued and scheduled.handle.result(timeout=WAIT) == 5
+        assert type(busy) is Queued and busy.handle.result(timeout=WAIT) > 0
         assert q.state("busy") != Processing()
 
 

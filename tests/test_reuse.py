@@ -54,9 +54,9 @@ def test_reuse_always_runs_any_ended_key_again_and_old_handles_keep_their_output
     counter = str(tmp_path / "n")
     with open_queue(1) as q:
         first = q.push(Job("k", jobs_lifecycle.counted, args=(counter, "one")))
-        assert type(first) is Queued and first.handle.result(WAIT) == "one"
+        assert type(first) is Queued and first.handle.result(timeout=WAIT) == "one"
         again = q.push(Job("k", jobs_lifecycle.counted, args=(counter, "two"), reuse="always"))
-        assert type(again) is Queued and again.handle.result(WAIT) == "two"
+        assert type(again) is Queued and again.handle.result(timeout=WAIT) == "two"
         assert first.handle.result() == "one"  # the earlier run's output stays readable
         assert q.state("k") == Completed("two")
         assert q.push(Job("k", jobs_lifecycle.counted, args=(counter, "two"))) == Cached("two")
@@ -70,7 +70,7 @@ def test_reuse_always_as_the_queue_default(tmp_path: Any) -> None:
         job = Job("k", jobs_lifecycle.counted, args=(counter, 1))
         for _ in range(3):
             outcome = q.push(job)
-            assert type(outcome) is Queued and outcome.handle.result(WAIT) == 1
+            assert type(outcome) is Queued and outcome.handle.result(timeout=WAIT) == 1
         assert q.push(Job("k", jobs_lifecycle.counted, args=(counter, 1), reuse="failed")) == Cached(1)
         assert jobs_lifecycle.attempts(counter) == 3
 
@@ -180,7 +180,7 @@ def test_a_live_key_pushed_with_other_work_raises_key_conflict(gates: Gates) -> 
         same = q.push(held)
         assert type(same) is InFlight
         gate.open()
-        assert type(first) is Queued and same.handle.result(WAIT) == first.handle.result(WAIT)
+        assert type(first) is Queued and same.handle.result(timeout=WAIT) == first.handle.result(timeout=WAIT)
 
 
 def test_a_completed_key_pushed_with_other_work_raises_and_changes_nothing() -> None:

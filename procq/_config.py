@@ -1,0 +1,107 @@
+"""What ``ProcQueue``'s constructor takes, checked: its lanes, its policies and the workers' start method."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from procq._job import REUSE_POLICIES, Lane, Retention
+
+__all__ = ["MISMATCH_POLICIES", "check_policies", "parse_lanes", "preload_worker", "worker_context"]
+
+#: What a push does when its key's holder has other work (see ``ProcQueue``).
+MISMATCH_POLICIES = ("raise", "warn", "ignore")
+
+
+def parse_lanes(lanes: int | Mapping[str, int | Lane] | None) -> dict[str, Lane]:
+    """Every lane by name, in order: one ``"default"`` lane for an int, a
+    ``Lane`` or None (as many workers as CPUs), or the mapping's."""
+    if lanes is None:
+        return {"default": Lane(workers=multiprocessing.cpu_count())}
+    if isinstance(lanes, bool):
+        raise TypeError("lanes must be an int or a mapping of lane names to int or Lane, got bool")
+    if isinstance(lanes, int):
+        if lanes < 1:
+            raise ValueError(f"lanes={lanes}: a queue needs at least 1 worker")
+        return {"default": Lane(workers=lanes)}
+    if isinstance(lanes, Lane):
+        return {"default": lanes}
+    if not isinstance(lanes, Mapping):
+        raise TypeError(
+            f"lanes must be an int or a mapping of lane names to int or Lane, got {type(lanes).__name__}"
+        )
+    if not lanes:
+        raise ValueError("lanes must name at least one lane")
+    parsed: dict[str, Lane] = {}
+    for name, spec in lanes.items():
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"lane names must be non-empty str, got {name!r}")
+        if isinstance(spec, Lane):
+            parsed[name] = spec
+        elif isinstance(spec, int) and not isinstance(spec, bool):
+            if spec < 1:
+                raise ValueError(f"lane {name!r} needs at least 1 worker, got {spec}")
+            parsed[name] = Lane(workers=spec)
+        else:
+            raise TypeError(f"lane {name!r}: expected an int or a Lane, got {type(spec).__name__}")
+    return parsed
+
+
+def check_policies(retention: Any, reuse: Any, on_mismatch: Any) -> None:
+    if retention is not None and not isinstance(retention, Retention):
+        raise TypeError(f"retention must be a procq.Retention or None, got {type(retention).__name__}")
+    if reuse not in REUSE_POLICIES:
+        raise ValueError(f"reuse must be 'failed', 'always' or 'never', got {reuse!r}")
+    if on_mismatch not in MISMATCH_POLICIES:
+        raise ValueError(f"on_mismatch must be 'raise', 'warn' or 'ignore', got {on_mismatch!r}")
+
+
+def worker_context(start_method: str | None) -> tuple[str, Any]:
+    """The start method workers use (``"forkserver"`` on Linux and
+    ``"spawn"`` elsewhere by default) and its ``multiprocessing`` context."""
+    # forkserver forks workers from a clean single-threaded server, so the
+    # supervisor's own threads are never duplicated into a child; it exists on
+    # Linux. Elsewhere spawn is the safe choice.
+    method = start_method or ("forkserver" if sys.platform.startswith("linux") else "spawn")
+    if method == "fork":
+        # The supervisor runs a thread, and a fork copies a threaded process
+        # with its locks held mid-use; the child would also inherit every
+        # other worker's pipe, so no worker would see EOF when it should.
+        raise ValueError(
+            "start method 'fork' is not supported: the supervisor runs a thread, and forking "
+            "a threaded process can deadlock the child; use 'forkserver' or 'spawn'"
+        )
+    try:
+        context = multiprocessing.get_context(method)
+    except ValueError:
+        known = ", ".join(multiprocessing.get_all_start_methods())
+        raise ValueError(f"unknown start method {method!r}; this platform has {known}") from None
+    if method == "forkserver":
+        preload_worker(context)
+    return method, context
+
+
+def preload_worker(context: Any) -> None:
+    """Have the forkserver import procq before it forks, so that every worker
+    starts with it loaded. Only until the forkserver has started, which is
+    once per process; the modules already asked for are kept.
+
+    Why all of procq, not just the worker's module: each forkserver child
+    imports the main module again (Python 3.11's forkserver never preloads
+    ``__main__``, whatever the preload list says), and a program that uses
+    procq imports it from there; preloaded, that costs the child nothing.
+    """
+    try:
+        from multiprocessing import forkserver
+
+        server: Any = forkserver._forkserver  # private: no public way to read the list
+        if server._forkserver_pid is not None:
+            return
+        modules = list(server._preload_modules)
+    except Exception:  # pragma: no cover - the stdlib's internals changed
+        return
+    wanted = [m for m in ("procq._worker", "procq._queue") if m not in modules]
+    if wanted:
+        context.set_forkserver_preload([*modules, *wanted])
