@@ -42,7 +42,6 @@ from procq._errors import (
 )
 from procq._fingerprint import fn_name, job_fingerprint
 from procq._handle import JobHandle
-from procq._messages import send_job
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
 from procq._supervisor import Supervisor
 from procq._values import (
@@ -438,7 +437,7 @@ class ProcQueue:
             target = job.due(now)
             worker = core.wake(entry, now if target is None else target)
             if worker is not None:
-                send_job(core, worker, entry)
+                worker.channel.send_job(core, worker, entry)
 
     def _serialize(self, entry: Entry) -> None:
         job = entry.job
@@ -467,7 +466,7 @@ class ProcQueue:
         took it, leave it in its lane, or refuse it and release the claim."""
         core = self._core
         if isinstance(offered, WorkerSlot):
-            send_job(core, offered, entry)
+            offered.channel.send_job(core, offered, entry)
         elif offered is CANCELLED:
             pass  # q.cancel() came first: the handle says so
         elif offered is FULL:
