@@ -21,6 +21,7 @@ was the last sender of a worker that died or was retired meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -205,10 +206,8 @@ class ProcessChannel(WorkerChannel):
         signal_group(self.pid, signal.SIGTERM)
         self._signal(signal.SIGTERM)
         for child in descendants:
-            try:
+            with contextlib.suppress(Exception):
                 child.terminate()
-            except Exception:
-                pass
         return descendants
 
     def kill(self, descendants: list[Any] | None = None) -> None:
@@ -220,10 +219,8 @@ class ProcessChannel(WorkerChannel):
             signal_group(self.pid, signal.SIGKILL)
             self._signal(signal.SIGKILL)
         for child in [*found, *(descendants or ())]:
-            try:
+            with contextlib.suppress(Exception):
                 child.kill()
-            except Exception:
-                pass
 
     def kill_group(self) -> None:
         if not self._reaped:
@@ -232,16 +229,12 @@ class ProcessChannel(WorkerChannel):
     def _signal(self, sig: int) -> None:
         if self._reaped:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.conn.close()
-        except OSError:  # pragma: no cover
-            pass
         self._reader.close()
 
     def reap(self) -> int | None:
@@ -254,8 +247,6 @@ class ProcessChannel(WorkerChannel):
         # A pidfd of our own is closed here; multiprocessing's sentinel by Process.close.
         sentinel, process = self.sentinel, self.process
         if isinstance(sentinel, int) and (isinstance(process, ExecProcess) or sentinel != process.sentinel):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(sentinel)
-            except OSError:  # pragma: no cover
-                pass
         process.close()

@@ -9,6 +9,7 @@ through ``/proc`` (psutil), and its memory read from ``/proc/<pid>/statm``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -168,7 +169,5 @@ def pidfd(pid: int | None) -> int | None:
 def signal_group(pid: int | None, sig: int) -> None:
     if pid is None or not hasattr(os, "killpg"):
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

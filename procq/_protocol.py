@@ -78,7 +78,7 @@ import struct
 import sys
 from collections import OrderedDict
 from enum import Enum
-from typing import Any, NamedTuple, Union
+from typing import Any, NamedTuple
 
 from procq._values import Completed, Failed
 
@@ -158,7 +158,7 @@ class Violation(NamedTuple):
     what: str
 
 
-Event = Union[Ready, Report, Violation]
+Event = Ready | Report | Violation
 
 
 class Status(str, Enum):

@@ -43,7 +43,7 @@ Who owns what, and what each pipe carries::
 
 ``Core`` (``_core``) owns every entry and each worker's bookkeeping
 (``WorkerSlot``), under its lock; this thread owns the channels, the selector
-and its own timers (``_Timers``). The I/O thread starts and reaps every worker,
+and its own timers. The I/O thread starts and reaps every worker,
 so a worker's parent (or, under forkserver, the forkserver's parent) is the
 supervisor for as long as the queue lives. The thread that sends a job on a
 worker's channel is whichever one assigned it: ``Core._assign`` gives a thread
@@ -66,30 +66,38 @@ as the child lived. Why an untrusted worker is never read with
 ``recv_bytes``: it blocks until a frame is whole, so a worker that wrote half
 a frame and stopped would stall this thread and every lane with it.
 
-Beside this module: ``_supervisor_timers`` (when this thread must next act on
-its own), ``_channel`` and its two kinds, and ``_processes`` (a worker's
-death, memory and process tree).
+Beside this module: ``_supervisor_wait`` (``Watcher``: the selector and the
+wake-up pipe; ``Timers``: when this thread must next act on its own),
+``_supervisor_failures`` (the failures it gives jobs), ``_channel`` and its
+kinds (a worker's pipe and process) and ``_processes`` (a worker's death,
+memory and process tree).
 """
 
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from multiprocessing.connection import wait
-from typing import Any, Callable
+from typing import Any
 
 from procq._channel import Launch, WorkerChannel
 from procq._channel_trusted import TrustedChannel
 from procq._channel_untrusted import UntrustedChannel
 from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
-from procq._processes import children_map, describe_exit
+from procq._processes import children_map
 from procq._protocol import Ready, Report, Status, Violation
-from procq._supervisor_timers import MEMORY_CHECK_INTERVAL, Timers
-from procq._values import Failure, format_size
+from procq._supervisor_failures import (
+    crash_failure,
+    memory_failure,
+    protocol_failure,
+    start_failure,
+    stopped_failure,
+)
+from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, Timers, Watcher
 
 __all__ = ["Supervisor"]
 
@@ -122,21 +130,12 @@ class Supervisor:
         self.name = name
         # Time as the core reads it: its deadlines and timers are compared with this.
         self.clock = core.clock
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._wake_lock = threading.Lock()
-        self._wake_closed = False
         # Untrusted workers watch the read end: it reaches EOF when this
         # process dies, since only this process holds the write end.
         self._alive_r, self._alive_w = os.pipe()
         self._launch = Launch(context, name, self._alive_r)
-        # What the I/O thread waits on: each worker channel's pipe and
-        # sentinel, and the wake-up pipe, registered once in a selector that
-        # lives as long as the thread (not rebuilt on every wait).
-        self._by_object: dict[Any, WorkerSlot] = {}
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._wake_r, selectors.EVENT_READ, self._wake_r)
+        self._watcher = Watcher()
+        self.wake = self._watcher.wake  # from any thread
         self._timers = Timers()
         # Workers whose running job q.cancel() ended, to be killed by the I/O thread.
         self._pending_terminations: list[tuple[WorkerSlot, Entry]] = []
@@ -155,17 +154,6 @@ class Supervisor:
         if self._start_error is not None:
             self._thread.join()
             raise self._start_error
-
-    def wake(self) -> None:
-        # Under a lock so that the pipe is never closed (and its descriptor
-        # reused by someone else's file) between the check and the write.
-        with self._wake_lock:
-            if self._wake_closed:
-                return
-            try:
-                os.write(self._wake_w, b"\0")
-            except BlockingIOError:
-                pass  # the pipe is full: a wake-up is pending anyway
 
     def cancel_all(self) -> None:
         """Cancel waiting jobs and kill running ones (close without waiting)."""
@@ -231,7 +219,7 @@ class Supervisor:
             self._shutdown()
 
     def _loop(self) -> None:
-        core, timers, by_object = self.core, self._timers, self._by_object
+        core, timers, watcher = self.core, self._timers, self._watcher
         while not self._stop:
             if self._cancel:
                 self._cancel = False
@@ -239,15 +227,8 @@ class Supervisor:
             while self._pending_terminations:  # from q.cancel(), on other threads
                 self._cancel_running(*self._pending_terminations.pop())
             timeout = timers.timeout(core.next_deadline(), core.memory_jobs > 0, self.clock())
-            for key, _ in self._selector.select(timeout):
-                obj = key.data
-                if obj is self._wake_r:
-                    self._drain_wakeups()
-                    continue
-                worker = by_object.get(obj)
-                if worker is None or worker.dead:
-                    continue  # handled earlier in this batch
-                if obj is worker.channel.messages:
+            for worker, messages in watcher.select(timeout):
+                if messages:
                     self._read(worker)
                 else:
                     self._on_death(worker)
@@ -272,18 +253,11 @@ class Supervisor:
     def _cancel_running(self, worker: WorkerSlot, entry: Entry) -> None:
         """Kill the worker of a job ``q.cancel`` ended while it ran, unless
         the job ended first and the worker has moved on (``Core.spare``)."""
-        kill, batch = self.core.spare(worker, entry) if self._watched(worker) else (True, [])
+        kill, batch = self.core.spare(worker, entry) if self._watcher.watched(worker) else (True, [])
         if kill:
             self._terminate(worker)
         elif batch:
             worker.channel.send_jobs(self.core, worker, batch)
-
-    def _drain_wakeups(self) -> None:
-        try:
-            while os.read(self._wake_r, 4096):
-                pass
-        except BlockingIOError:
-            pass
 
     # --- workers -------------------------------------------------------------
 
@@ -302,20 +276,8 @@ class Supervisor:
             self._timers.retry_start(lane.name, self.clock() + RESTART_BACKOFF)
             return
         worker = WorkerSlot(lane, channel)
-        for obj in (channel.messages, channel.sentinel):
-            self._by_object[obj] = worker
-            self._selector.register(obj, selectors.EVENT_READ, obj)
+        self._watcher.watch(worker)
         self.core.add_worker(worker, lane, reserved)
-
-    def _watched(self, worker: WorkerSlot) -> bool:
-        """Is the worker's pipe still read (not at EOF, not broken, not retired)?"""
-        return worker.channel.messages in self._by_object
-
-    def _unwatch(self, obj: Any) -> None:
-        """Stop waiting on ``obj`` (before it is closed: a closed descriptor
-        cannot be taken out of an epoll set)."""
-        if self._by_object.pop(obj, None) is not None:
-            self._selector.unregister(obj)
 
     def _read(self, worker: WorkerSlot) -> bool:
         """Read and act on what the worker sent. False once nothing more can
@@ -384,7 +346,7 @@ class Supervisor:
     def _drain(self, worker: WorkerSlot) -> None:
         """Act on whatever a dead worker wrote before it died."""
         try:
-            while self._watched(worker) and self._read(worker):
+            while self._watcher.watched(worker) and self._read(worker):
                 pass
         except (EOFError, OSError):
             pass
@@ -395,7 +357,7 @@ class Supervisor:
         it); a worker that closed its pipe and lives on is killed after a grace.
         Either way its death is handled by ``_on_death`` when the sentinel fires."""
         self.core.doom(worker)
-        self._unwatch(worker.channel.messages)
+        self._watcher.unwatch(worker.channel.messages)
         self._timers.kill_at[worker] = self.clock() + EOF_GRACE
 
     def _eof_overdue(self, worker: WorkerSlot) -> None:
@@ -415,13 +377,13 @@ class Supervisor:
         if entry is not None:
             self.core.decide_kill(worker, entry, protocol_failure(worker, entry, what))
         self.core.doom(worker)
-        self._unwatch(worker.channel.messages)
+        self._watcher.unwatch(worker.channel.messages)
         worker.channel.kill()
 
     def _retire(self, worker: WorkerSlot) -> None:
         """Replace a worker between jobs: close its pipe (it exits on EOF), and
         start its replacement at once."""
-        self._unwatch(worker.channel.messages)
+        self._watcher.unwatch(worker.channel.messages)
         with self.core.lock:
             close_now = worker.sending == 0
         if close_now:
@@ -441,14 +403,7 @@ class Supervisor:
             used = worker.channel.job_memory(entry, children)
             if used <= limit:
                 continue
-            failure = Failure(
-                "memory",
-                f"job {entry.key!r} went over its memory_limit of {format_size(limit)} (its process tree "
-                f"held {format_size(used)} more than the idle worker); its worker (pid {worker.pid}) and "
-                "that process's tree were killed",
-                pid=worker.pid,
-            )
-            if self.core.decide_kill(worker, entry, failure):
+            if self.core.decide_kill(worker, entry, memory_failure(worker, entry, limit, used)):
                 worker.channel.kill()
 
     def _on_death(self, worker: WorkerSlot) -> None:
@@ -461,27 +416,14 @@ class Supervisor:
         self._drain(worker)
         self._timers.kill_at.pop(worker, None)  # (after the drain, which may see EOF and set it)
         exitcode = channel.reap()
-        sig, how, cause = describe_exit(exitcode)
-        explained = "" if not cause else f": {cause}" if sig else f" ({cause})"
-
-        def crash(entry: Entry) -> Failure:
-            kind = "timeout" if sig == "SIGXCPU" else "crashed"
-            return Failure(
-                kind,
-                f"worker process {worker.pid} (lane {worker.lane.name!r}) {how}{explained}, "
-                f"while running job {entry.key!r}",
-                exitcode=exitcode,
-                signal=sig,
-                pid=worker.pid,
-            )
-
+        crash, sig, how = crash_failure(worker, exitcode)
         lane = worker.lane
-        stopping = self._stop or self.core.cancelled or self.core.closing and self.core.drained.is_set()
+        stopping = self._stop or self.core.cancelled or (self.core.closing and self.core.drained.is_set())
         # (boot_failures is only ever changed on this thread.)
         replace_now = not stopping and not worker.booting and not lane.boot_failures and not worker.retired
         close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
-        self._unwatch(channel.messages)
-        self._unwatch(channel.sentinel)
+        self._watcher.unwatch(channel.messages)
+        self._watcher.unwatch(channel.sentinel)
         if close_now:
             channel.close()
         channel.release()
@@ -500,7 +442,7 @@ class Supervisor:
             delay = min(BOOT_BACKOFF * 2 ** (failures - 1), BOOT_BACKOFF_MAX)
             self._timers.retry_start(lane.name, self.clock() + delay)
             if failures >= BOOT_FAILURES_TO_FAIL_JOBS:
-                self.core.fail_waiting(lane, _cannot_start(lane, failures, how))
+                self.core.fail_waiting(lane, start_failure(lane, failures, how))
 
     def _terminate(self, worker: WorkerSlot) -> None:
         """End a worker's process tree: SIGTERM now (the job may clean up),
@@ -525,7 +467,7 @@ class Supervisor:
             self._kill_all(self.core.cancel_all("was cancelled: the queue's supervisor stopped"))
         for _, worker, descendants in self._timers.take_kills():  # a grace cut short: nothing outlives the queue
             worker.channel.kill(descendants)
-        workers = [w for w in set(self._by_object.values()) if not w.dead]
+        workers = [w for w in self._watcher.workers() if not w.dead]
         with self.core.lock:
             for w in workers:
                 w.doomed = True
@@ -548,39 +490,9 @@ class Supervisor:
             w.channel.reap()
             # A worker still holding a job here means the loop itself failed:
             # the job must still end, so no handle hangs.
-            run_wakeups(self.core.worker_died(w, _stopped)[1])
+            run_wakeups(self.core.worker_died(w, stopped_failure)[1])
             w.channel.release()
         self.core.handoffs()  # (nothing is sent any more)
-        self._by_object.clear()
-        self._selector.close()
+        self._watcher.close()
         os.close(self._alive_r)
         os.close(self._alive_w)
-        with self._wake_lock:
-            self._wake_closed = True
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-
-
-def protocol_failure(worker: WorkerSlot, entry: Entry, what: str) -> Failure:
-    return Failure(
-        "protocol",
-        f"the worker (pid {worker.pid}, lane {worker.lane.name!r}) running job {entry.key!r} broke procq's "
-        f"protocol with {what}; the job failed and the worker was replaced",
-        pid=worker.pid,
-    )
-
-
-def _cannot_start(lane: LaneState, failures: int, how: str) -> Callable[[Entry], Failure]:
-    def failure(entry: Entry) -> Failure:
-        return Failure(
-            "crashed",
-            f"job {entry.key!r} could not run: the workers of lane {lane.name!r} keep dying while "
-            f"they start ({failures} in a row; the last {how}). Their stderr says why; often the "
-            "main module fails when a worker imports it (guard it with if __name__ == '__main__')",
-        )
-
-    return failure
-
-
-def _stopped(entry: Entry) -> Failure:
-    return Failure("cancelled", f"job {entry.key!r} was cancelled: the queue's supervisor stopped")
