@@ -86,7 +86,6 @@ __all__ = [
     "CANCEL",
     "CUT_SHORT",
     "ERROR",
-    "EXIT",
     "FN_CACHE_SIZE",
     "FROM_JOB",
     "FROM_WORKER",
@@ -119,7 +118,7 @@ RUN = 0
 OK = 1
 ERROR = 2
 READY = 3
-EXIT = 4
+# (4 is free.)
 RUN_MANY = 5
 CANCEL = 6
 SKIPPED = 7
