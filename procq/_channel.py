@@ -11,7 +11,7 @@ Kinds: ``TrustedChannel`` (``_channel_trusted``: a ``multiprocessing`` child,
 pickled answers read in bulk) and ``UntrustedChannel`` (``_channel_untrusted``:
 a fresh ``python -I`` that forks a process per job, JSON answers checked one
 by one). A new kind of worker (a remote one, say) is a new subclass of
-``WorkerChannel``, chosen in ``Supervisor._start_worker``.
+``WorkerChannel``, chosen by ``_supervisor.channel_kind``.
 
 Sending follows the core's rule of rights to send (``WorkerSlot.sending``, see
 ``_supervisor``): the caller of a ``send_*`` method holds rights, and the

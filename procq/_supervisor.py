@@ -322,15 +322,15 @@ class Supervisor:
         if limit is not None and worker.channel.rss() > limit:
             reports[-1] = reports[-1]._replace(retire=True)
         batch, status, taken = self.core.jobs_done(worker, reports, wakeups)
-        if status == Status.RETIRE:
+        if batch:  # (only ever with Status.DONE)
+            worker.channel.send_jobs(self.core, worker, batch)
+        elif status == Status.RETIRE:
             self._retire(worker)
         elif status == Status.UNEXPECTED:
             held = worker.entry
             what = "while it held no job" if held is None else f"while it held job {held.key!r}"
             self._violation(worker, f"a message about job id {reports[taken].job_id} {what}")
             return False
-        if batch:
-            worker.channel.send_jobs(self.core, worker, batch)
         return True
 
     def _on_ready(self, worker: WorkerSlot) -> bool:
