@@ -123,6 +123,7 @@ class Core(Dispatch, EndedKeys, Stopping):
         strict_payload: bool = True,
     ) -> None:
         self.lock = threading.Lock()
+        self.clock: Callable[[], float] = time.monotonic  # monotonic seconds: deadlines and timers
         self.lanes = {name: LaneState(name, spec) for name, spec in lanes.items()}
         self.default_lane = next(iter(self.lanes.values()))
         self._keys: dict[str, Entry | Record] = {}

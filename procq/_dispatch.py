@@ -34,6 +34,7 @@ from procq._entries import (
     WorkerSlot,
     run_wakeups,
 )
+from procq._protocol import Report, Status
 from procq._values import Completed, Failed, Failure
 
 if TYPE_CHECKING:
@@ -170,30 +171,30 @@ class Dispatch:
         retire: bool = False,
         wakeups: list[Wakeup] | None = None,
         crashed: bool = False,
-    ) -> tuple[list[Entry], str]:
+    ) -> tuple[list[Entry], Status]:
         """A worker reported the end of its job: ``jobs_done`` for one report.
         ``crashed``: ``outcome`` is a crash (an untrusted lane's job whose own
         process died under it), counted in the lane's stats."""
-        batch, status, _ = self.jobs_done(worker, [(job_id, outcome, retire, crashed)], wakeups)
+        batch, status, _ = self.jobs_done(worker, [Report(job_id, outcome, retire, crashed)], wakeups)
         return batch, status
 
     def jobs_done(
         self,
         worker: WorkerSlot,
-        reports: list[tuple[int, Completed[Any] | Failed, bool, bool]],
+        reports: list[Report],
         wakeups: list[Wakeup] | None = None,
-    ) -> tuple[list[Entry], str, int]:
+    ) -> tuple[list[Entry], Status, int]:
         """A worker reported the end of its jobs, in the order it ran them:
-        ``(job_id, outcome, retire, crashed)`` each (``retire``: the worker
+        a ``Report`` each (``retire``: the worker
         must be replaced after it; ``crashed``: count it as a crash). All are settled in one critical section.
 
         The worker's next job is the first of its queue, if it has one: it
         has already started it. Returns the jobs the caller must now send to
         the same worker (in one frame; empty: none; the caller holds one right
-        to send for them), how many reports were taken, and "done"; "retire"
+        to send for them), how many reports were taken, and ``Status.DONE``; ``RETIRE``
         when the worker must now be replaced (a report asked for it, or it has
         run its lane's ``max_jobs_per_worker``; see ``_retire``); or
-        "unexpected" when a report was not for the job the worker holds (a
+        ``UNEXPECTED`` when a report was not for the job the worker holds (a
         protocol violation: the reports from that one on changed nothing).
 
         Given ``wakeups``, the jobs' wake-ups are added to it for the caller
@@ -202,7 +203,7 @@ class Dispatch:
         deferred = wakeups
         wakeups = []
         batch: list[Entry] = []
-        status = "done"
+        status = Status.DONE
         taken = 0
         with self.lock:
             lane = worker.lane
@@ -210,7 +211,7 @@ class Dispatch:
             for job_id, outcome, retire, crashed in reports:
                 entry = worker.entry
                 if entry is None or entry.job_id != job_id:
-                    status = "unexpected"
+                    status = Status.UNEXPECTED
                     break
                 taken += 1
                 ran = now - worker.started
@@ -239,9 +240,9 @@ class Dispatch:
                 retire = retire or worker.retire_pending or (limit is not None and worker.jobs >= limit)
                 if retire and not worker.doomed:
                     self._retire(worker)
-                    status = "retire"
+                    status = Status.RETIRE
                     break
-            if status == "done":
+            if status is Status.DONE:
                 self._feed(worker, batch, wakeups)
         if deferred is None:
             run_wakeups(wakeups)

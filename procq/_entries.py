@@ -10,7 +10,6 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Callable
 
 from procq._job import Job, Lane
-from procq._protocol import FnMirror
 from procq._values import (
     Completed,
     Failed,
@@ -21,6 +20,7 @@ from procq._values import (
 )
 
 if TYPE_CHECKING:
+    from procq._channel import WorkerChannel
     from procq._retention import Record
 
 __all__ = ["ABANDONED", "DONE", "PENDING", "PROCESSING", "Ended", "Entry", "LaneState", "WorkerSlot", "current_timer", "run_wakeups"]
@@ -137,44 +137,32 @@ class Ended:
 class WorkerSlot:
     """The core's view of one worker process: which job it holds, if any.
 
-    ``process`` and ``conn`` are owned by the supervisor's I/O thread; the core
-    only keeps them beside the slot's bookkeeping.
+    ``channel`` (a ``_channel.WorkerChannel``: the worker's pipe and process)
+    is owned by the supervisor's I/O thread; the core only keeps it beside
+    the slot's bookkeeping.
     """
 
     __slots__ = (
         "booting",
-        "conn",
+        "channel",
         "dead",
         "doomed",
         "entry",
-        "fns",
         "fresh",
         "jobs",
         "lane",
         "pid",
-        "inbox",
-        "process",
         "queue",
-        "reader",
         "retire_pending",
         "retired",
         "sending",
-        "sentinel",
         "started",
-        "write_lock",
     )
 
-    def __init__(self, lane: LaneState, process: Any, conn: Any, sentinel: Any = None, reader: Any = None) -> None:
+    def __init__(self, lane: LaneState, channel: WorkerChannel) -> None:
         self.lane = lane
-        self.process = process
-        self.conn = conn
-        # What the I/O thread waits on for the worker's death (a pidfd where
-        # the platform has them), and for untrusted lanes the FrameReader.
-        self.sentinel = sentinel if sentinel is not None else getattr(process, "sentinel", None)
-        self.reader = reader
-        # A trusted worker's messages, read without blocking (set by the supervisor).
-        self.inbox: Any = None
-        self.pid: int | None = process.pid if process is not None else None
+        self.channel = channel
+        self.pid: int | None = channel.pid  # for failure messages
         self.entry: Entry | None = None
         # Jobs sent to it behind ``entry``, not started yet (still Pending):
         # several in flight per worker while a lane of short jobs has a backlog,
@@ -182,12 +170,6 @@ class WorkerSlot:
         # only while ``entry`` is set; the worker runs them in this order.
         self.queue: deque[Entry] = deque()
         self.started = 0.0  # when ``entry`` started, as far as the supervisor knows
-        # Held while a frame is written to the pipe: a q.cancel() telling a
-        # busy worker to skip a job may write at the same time as the I/O
-        # thread sends it more (every other writer has the pipe to itself).
-        self.write_lock = threading.Lock()
-        # Mirror of the worker's function cache (see _protocol.FnMirror).
-        self.fns = FnMirror()
         # Threads that have been given this worker's pipe to send on and have
         # not reported back yet. The pipe is closed only when this is 0, so a
         # descriptor is never closed (and reused) under a sender.

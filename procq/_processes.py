@@ -1,38 +1,35 @@
 """Worker processes as the supervisor sees them: starting an untrusted one,
 telling its death, measuring its memory, signalling its tree.
 
-Everything here is a plain function of a pid or a process object; the I/O
-thread (``_supervisor.py``) decides when to call them. On Linux a worker's
-death is watched through a pidfd, its tree found through ``/proc`` (psutil),
-and its memory read from ``/proc/<pid>/statm``.
+Everything here is a plain function of a pid or a process object; the
+process channels (``_channel``) call them when the I/O thread (``_supervisor``)
+says. On Linux a worker's death is watched through a pidfd, its tree found
+through ``/proc`` (psutil), and its memory read from ``/proc/<pid>/statm``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 from typing import Any
 
-from procq._entries import WorkerSlot
 from procq._job import Lane
 
 __all__ = [
     "ExecProcess",
     "children_map",
-    "close_sentinel",
     "describe_exit",
     "find_descendants",
     "import_path",
     "pidfd",
     "process_rss",
     "signal_group",
-    "signal_worker",
     "tree_rss",
     "worker_config",
 ]
-
 
 _SIGNAL_HINTS = {
     "SIGSEGV": "a segmentation fault: native code run by the job crashed",
@@ -151,7 +148,7 @@ class ExecProcess:
         self._popen.wait()
 
     def close(self) -> None:
-        pass  # its sentinel is closed with the worker's (see close_sentinel)
+        pass  # its sentinel is closed by its channel (ProcessChannel.release)
 
 
 def pidfd(pid: int | None) -> int | None:
@@ -169,31 +166,8 @@ def pidfd(pid: int | None) -> int | None:
         return None
 
 
-def close_sentinel(worker: WorkerSlot) -> None:
-    """Close the worker's pidfd, if it has one (a ``multiprocessing``
-    sentinel is closed by ``Process.close``)."""
-    process = worker.process
-    if isinstance(worker.sentinel, int) and (isinstance(process, ExecProcess) or worker.sentinel != process.sentinel):
-        try:
-            os.close(worker.sentinel)
-        except OSError:  # pragma: no cover
-            pass
-
-
 def signal_group(pid: int | None, sig: int) -> None:
     if pid is None or not hasattr(os, "killpg"):
         return
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def signal_worker(worker: WorkerSlot, sig: int) -> None:
-    """Signal the worker itself, unless it has been reaped (its pid may be reused)."""
-    if worker.dead or worker.pid is None:
-        return
-    try:
-        os.kill(worker.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -1,14 +1,17 @@
-"""What travels on a worker's pipe, and how it is framed.
+"""What travels on a worker's pipe, how it is framed, and what it decodes to.
 
 Each worker has its own duplex ``multiprocessing`` pipe; nothing is shared
-between workers. Every message is one ``send_bytes`` frame holding a pickled
-tuple. The job's function, arguments and result travel inside it as separate,
-already-pickled ``bytes``, so a payload that fails to unpickle on the far side
-fails only that job and never hides which job it belonged to.
+between workers. Every message is one ``send_bytes`` frame. The job's function
+and arguments travel inside it as separate, already-pickled ``bytes``, so a
+payload that fails to unpickle on the far side fails only that job and never
+hides which job it belonged to.
 
-Supervisor -> worker::
+Supervisor -> worker, both kinds of lane (pickled tuples)::
 
-    (RUN, job_id, fn_id, fn_bytes | None, args_bytes)
+    (RUN, job_id, fn_id, fn_bytes | None, args_bytes, memory_limit | None)
+    (RUN_MANY, [(job_id, fn_id, fn_bytes | None, args_bytes, memory_limit), ...])
+                                       trusted lanes: jobs sent ahead, run in order
+    (CANCEL, job_id)                   trusted lanes: skip that job if not started
 
 ``fn_id`` is a digest of ``fn_bytes``. The bytes are sent only the first time
 a worker sees that digest; the worker keeps the unpickled function in an LRU of
@@ -16,13 +19,6 @@ a worker sees that digest; the worker keeps the unpickled function in an LRU of
 per worker (:class:`FnMirror`), so both sides always agree on what the worker
 holds without ever asking. Because the id is the content, a closure whose
 captured values changed since its last push is simply a new function.
-
-Supervisor -> worker, in full::
-
-    (RUN, job_id, fn_id, fn_bytes | None, args_bytes, memory_limit | None)
-    (RUN_MANY, [(job_id, fn_id, fn_bytes | None, args_bytes, memory_limit), ...])
-                                       trusted lanes: jobs sent ahead, run in order
-    (CANCEL, job_id)                   trusted lanes: skip that job if not started
 
 Worker -> supervisor, trusted lanes (pickles)::
 
@@ -33,7 +29,8 @@ Worker -> supervisor, trusted lanes (pickles)::
 
 A trusted worker reports its jobs in the order it was sent them, one message
 each, so the supervisor always knows which one it is running: the first it
-has sent and not heard back about.
+has sent and not heard back about. Each decodes straight to ``Ready`` or a
+``Report`` (see ``_channel_trusted``).
 
 Worker -> supervisor, untrusted lanes (UTF-8 JSON arrays, never unpickled).
 An untrusted lane's worker runs no job code: it forks a process for each job
@@ -55,7 +52,8 @@ zeros by the worker and the trailer ``CUT_SHORT``.
 
 An untrusted worker's messages are read by ``FrameReader`` (never blocking on
 a partial frame, refusing a length past the lane's limit before reading the
-body) and checked by ``decode_untrusted``; anything else is a protocol
+body) and checked by ``decode_untrusted``, which gives ``Ready``,
+``JobOutput``, ``JobError`` or ``JobExit``; anything else is a protocol
 violation that fails the worker's job. ``kind`` is ``"error"``, ``"memory"``
 (the job raised ``MemoryError``) or ``"protocol"`` (its result was too large).
 ``returncode`` is the job process's exit status as ``subprocess`` gives it
@@ -63,6 +61,10 @@ violation that fails the worker's job. ``kind`` is ``"error"``, ``"memory"``
 
 A worker that dies sends nothing: the supervisor learns of it from the
 process sentinel, and knows which job it held because it gave it that job.
+
+What a worker channel reads comes out as events (``Event``): ``Ready``, a
+``Report`` of a job's end (settled by ``Core.jobs_done``, which answers with
+a ``Status``), or a ``Violation`` of the protocol.
 """
 
 from __future__ import annotations
@@ -75,13 +77,15 @@ import socket
 import struct
 import sys
 from collections import OrderedDict
-from typing import Any
+from enum import Enum
+from typing import Any, NamedTuple
+
+from procq._values import Completed, Failed, FailureKind
 
 __all__ = [
     "CANCEL",
     "CUT_SHORT",
     "ERROR",
-    "EXIT",
     "FN_CACHE_SIZE",
     "FROM_JOB",
     "FROM_WORKER",
@@ -90,9 +94,17 @@ __all__ = [
     "RUN",
     "RUN_MANY",
     "SKIPPED",
+    "Event",
     "FnMirror",
     "FrameReader",
+    "JobError",
+    "JobExit",
+    "JobOutput",
     "ProtocolError",
+    "Ready",
+    "Report",
+    "Status",
+    "Violation",
     "decode_untrusted",
     "digest",
     "dumps",
@@ -106,7 +118,7 @@ RUN = 0
 OK = 1
 ERROR = 2
 READY = 3
-EXIT = 4
+# (4 is free.)
 RUN_MANY = 5
 CANCEL = 6
 SKIPPED = 7
@@ -121,6 +133,39 @@ CUT_SHORT = b"t"
 FN_CACHE_SIZE = 128
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+# --- what a worker channel reads ----------------------------------------------
+
+
+class Ready(NamedTuple):
+    """The worker is set up and takes jobs (its first message, sent once)."""
+
+
+class Report(NamedTuple):
+    """The end of a job as its worker reported it, for ``Core.jobs_done``."""
+
+    job_id: int
+    outcome: Completed[Any] | Failed
+    retire: bool  # the worker must be replaced after this job
+    crashed: bool  # the outcome is a crash of the job's own process (counted in the lane's stats)
+
+
+class Violation(NamedTuple):
+    """The worker broke the protocol; ``what`` completes "broke procq's protocol with ..."."""
+
+    what: str
+
+
+Event = Ready | Report | Violation
+
+
+class Status(str, Enum):
+    """What ``Core.jobs_done`` says of a worker once its reports are settled."""
+
+    DONE = "done"  # it takes its next jobs, if any
+    RETIRE = "retire"  # it must be replaced now (see Core._retire)
+    UNEXPECTED = "unexpected"  # a report was not for the job it holds: a protocol violation
 
 
 def dumps(obj: Any) -> bytes:
@@ -211,7 +256,7 @@ class FnMirror:
 # --- untrusted lanes ----------------------------------------------------------
 
 #: The kinds an untrusted worker may give a failed job.
-WORKER_KINDS = frozenset({"error", "memory", "protocol"})
+WORKER_KINDS: frozenset[FailureKind] = frozenset({"error", "memory", "protocol"})
 
 
 class ProtocolError(Exception):
@@ -223,14 +268,35 @@ def json_dumps(message: Any) -> bytes:
     return json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def decode_untrusted(frame: bytes | bytearray) -> tuple[Any, ...]:
-    """Check and decode the body of one message from an untrusted worker.
+class JobOutput(NamedTuple):
+    """An untrusted job's result, as its process sent it (JSON data)."""
 
-    Returns ``(READY,)``, ``(job_id, OK, output)``,
-    ``(job_id, ERROR, kind, exc_type, message, traceback)`` or
-    ``(job_id, EXIT, returncode)``; raises ``ProtocolError`` for anything
-    else. Only ``json`` touches the bytes. (Which of these the job's process
-    may send, and which only the worker, is the supervisor's to check.)
+    job_id: int
+    output: Any
+
+
+class JobError(NamedTuple):
+    """An untrusted job's exception, as its process sent it."""
+
+    job_id: int
+    kind: FailureKind  # one of WORKER_KINDS
+    exc_type: str
+    message: str
+    traceback: str
+
+
+class JobExit(NamedTuple):
+    """The process that ran a job exited (from the worker)."""
+
+    job_id: int
+    returncode: int
+
+
+def decode_untrusted(frame: bytes | bytearray) -> Ready | JobOutput | JobError | JobExit:
+    """Check and decode the body of one message from an untrusted worker;
+    raises ``ProtocolError`` for anything else. Only ``json`` touches the
+    bytes. (Which of these the job's process may send, and which only the
+    worker, is the supervisor's to check.)
     """
     try:
         message = json.loads(frame)
@@ -240,18 +306,18 @@ def decode_untrusted(frame: bytes | bytearray) -> tuple[Any, ...]:
         raise ProtocolError(f"a message that is not a tagged JSON array: {_preview(frame)}")
     tag = message[0]
     if tag == "ready" and len(message) == 1:
-        return (READY,)
+        return Ready()
     if len(message) < 2 or type(message[1]) is not int:
         raise ProtocolError(f"a message without a job id: {_preview(frame)}")
     job_id = message[1]
     if tag == "ok" and len(message) == 3:
-        return (job_id, OK, message[2])
+        return JobOutput(job_id, message[2])
     if tag == "error" and len(message) == 6 and all(isinstance(field, str) for field in message[2:]):
         if message[2] not in WORKER_KINDS:
             raise ProtocolError(f"an error message with an unknown kind {message[2][:50]!r}")
-        return (job_id, ERROR, *message[2:])
+        return JobError(job_id, *message[2:])
     if tag == "exit" and len(message) == 3 and type(message[2]) is int:
-        return (job_id, EXIT, message[2])
+        return JobExit(job_id, message[2])
     raise ProtocolError(f"a malformed message: {_preview(frame)}")
 
 

@@ -30,7 +30,6 @@ from procq._errors import JobPicklingError, KeyConflict, KeyConflictWarning, Lan
 from procq._fingerprint import fn_name, job_fingerprint
 from procq._handle import JobHandle
 from procq._job import Job
-from procq._messages import send_job
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
 from procq._values import Cached, Failed, InFlight, PushOutcome, Queued
 
@@ -211,7 +210,7 @@ class Pusher:
             target = job.due(now)
             worker = core.wake(entry, now if target is None else target)
             if worker is not None:
-                send_job(core, worker, entry)
+                worker.channel.send_job(core, worker, entry)
 
     def _item(self, job: Job[Any], index: int | None) -> tuple[Job[Any], LaneState, bytes | None, float | None]:
         if not isinstance(job, Job):
@@ -276,7 +275,7 @@ class Pusher:
         took it, leave it in its lane, or refuse it and release the claim."""
         core = self._core
         if isinstance(offered, WorkerSlot):
-            send_job(core, offered, entry)
+            offered.channel.send_job(core, offered, entry)
         elif offered is CANCELLED:
             pass  # q.cancel() came first: the handle says so
         elif offered is FULL:

@@ -1,20 +1,19 @@
-"""The worker: the loop a child process runs, and nothing else.
+"""The worker: the loop a trusted lane's child runs, and what both kinds share.
 
-A worker receives one job at a time on its own pipe, runs it, and sends back
-the result or the exception. It never decides anything about keys or states:
-the supervisor does. It exits when its pipe reaches EOF (the supervisor closed
-it, or died), and on Linux also when its parent dies (``PR_SET_PDEATHSIG``), so
-a worker in the middle of a long job cannot outlive a SIGKILLed supervisor.
+A worker takes RUN (one job), RUN_MANY (several, sent ahead) and CANCEL frames
+from its own pipe, keeps the jobs in order and runs them one at a time; before
+each it takes whatever else has arrived, so a CANCEL for it is seen and the job
+skipped (SKIPPED). Each job is reported as it ends: OK or ERROR (see
+``call_and_report``). It decides nothing about keys or states, and exits when
+its pipe reaches EOF, or (Linux) when its parent dies (``PR_SET_PDEATHSIG``).
 
-Before it takes a job, a worker sets itself up as its lane asks (``setup``):
-working directory, environment, resource limits, and no file descriptors but
-its pipe and the standard streams. A trusted lane's worker is started by
-``multiprocessing``, runs each job itself and answers in pickles. An untrusted
-lane's worker is a fresh interpreter started by the supervisor (``_worker_untrusted``)
-that runs no job code: it forks a process for each job (``_job_process``),
-which runs the job under hard limits and answers in JSON on a socket of its
-own; the worker relays that answer and reports the process's exit (see
-``_protocol``).
+Before its first job a worker sets itself up as its lane asks (``setup``: cwd,
+environment, resource limits, no descriptors but its pipe and the standard
+streams), then sends READY. A trusted lane's worker is a ``multiprocessing``
+child (``worker_main``) that runs each job itself and answers in pickles. An
+untrusted lane's worker (``_worker_untrusted``, which uses ``setup``,
+``call_and_report`` and the JSON codec from here) runs no job code: it forks a
+process per job and relays its JSON answer, then its exit (see ``_protocol``).
 """
 
 from __future__ import annotations

@@ -74,8 +74,6 @@ def exec_main() -> None:
     run_until_eof(lambda: _serve_forking(conn, config, alive_fd))
 
 
-
-
 # --- untrusted lanes: a forked process per job --------------------------------------
 
 _PR_SET_DUMPABLE = 4

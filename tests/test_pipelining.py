@@ -2,7 +2,7 @@
 directly: the orders of events that a real queue only meets by chance.
 
 The core never touches a process or a pipe, so a worker here is a WorkerSlot
-with no process, and "the worker reports" is a call to ``Core.jobs_done``.
+with no channel, and "the worker reports" is a call to ``Core.jobs_done``.
 """
 
 from __future__ import annotations
@@ -16,15 +16,14 @@ from procq._core import Core
 from procq._entries import Entry, LaneState, WorkerSlot
 
 
-class _Process:
+class _Channel:
     pid = None
-    sentinel = None
 
 
 def _core_with_worker(capacity: int = 100) -> tuple[Core, LaneState, WorkerSlot]:
     core = Core({"l": Lane(workers=1, capacity=capacity)}, check_payload=False, strict_payload=False)
     lane = core.lanes["l"]
-    worker = WorkerSlot(lane, _Process(), conn=None)
+    worker = WorkerSlot(lane, _Channel())
     core.add_worker(worker, lane, reserved=False)
     assert core.worker_ready(worker) is None  # nothing waits yet: it goes idle
     lane.service = 1e-5  # this lane's jobs are short: jobs are sent ahead

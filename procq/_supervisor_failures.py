@@ -1,0 +1,72 @@
+"""How the supervisor words the failures it gives jobs when their worker
+fails them: a death, a protocol violation, memory past a limit, workers that
+cannot start, a supervisor that stops. Each message says what happened, to
+which worker (pid, lane) and job, and what likely caused it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from procq._entries import Entry, LaneState, WorkerSlot
+from procq._processes import describe_exit
+from procq._job import format_size
+from procq._values import Failure
+
+__all__ = ["crash_failure", "memory_failure", "protocol_failure", "start_failure", "stopped_failure"]
+
+
+def crash_failure(worker: WorkerSlot, exitcode: int | None) -> tuple[Callable[[Entry], Failure], str | None, str]:
+    """For a worker that died with ``exitcode``: the failure of the job it
+    ran, its signal's name (None: it exited) and what happened, in words."""
+    sig, how, cause = describe_exit(exitcode)
+    explained = "" if not cause else f": {cause}" if sig else f" ({cause})"
+
+    def crash(entry: Entry) -> Failure:
+        return Failure(
+            "timeout" if sig == "SIGXCPU" else "crashed",
+            f"worker process {worker.pid} (lane {worker.lane.name!r}) {how}{explained}, "
+            f"while running job {entry.key!r}",
+            exitcode=exitcode,
+            signal=sig,
+            pid=worker.pid,
+        )
+
+    return crash, sig, how
+
+
+def protocol_failure(worker: WorkerSlot, entry: Entry, what: str) -> Failure:
+    return Failure(
+        "protocol",
+        f"the worker (pid {worker.pid}, lane {worker.lane.name!r}) running job {entry.key!r} broke procq's "
+        f"protocol with {what}; the job failed and the worker was replaced",
+        pid=worker.pid,
+    )
+
+
+def memory_failure(worker: WorkerSlot, entry: Entry, limit: int, used: int) -> Failure:
+    return Failure(
+        "memory",
+        f"job {entry.key!r} went over its memory_limit of {format_size(limit)} (its process tree "
+        f"held {format_size(used)} more than the idle worker); its worker (pid {worker.pid}) and "
+        "that process's tree were killed",
+        pid=worker.pid,
+    )
+
+
+def start_failure(lane: LaneState, failures: int, how: str) -> Callable[[Entry], Failure]:
+    """The failure of a job waiting in a lane whose workers keep dying as they start."""
+
+    def failure(entry: Entry) -> Failure:
+        return Failure(
+            "crashed",
+            f"job {entry.key!r} could not run: the workers of lane {lane.name!r} keep dying while "
+            f"they start ({failures} in a row; the last {how}). Their stderr says why; often the "
+            "main module fails when a worker imports it (guard it with if __name__ == '__main__')",
+        )
+
+    return failure
+
+
+def stopped_failure(entry: Entry) -> Failure:
+    return Failure("cancelled", f"job {entry.key!r} was cancelled: the queue's supervisor stopped")

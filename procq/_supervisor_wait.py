@@ -1,0 +1,172 @@
+"""What the supervisor's I/O thread waits on, and for how long.
+
+``Watcher`` is its one epoll selector: every worker channel's pipe and death
+sentinel, and the wake-up pipe other threads write to (close, cancel, a new
+deadline), registered once and kept for as long as the thread lives (not
+rebuilt on every wait). ``Timers`` keeps the times of the supervisor's own
+actions (the core keeps those of jobs: deadlines and due times) and gives the
+selector its timeout, in the core's clock (``Core.clock``). Only the I/O thread
+touches them, but for ``Watcher.wake``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from procq._entries import WorkerSlot
+
+__all__ = ["MEMORY_CHECK_INTERVAL", "Timers", "Watcher"]
+
+#: How often the memory of running jobs with a memory limit is sampled.
+MEMORY_CHECK_INTERVAL = 0.05
+
+
+class Watcher:
+    """The selector of the I/O thread, and its wake-up pipe."""
+
+    def __init__(self) -> None:
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._wake_lock = threading.Lock()
+        self._wake_closed = False
+        self._by_object: dict[Any, WorkerSlot] = {}  # each watched pipe and sentinel -> its worker
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._wake_r)
+
+    def wake(self) -> None:
+        """Wake the I/O thread (from any thread)."""
+        # Under a lock so that the pipe is never closed (and its descriptor
+        # reused by someone else's file) between the check and the write.
+        with self._wake_lock:
+            if self._wake_closed:
+                return
+            with contextlib.suppress(BlockingIOError):  # the pipe is full: a wake-up is pending anyway
+                os.write(self._wake_w, b"\0")
+
+    def watch(self, worker: WorkerSlot) -> None:
+        """Wait on the worker channel's messages and death."""
+        channel = worker.channel
+        for obj in (channel.messages, channel.sentinel):
+            self._by_object[obj] = worker
+            self._selector.register(obj, selectors.EVENT_READ, obj)
+
+    def watched(self, worker: WorkerSlot) -> bool:
+        """Is the worker's pipe still read (not at EOF, not broken, not retired)?"""
+        return worker.channel.messages in self._by_object
+
+    def unwatch(self, obj: Any) -> None:
+        """Stop waiting on ``obj`` (before it is closed: a closed descriptor
+        cannot be taken out of an epoll set)."""
+        if self._by_object.pop(obj, None) is not None:
+            self._selector.unregister(obj)
+
+    def workers(self) -> set[WorkerSlot]:
+        return set(self._by_object.values())
+
+    def select(self, timeout: float | None) -> Iterator[tuple[WorkerSlot, bool]]:
+        """Wait up to ``timeout`` (None: for ever), then yield each worker
+        with news: True for its messages, False for its death."""
+        for key, _ in self._selector.select(timeout):
+            obj = key.data
+            if obj is self._wake_r:
+                self._drain_wakeups()
+                continue
+            # Looked up now, not before: acting on an earlier one may have unwatched it.
+            worker = self._by_object.get(obj)
+            if worker is None or worker.dead:
+                continue
+            yield worker, obj is worker.channel.messages
+
+    def _drain_wakeups(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        self._by_object.clear()
+        self._selector.close()
+        with self._wake_lock:
+            self._wake_closed = True
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+
+class Timers:
+    """Starts to try again, workers to kill after a grace, SIGKILLs due after
+    a SIGTERM, and the next memory sample."""
+
+    __slots__ = ("_kills", "_retry_at", "kill_at", "next_sample")
+
+    def __init__(self) -> None:
+        self._retry_at: dict[str, list[float]] = {}  # lane name -> times to try starting a worker again
+        # Workers at EOF or retired: killed if still alive then.
+        self.kill_at: dict[WorkerSlot, float] = {}
+        # SIGKILLs due after a SIGTERM's grace: (when, worker, its descendants then), soonest first.
+        self._kills: list[tuple[float, WorkerSlot, list[Any]]] = []
+        self.next_sample = 0.0  # next memory sample, while memory-limited jobs run
+
+    def timeout(self, deadline: float | None, sampling: bool, now: float) -> float | None:
+        """How long the selector may sleep: until the soonest of these times,
+        the core's next ``deadline`` and (``sampling``) the next memory sample."""
+        times = [t for ts in self._retry_at.values() for t in ts]
+        times.extend(self.kill_at.values())
+        if self._kills:
+            times.append(self._kills[0][0])
+        if sampling:
+            times.append(self.next_sample)
+        if deadline is not None:
+            times.append(deadline)
+        when = min(times, default=None)
+        if when is None:
+            return None
+        return max(0.0, when - now)
+
+    def sample_due(self, now: float) -> bool:
+        return now >= self.next_sample
+
+    def retry_start(self, lane: str, when: float) -> None:
+        self._retry_at.setdefault(lane, []).append(when)
+
+    def starts_due(self, now: float) -> list[str]:
+        """The lanes to start a worker for now (a lane once per start due)."""
+        names: list[str] = []
+        for name, times in self._retry_at.items():
+            due = [t for t in times if t <= now]
+            if due:
+                self._retry_at[name] = [t for t in times if t > now]
+                names += [name] * len(due)
+        return names
+
+    def overdue(self, now: float) -> list[WorkerSlot]:
+        """Workers whose grace (``kill_at``) is over, taken off the list."""
+        if not self.kill_at:
+            return []
+        due = [worker for worker, when in self.kill_at.items() if when <= now]
+        for worker in due:
+            del self.kill_at[worker]
+        return due
+
+    def kill_later(self, when: float, worker: WorkerSlot, descendants: list[Any]) -> None:
+        self._kills.append((when, worker, descendants))
+        self._kills.sort(key=lambda k: k[0])
+
+    def kills_due(self, now: float) -> list[tuple[WorkerSlot, list[Any]]]:
+        """The SIGKILLs due now: (worker, its descendants at the SIGTERM)."""
+        if not self._kills or self._kills[0][0] > now:
+            return []
+        due = [(worker, descendants) for when, worker, descendants in self._kills if when <= now]
+        self._kills = [k for k in self._kills if k[0] > now]
+        return due
+
+    def take_kills(self) -> list[tuple[float, WorkerSlot, list[Any]]]:
+        """Every SIGKILL still waiting, taken off the list (the queue stops)."""
+        kills, self._kills = self._kills, []
+        return kills
