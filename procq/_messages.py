@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from procq._core import Core
-from procq._entries import Entry, WorkerSlot
+from procq._entries import Entry, WorkerLife, WorkerSlot
 from procq._errors import _RemoteTraceback
 from procq._processes import process_rss
 from procq._protocol import CANCEL, ERROR, OK, READY, RUN, RUN_MANY, SKIPPED
@@ -64,7 +64,7 @@ def send_skip(core: Core, worker: WorkerSlot, job_id: int) -> None:
     before ``cancel`` returns). Nothing is sent to a worker that is gone or
     going."""
     with core.lock:
-        if worker.dead or worker.retired or worker.doomed:
+        if worker.life is not WorkerLife.READY:  # gone or going
             return
         worker.sending += 1
     _send_frame(core, worker, pickle.dumps((CANCEL, job_id), -1))

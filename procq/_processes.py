@@ -15,7 +15,7 @@ import subprocess
 import sys
 from typing import Any
 
-from procq._entries import WorkerSlot
+from procq._entries import WorkerLife, WorkerSlot
 from procq._values import Lane
 
 __all__ = [
@@ -191,7 +191,7 @@ def signal_group(pid: int | None, sig: int) -> None:
 
 def signal_worker(worker: WorkerSlot, sig: int) -> None:
     """Signal the worker itself, unless it has been reaped (its pid may be reused)."""
-    if worker.dead or worker.pid is None:
+    if worker.life is WorkerLife.DEAD or worker.pid is None:
         return
     try:
         os.kill(worker.pid, sig)

@@ -79,7 +79,7 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
-from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
+from procq._core import Core, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
 from procq._messages import (
     close_worker_pipe,
     decode_trusted,
@@ -278,7 +278,7 @@ class Supervisor(UntrustedWorkers):
                     self._drain_wakeups()
                     continue
                 worker = self._by_object.get(obj)
-                if worker is None or worker.dead:
+                if worker is None or worker.life is WorkerLife.DEAD:
                     continue  # handled earlier in this batch
                 if obj is worker.conn:
                     self._read(worker)
@@ -470,7 +470,7 @@ class Supervisor(UntrustedWorkers):
         kill it. Holding a job, it broke the protocol: a worker only closes
         its pipe by exiting."""
         entry = worker.entry
-        if entry is not None and not worker.retired:
+        if entry is not None and worker.life is not WorkerLife.RETIRED:
             what = f"closing its pipe and running on ({EOF_GRACE:g}s later it was still alive, and was killed)"
             self.core.decide_kill(worker, entry, protocol_failure(worker, entry, what))
         self._kill_tree(worker)
@@ -483,7 +483,7 @@ class Supervisor(UntrustedWorkers):
         one frame with any others for it (it holds one right to send). Given
         ``wakeups``, the ended job's wake-ups go there for the caller to run."""
         if len(message) == 1:  # READY
-            if not worker.booting:
+            if not worker.life.booting:
                 self._violation(worker, "a second READY message")
                 return []
             ready = self.core.worker_ready(worker)
@@ -579,7 +579,8 @@ class Supervisor(UntrustedWorkers):
         lane = worker.lane
         stopping = self._stop or self.core.cancelled or self.core.closing and self.core.drained.is_set()
         # (boot_failures is only ever changed on this thread.)
-        replace_now = not stopping and not worker.booting and not lane.boot_failures and not worker.retired
+        retired = worker.life is WorkerLife.RETIRED
+        replace_now = not stopping and not worker.life.booting and not lane.boot_failures and not retired
         close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
         self._unwatch(conn)
         self._unwatch(worker.sentinel)
@@ -594,7 +595,7 @@ class Supervisor(UntrustedWorkers):
             send_job(self.core, idle, entry)
         if replace_now:
             self._start_worker(lane, reserved=True)
-        elif not stopping and not worker.retired:
+        elif not stopping and not retired:
             # Dying while starting is no job's fault, and starting again at
             # once would spin: back off, and after a few in a row fail the
             # jobs waiting for this lane rather than let them wait forever.
@@ -608,7 +609,7 @@ class Supervisor(UntrustedWorkers):
         """End a worker's process tree: SIGTERM now (the job may clean up),
         SIGKILL to whatever is left after its lane's ``kill_grace``."""
         grace = worker.lane.spec.kill_grace
-        if worker.dead:
+        if worker.life is WorkerLife.DEAD:
             return
         if grace <= 0 or worker.pid is None:
             self._kill_tree(worker)
@@ -631,7 +632,7 @@ class Supervisor(UntrustedWorkers):
         if pid is None:  # pragma: no cover
             return
         found: list[Any] = []
-        if not worker.dead:  # once reaped, its pid (and group id) may be someone else's
+        if worker.life is not WorkerLife.DEAD:  # once reaped, its pid (and group id) may be someone else's
             found = find_descendants(pid)
             # The worker leads its own session (see _worker), so its group is its tree;
             # before it has called setsid() there is no such group and this fails harmlessly.
@@ -655,10 +656,10 @@ class Supervisor(UntrustedWorkers):
         for _, worker, descendants in self._kills:  # a grace cut short: nothing outlives the queue
             self._kill_tree(worker, descendants)
         self._kills = []
-        workers = [w for w in set(self._by_object.values()) if not w.dead]
+        workers = [w for w in set(self._by_object.values()) if w.life is not WorkerLife.DEAD]
         with self.core.lock:
             for w in workers:
-                w.doomed = True
+                w.doom()
             closable = [w for w in workers if w.sending == 0]
         for w in closable:
             close_worker_pipe(w)

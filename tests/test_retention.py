@@ -1,6 +1,6 @@
 """Retention of ended keys (ttl, max_completed, failed_ttl), forget(), and the
-enumeration of keys. Time is a test clock set on the queue's retention
-bookkeeping (stored times are read from it), so nothing here sleeps."""
+enumeration of keys. Time is a test clock set on the queue's core
+(``Core.clock``: stored times are read from it), so nothing here sleeps."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class Clock:
 
 def clocked(q: ProcQueue) -> Clock:
     clock = Clock()
-    q._core.keeper.clock = clock
+    q._core.clock = clock
     return clock
 
 
@@ -104,7 +104,7 @@ def test_expired_keys_are_reclaimed_without_being_read() -> None:
         fail(q, "f")
         clock.now += 5
         run(q, "fresh")  # any use of the map reclaims what expired
-        assert len(q._core._keys) == 1
+        assert len(q._core.records) == 1  # (a MemoryRecords)
         assert q.keys() == ["fresh"]
 
 
