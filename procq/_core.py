@@ -10,9 +10,9 @@ to, a list of wake-ups to run) and the caller acts once the lock is released.
 and runs the wake-ups after. The parts, each with its own state:
 
 - ``keys``: ``_statemap.StateMap``, the live keys and every status change
-  (with the counts that follow it), the queue's door (closing, stopped,
-  cancelled), and ``records``, the ended keys' store (``_records.KeyRecords``;
-  in memory, with retention: ``_records.MemoryRecords``);
+  (with the counts that follow it; a key's life is drawn there), the queue's
+  door (closing, stopped, cancelled), and ``records``, the ended keys' store
+  (``_records.KeyRecords``; in memory, with retention: ``MemoryRecords``);
 - ``timers``: ``_timers.Timers``, waiting jobs' due times and running jobs'
   deadlines;
 - ``dispatch``: ``_dispatch.Dispatch``, the lanes and their workers: handing
@@ -32,51 +32,29 @@ few dict and deque operations at a time; never across user code, pickling, a
 pipe send or an await, and no wake-up (event set, callback, future resolution)
 runs under it. The parts never take it: ``Core`` holds it around every call.
 
-Life of a key
--------------
-::
-
-    absent / ended ──claim──> Pending ──(due)──> in its lane ──assign──> Processing ──finish──> Completed | Failed
-                                 │  ^                                        │
-                                 │  └──── retry: Pending(attempt + 1), ──────┤ (a failed attempt,
-                                 │        back to its timer (backoff)        │  with a Retry left)
-                                 │ abandon                                   │ (worker dies: "crashed";
-                                 v                                           │  deadline: "timeout")
-                       back to what it was                                   v
-                       (joiners: Failed "cancelled")                        ...
-
-A live key is an ``Entry`` in ``keys.live``; an ended one is a record in
-``keys.records`` until retention drops it. Which ended keys are answered from
-their record and which run again is the reuse policy (``Job.reuse``).
-
 Time
 ----
 Every time the core reads comes from ``Core.clock`` (``time.monotonic`` unless
-given; a test may set its own). Entries waiting for a time (``Job.not_before``,
-a retry backoff) sit in ``timers``, which the supervisor's I/O thread sleeps
-towards, like the running jobs' deadlines: ``next_deadline`` is the nearest of
-both and ``on_new_deadline`` wakes the thread when a push adds an earlier one.
-No thread polls. A timer that falls due is offered to its lane like a push
-(``Dispatch.enter_lane``): to an idle worker, into ``ready``, or, when
-``ready`` is full, into ``overdue``, which is served before pushes blocked for
-room.
+given; a test may set its own). The supervisor's I/O thread sleeps towards
+``next_deadline`` (a waiting job's due time or a running job's deadline) and
+``on_new_deadline`` wakes it when a push adds an earlier one: no thread polls.
 """
 
 from __future__ import annotations
 
-import enum
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from procq._dispatch import Dispatch, Offer, Offered, Reported
+from procq._dispatch import Dispatch, Offer, Offered, Reported, Unblocked
 from procq._entries import ABANDONED, PENDING, Ended, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
 from procq._records import KeyRecords, MemoryRecords
 from procq._retention import Done
 from procq._statemap import CACHED, Claim, ClaimKind, StateMap, conflict, new_claim
 from procq._stopping import Stopping
 from procq._timers import Timers
-from procq._values import Completed, Failed, Failure, Job, Lane, LaneStats, QueueStats, Retention, State
+from procq._values import Completed, Failed, Failure, Job, Lane, QueueStats, Retention, State
 
 __all__ = [
     "BLOCKED",
@@ -86,15 +64,11 @@ __all__ = [
     "SCHEDULED",
     "STOPPED",
     "Claim",
-    "ClaimKind",
     "Core",
     "Ended",
     "Entry",
     "LaneState",
     "Offer",
-    "Offered",
-    "Reported",
-    "Unblocked",
     "WorkerLife",
     "WorkerSlot",
     "run_wakeups",
@@ -107,16 +81,8 @@ QUEUED, FULL, BLOCKED = Offered.QUEUED, Offered.FULL, Offered.BLOCKED
 STOPPED, CANCELLED, SCHEDULED = Offered.STOPPED, Offered.CANCELLED, Offered.SCHEDULED
 
 
-class Unblocked(str, enum.Enum):
-    """How a blocked push's wait ended (a ``str``, so it compares equal to its value)."""
-
-    ACCEPTED = "accepted"  # its lane took it first: the push succeeded after all
-    ABANDONED = "abandoned"  # it never reached its lane: its claim is released
-
-
-
 class Core:
-    """The state map and the lanes. Every method takes ``lock`` itself."""
+    """The engine's state, behind one lock (see the module docstring). Every method takes ``lock`` itself."""
 
     def __init__(
         self,
@@ -138,35 +104,26 @@ class Core:
         self.dispatch = Dispatch(lanes, self.keys)
         self.stopping = Stopping(self.keys, self.timers, self.dispatch)
         self.lanes = self.dispatch.lanes
+        self.lane_for = self.dispatch.lane_for  # (no lock: the lanes never change)
         self.default_lane = self.dispatch.default_lane
         self.drained = self.keys.drained  # set while closing and nothing is live
         # Called (no lock held) when a new deadline may be earlier than the one
         # the I/O thread is sleeping towards.
         self.on_new_deadline: Wakeup = lambda: None
 
-    # The queue's door, as the faces and the supervisor read it (see StateMap).
-    @property
+    @property  # the queue's door, as the faces and the supervisor read it (see StateMap)
     def closing(self) -> bool:
         return self.keys.closing
-
-    @property
-    def stopped(self) -> bool:
-        return self.keys.stopped
 
     @property
     def cancelled(self) -> bool:
         return self.keys.cancelled
 
     @property
-    def memory_jobs(self) -> int:
-        """Running jobs with a memory limit: while there are any, the I/O
-        thread samples their process trees' memory."""
+    def memory_jobs(self) -> int:  # while there are any, the I/O thread samples memory
         return self.keys.memory_jobs
 
     # --- claiming -----------------------------------------------------------
-
-    def lane_for(self, job: Job[Any]) -> LaneState:
-        return self.dispatch.lane_for(job)
 
     def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None = None, due: float | None = None) -> Claim:
         """Check and claim ``job.key`` in one critical section (``claim_all``
@@ -190,17 +147,15 @@ class Core:
                 records.sweep(now)
             return keys.claim(job, lane, fp, due, now)
 
-    def claim_all(self, items: list[tuple[Job[Any], LaneState, bytes | None, float | None]]) -> tuple[list[Claim], int | None]:
-        """Check and claim every job's key in one critical section.
-
-        Returns a ``Claim`` per job and the index of the first job whose
-        payload conflicts with its key's holder. With ``strict_payload`` a
-        conflict claims nothing at all (the claims made before it in the batch
-        are taken back: nobody can have joined them, the lock was held
-        throughout) and the list stops there. A new entry is PENDING and in no
-        lane yet: the caller must ``offer`` it or ``abandon`` it. A key that
-        appears twice resolves the second job to the first's claim.
-        """
+    def claim_all(
+        self, items: list[tuple[Job[Any], LaneState, bytes | None, float | None]]
+    ) -> tuple[list[Claim], int | None]:
+        """Check and claim every job's key in one critical section: a ``Claim``
+        per job (a new entry is to be offered or abandoned; a key that appears
+        twice resolves to its first claim), and the index of the first job
+        whose payload conflicts with its key's holder. With ``strict_payload``
+        a conflict claims nothing at all (the batch's claims made before it
+        are taken back: the lock was held throughout) and the list stops there."""
         keys = self.keys
         claims: list[Claim] = []
         fresh: list[Entry] = []
@@ -223,15 +178,11 @@ class Core:
         return claims, conflict_at
 
     def offer(self, entry: Entry, blocked_wakeup: Wakeup | None = None) -> Offer:
-        """Hand a claimed entry to its lane.
-
-        Returns the ``WorkerSlot`` the caller must now send the job to (an
-        idle worker took it), ``QUEUED`` (it waits in the lane), ``SCHEDULED``
-        (it waits for its time first), or, when the lane is full, ``FULL``
-        (nothing changed) or, given ``blocked_wakeup``, ``BLOCKED``: the entry
-        waits for room and ``blocked_wakeup`` runs once it has been accepted
-        (see ``unblock``).
-        """
+        """Hand a claimed entry to its lane. Returns the ``WorkerSlot`` the
+        caller must now send the job to (an idle worker took it), ``QUEUED``,
+        ``SCHEDULED`` (it waits for its time first), or, when the lane is full,
+        ``FULL`` (nothing changed) or, given ``blocked_wakeup``, ``BLOCKED``: it
+        waits for room and ``blocked_wakeup`` runs once it is accepted."""
         keys = self.keys
         with self.lock:
             if keys.stopped or keys.cancelled:
@@ -259,11 +210,9 @@ class Core:
 
     def wake(self, entry: Entry, target: float) -> WorkerSlot | None:
         """Move a holder waiting for its ``not_before`` time earlier, to
-        ``target`` (on ``clock``). Never later, never a holder waiting out a
-        retry backoff (``attempt > 1``), never one already in its lane or
-        running: those are no-ops, so repeated wakes are too. A holder now due
-        enters its lane at once; returns the worker to send it to, if an idle
-        one took it."""
+        ``target``; never later, never a retry's backoff, never one in its lane
+        or running (no-ops, so repeated wakes are too). Now due, it enters its
+        lane at once: returns the worker to send it to, if an idle one took it."""
         with self.lock:
             if entry.outcome is not None or entry.status is not PENDING or entry.attempt > 1:
                 return None
@@ -322,8 +271,7 @@ class Core:
             return self.timers.next()
 
     def due(self, now: float) -> list[tuple[WorkerSlot, Entry]]:
-        """Entries whose time has come enter their lanes. Returns the jobs the
-        caller must send, each with the idle worker that took it."""
+        """Entries whose time has come enter their lanes: the jobs idle workers took, to send."""
         sends: list[tuple[WorkerSlot, Entry]] = []
         with self.lock:
             if self.keys.stopped or self.keys.cancelled:
@@ -337,8 +285,7 @@ class Core:
     # --- a worker's life and reports -------------------------------------------------
 
     def add_worker(self, worker: WorkerSlot | None, lane: LaneState, reserved: bool) -> None:
-        """A new worker process joined ``lane`` (``None``: starting it failed).
-        It takes jobs once ready. ``reserved``: it was counted by ``reserve_restart``."""
+        """A worker process joined ``lane`` (``None``: starting it failed); see ``Dispatch.add_worker``."""
         with self.lock:
             self.dispatch.add_worker(worker, lane, reserved)
 
@@ -381,9 +328,8 @@ class Core:
         wakeups: list[Wakeup] | None = None,
         crashed: bool = False,
     ) -> tuple[list[Entry], Reported]:
-        """A worker reported the end of its job: ``jobs_done`` for one report.
-        ``crashed``: ``outcome`` is a crash (an untrusted lane's job whose own
-        process died under it), counted in the lane's stats."""
+        """``jobs_done`` for one report (``crashed``: an untrusted lane's job
+        whose own process died under it, counted as a crash)."""
         batch, status, _ = self.jobs_done(worker, [(job_id, outcome, retire, crashed)], wakeups)
         return batch, status
 
@@ -393,22 +339,10 @@ class Core:
         reports: list[tuple[int, Completed[Any] | Failed, bool, bool]],
         wakeups: list[Wakeup] | None = None,
     ) -> tuple[list[Entry], Reported, int]:
-        """A worker reported the end of its jobs, in the order it ran them:
-        ``(job_id, outcome, retire, crashed)`` each (``retire``: the worker
-        must be replaced after it; ``crashed``: count it as a crash). All are
-        settled in one critical section.
-
-        Returns the jobs the caller must now send to the same worker (in one
-        frame; empty: none; the caller holds one right to send for them), how
-        many reports were taken, and ``Reported.DONE``; ``RETIRE`` when the
-        worker must now be replaced (a report asked for it, or it has run its
-        lane's ``max_jobs_per_worker``); or ``UNEXPECTED`` when a report was
-        not for the job the worker holds (a protocol violation: the reports
-        from that one on changed nothing).
-
-        Given ``wakeups``, the jobs' wake-ups are added to it for the caller
-        to run (after it has sent the worker its next jobs, and once for all
-        the reports it read at once); else they are run here."""
+        """A worker's reports, settled in one critical section (see
+        ``Dispatch.reports``). Given ``wakeups``, the jobs' wake-ups go there
+        for the caller to run (after it has sent the worker its next jobs,
+        once for all the reports it read at once); else they run here."""
         woken: list[Wakeup] = []
         with self.lock:
             batch, status, taken = self.dispatch.reports(worker, reports, self.clock(), woken)
@@ -426,28 +360,20 @@ class Core:
         signal: str | None = None,
         restart: bool = False,
     ) -> tuple[bool, list[Wakeup]]:
-        """A worker's death was seen. Its job (if any) fails with ``crash(entry)``,
-        or with the ``kill_reason`` the supervisor gave it before killing it
-        (completed with how the worker died); the jobs sent ahead to it go
-        back to their lane (see ``handoffs``). Returns whether the caller must
-        close the worker's pipe now (no sender holds it), and the wake-ups the
-        caller must run (``run_wakeups``). With ``restart``, a replacement is
-        reserved (see ``reserve_restart``) in the same step, so that a woken
-        waiter finds the lane whole again."""
+        """A worker's death was seen (see ``Dispatch.died``): must the caller
+        close its pipe now, and the wake-ups for the caller to run."""
         wakeups: list[Wakeup] = []
         with self.lock:
             close_now = self.dispatch.died(worker, crash, exitcode, signal, restart, self.clock(), wakeups)
         return close_now, wakeups
 
     def handoffs(self) -> list[tuple[WorkerSlot, Entry]]:
-        """Jobs given to idle workers by ``worker_died`` (a dead worker's
-        queue): the I/O thread sends them."""
+        """Jobs given to idle workers by ``worker_died`` (a dead worker's queue), to send."""
         with self.lock:
             return self.dispatch.take_handoffs()
 
     def fail_waiting(self, lane: LaneState, failure: Callable[[Entry], Failure]) -> None:
-        """Fail every job waiting in ``lane`` (its workers cannot start), so
-        that no handle waits forever on a lane that cannot run anything."""
+        """Fail every job waiting in ``lane``: its workers cannot start, and no handle may wait forever."""
         wakeups: list[Wakeup] = []
         with self.lock:
             self.dispatch.fail_waiting(lane, failure, self.clock(), wakeups)
@@ -456,8 +382,7 @@ class Core:
     # --- ending jobs from outside ----------------------------------------------------
 
     def expired(self, now: float) -> list[WorkerSlot]:
-        """Workers whose job ran past its deadline; each is doomed, its job
-        given a ``timeout`` kill reason. The caller kills them."""
+        """Workers whose job ran past its deadline, doomed: the caller kills them."""
         with self.lock:
             return self.stopping.expired(now)
 
@@ -467,25 +392,12 @@ class Core:
             return self.stopping.memory_limited()
 
     def decide_kill(self, worker: WorkerSlot, entry: Entry, failure: Failure) -> bool:
-        """Decide that ``entry``, running on ``worker``, ends with ``failure``
-        and its worker is killed. False if that was decided already, or the job
-        has moved on meanwhile: then the caller must not kill the worker."""
+        """Decide that ``entry`` ends with ``failure``, its worker killed (see ``Stopping.decide_kill``)."""
         with self.lock:
             return self.stopping.decide_kill(worker, entry, failure)
 
     def cancel(self, key: str) -> tuple[bool, tuple[WorkerSlot, Entry] | None, tuple[WorkerSlot, int] | None]:
-        """Cancel the live job of ``key``.
-
-        A waiting job ends ``Failed("cancelled")`` now. A running one is given
-        that as its kill reason and the caller must kill its worker (returned
-        second, with the job: see ``spare``). A job sent ahead to a busy worker
-        is given it too, and the caller must tell that worker to skip it
-        (returned third: the worker and the job's id); it ends when the worker
-        reports it skipped, or, had the worker started it already, when it
-        reports its end. Returns (False, None, None) for an unknown or
-        terminal key, or a job whose end was decided already (by a timeout,
-        say).
-        """
+        """Cancel the live job of ``key`` (see ``Stopping.cancel``)."""
         wakeups: list[Wakeup] = []
         with self.lock:
             answer = self.stopping.cancel(key, self.clock(), wakeups)
@@ -493,13 +405,8 @@ class Core:
         return answer
 
     def spare(self, worker: WorkerSlot, cancelled: Entry) -> tuple[bool, list[Entry]]:
-        """``q.cancel`` doomed ``worker`` to kill ``cancelled``, which it was
-        running. Returns (True, []) if the kill must go ahead. If the job ended
-        meanwhile (its report came first: it ends cancelled all the same), the
-        worker is spared, since it may already run the next job it was sent
-        ahead, which must not die for another job's cancel: it takes jobs
-        again, and the ones to send it are returned (the caller holds the
-        right to send them)."""
+        """Must the kill of ``worker`` for ``cancelled`` go ahead? Else, the
+        jobs to send it now (see ``Stopping.spare``)."""
         wakeups: list[Wakeup] = []
         batch: list[Entry] = []
         with self.lock:
@@ -508,8 +415,7 @@ class Core:
         return kill, batch
 
     def cancel_all(self, why: str) -> list[WorkerSlot]:
-        """Fail every waiting job as cancelled and doom every busy worker.
-        Returns the workers the caller must kill."""
+        """Fail every waiting job as cancelled; returns the busy workers, doomed, to kill."""
         wakeups: list[Wakeup] = []
         with self.lock:
             doomed = self.stopping.cancel_all(why, self.clock(), wakeups)
@@ -574,28 +480,12 @@ class Core:
         with self.lock:
             keys = self.keys
             keys.sweep(self.clock())
-            lanes = {
-                name: LaneStats(
-                    name=name,
-                    workers=lane.spec.workers,
-                    capacity=lane.spec.capacity,
-                    waiting=len(lane.ready) + lane.prefetched + len(lane.overdue) + len(lane.blocked),
-                    running=lane.running,
-                    workers_alive=len(lane.workers) + lane.starting,
-                    crashes=lane.crashes,
-                    worker_restarts=lane.restarts,
-                    completed=lane.completed,
-                    failed=lane.failed,
-                    retries=lane.retries,
-                )
-                for name, lane in self.lanes.items()
-            }
             return QueueStats(
                 pending=len(keys.live) - keys.processing,
                 processing=keys.processing,
                 completed=self.records.completed,
                 failed=self.records.failed,
-                lanes=lanes,
+                lanes=self.dispatch.stats(),
             )
 
     def live_count(self) -> int:

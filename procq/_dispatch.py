@@ -24,14 +24,15 @@ behind one, so its limit counts from its real start.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable, Union
+from typing import Any
 
 from procq._entries import PENDING, PROCESSING, Entry, LaneState, WorkerLife, WorkerSlot
 from procq._statemap import StateMap
-from procq._values import Completed, Failed, Failure, Job, Lane
+from procq._values import Completed, Failed, Failure, Job, Lane, LaneStats
 
-__all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch", "Offered", "Reported"]
+__all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch", "Offer", "Offered", "Reported", "Unblocked"]
 
 Wakeup = Callable[[], None]
 
@@ -56,7 +57,7 @@ class Offered(enum.Enum):
 
 
 #: A worker (the caller sends it the job) or what else became of the offer.
-Offer = Union[WorkerSlot, Offered]
+Offer = WorkerSlot | Offered
 
 
 class Reported(str, enum.Enum):
@@ -65,6 +66,13 @@ class Reported(str, enum.Enum):
     DONE = "done"  # settled; the worker takes jobs (if any were waiting, they are to be sent)
     RETIRE = "retire"  # the worker must now be replaced: its pipe closed, a new one started
     UNEXPECTED = "unexpected"  # a report was not for the job the worker holds: a protocol violation
+
+
+class Unblocked(str, enum.Enum):
+    """How a blocked push's wait ended (a ``str``, so it compares equal to its value)."""
+
+    ACCEPTED = "accepted"  # its lane took it first: the push succeeded after all
+    ABANDONED = "abandoned"  # it never reached its lane: its claim is released
 
 
 class Dispatch:
@@ -243,10 +251,18 @@ class Dispatch:
         now: float,
         wakeups: list[Wakeup],
     ) -> tuple[list[Entry], Reported, int]:
-        """Settle a worker's reports, ``(job_id, outcome, retire, crashed)``
-        each, in the order it ran them (see ``Core.jobs_done``). The worker's
-        next job is the first of its queue, if it has one: it has already
-        started it."""
+        """Settle a worker's reports, in the order it ran them:
+        ``(job_id, outcome, retire, crashed)`` each (``retire``: the worker
+        must be replaced after it; ``crashed``: count it as a crash). The
+        worker's next job is the first of its queue, if it has one: it has
+        already started it.
+
+        Returns the jobs the caller must now send to the same worker (in one
+        frame; empty: none; the caller holds one right to send for them), what
+        the reports came to (``Reported``: ``RETIRE`` when a report asked for
+        it, or the worker has run its lane's ``max_jobs_per_worker``;
+        ``UNEXPECTED`` when a report was not for the job it holds, and the
+        reports from that one on changed nothing), and how many were taken."""
         batch: list[Entry] = []
         status = Reported.DONE
         taken = 0
@@ -329,8 +345,13 @@ class Dispatch:
         now: float,
         wakeups: list[Wakeup],
     ) -> bool:
-        """A worker's death was seen (see ``Core.worker_died``). Returns
-        whether the caller must close its pipe now (no sender holds it)."""
+        """A worker's death was seen. Its job (if any) fails with
+        ``crash(entry)``, or with the ``kill_reason`` the supervisor gave it
+        before killing it (completed with how the worker died); the jobs sent
+        ahead to it go back to their lane (``requeue``). With ``restart``, a
+        replacement is reserved (see ``reserve_restart``) in the same step, so
+        that a woken waiter finds the lane whole again. Returns whether the
+        caller must close its pipe now (no sender holds it)."""
         life = worker.life
         if life is DEAD:
             return False
@@ -385,7 +406,9 @@ class Dispatch:
         sends, self._handoffs = self._handoffs, []
         return sends
 
-    def fail_waiting(self, lane: LaneState, failure: Callable[[Entry], Failure], now: float, wakeups: list[Wakeup]) -> None:
+    def fail_waiting(
+        self, lane: LaneState, failure: Callable[[Entry], Failure], now: float, wakeups: list[Wakeup]
+    ) -> None:
         """Fail every job waiting in ``lane`` (its workers cannot start)."""
         waiting = [*lane.ready, *lane.overdue]
         lane.ready.clear()
@@ -393,6 +416,24 @@ class Dispatch:
         for entry in waiting:
             wakeups += self.keys.settle(entry, Failed(failure(entry)), now)
         self.refill(lane, wakeups)
+
+    def stats(self) -> dict[str, LaneStats]:
+        return {
+            name: LaneStats(
+                name=name,
+                workers=lane.spec.workers,
+                capacity=lane.spec.capacity,
+                waiting=len(lane.ready) + lane.prefetched + len(lane.overdue) + len(lane.blocked),
+                running=lane.running,
+                workers_alive=len(lane.workers) + lane.starting,
+                crashes=lane.crashes,
+                worker_restarts=lane.restarts,
+                completed=lane.completed,
+                failed=lane.failed,
+                retries=lane.retries,
+            )
+            for name, lane in self.lanes.items()
+        }
 
     def check(self, live: dict[str, Entry]) -> None:
         """Assert the lanes' invariants (for ``Core._check_invariants``)."""

@@ -9,7 +9,8 @@ from __future__ import annotations
 import enum
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from procq._protocol import FnMirror
 from procq._values import (
@@ -138,7 +139,8 @@ class Entry:
         self.deadline: float | None = None
         # The job's memory limit, or its lane's (bytes), and the worker's
         # resident memory when the job was sent (what the limit is on top of).
-        self.memory_limit: int | None = job.memory_limit if job.memory_limit is not None else lane.spec.memory_limit_bytes
+        limit = job.memory_limit
+        self.memory_limit: int | None = limit if limit is not None else lane.spec.memory_limit_bytes
         self.rss_base = 0
         # Set when the attempt's end was decided from outside (timeout, memory,
         # q.cancel, close without waiting): the failure it ends with, whatever
@@ -321,7 +323,7 @@ def current_timer(item: tuple[float, int, Entry]) -> bool:
 def run_wakeups(wakeups: list[Wakeup]) -> None:
     """Run wake-ups with no lock held; one failing never stops the others."""
     for wakeup in wakeups:
-        try:
+        try:  # noqa: SIM105 - suppress() would cost a context manager per wake-up
             wakeup()
         except Exception:  # pragma: no cover - a waiter's loop closed under it
             pass

@@ -32,7 +32,8 @@ against the limits whenever it reads the key (``expired``).
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from procq._values import Completed, Failed, Failure, Retention
 
@@ -177,9 +178,9 @@ class Keeper:
         if self.ttl is not None:
             live = {id(r) for r in self._ttl if self._alive(r)}
             assert len(live) == completed, (len(live), completed)
-            assert all(a.at <= b.at for a, b in zip(self._ttl, list(self._ttl)[1:]))
+            assert all(a.at <= b.at for a, b in zip(self._ttl, list(self._ttl)[1:], strict=False))
         if self.failed_ttl is not None:
-            assert all(a.at <= b.at for a, b in zip(self._failed, list(self._failed)[1:]))
+            assert all(a.at <= b.at for a, b in zip(self._failed, list(self._failed)[1:], strict=False))
 
 
 def _insort(q: deque[Any], rec: Record) -> None:

@@ -10,6 +10,22 @@ it: the live map itself, the running jobs (the queue's, and each lane's), the
 running jobs with a memory limit, each lane's completed / failed / retried
 attempts. The records store keeps the completed and failed counts.
 
+::
+
+    absent / ended ──claim──> Pending ──(due)──> in its lane ──start──> Processing ──finish──> Completed | Failed
+                                 │  ^                                        │
+                                 │  └──── retry: Pending(attempt + 1), ──────┤ (a failed attempt,
+                                 │        back to its timer (backoff)        │  with a Retry left)
+                                 │ abandon                                   │ (worker dies: "crashed";
+                                 v                                           │  deadline: "timeout")
+                       back to what it was                                   v
+                       (joiners: Failed "cancelled")                        ...
+
+A Pending key that has not started may also be settled at once (``q.cancel``,
+a lane whose workers cannot start, closing without waiting). Which ended keys
+are answered from their record and which run again is the reuse policy
+(``Job.reuse``).
+
 The map also holds the queue's door: ``closing`` (no claim is taken),
 ``stopped`` and ``cancelled`` (nothing enters a lane or is retried), and
 ``drained``. Everything here runs under ``Core.lock``; times are given, read
@@ -22,8 +38,9 @@ import enum
 import itertools
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable, NamedTuple, Union
+from typing import Any, NamedTuple
 
 from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, LaneState, Status, WorkerSlot
 from procq._errors import QueueClosed
@@ -57,7 +74,7 @@ class Claim(NamedTuple):
     value: Any
     #: None, or (what differs: "function" | "arguments", the holder's
     #: function, or None when only a record is left).
-    conflict: Union[tuple[str, Any], None]
+    conflict: tuple[str, Any] | None
 
 
 #: Claims are made on every push: ``newnew_claim(Claim, (kind, value, conflict))``

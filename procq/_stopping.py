@@ -11,8 +11,8 @@ that has not started ends here and now, through the state map.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from procq._dispatch import Dispatch
 from procq._entries import PROCESSING, Entry, WorkerLife, WorkerSlot
@@ -81,7 +81,18 @@ class Stopping:
     def cancel(
         self, key: str, now: float, wakeups: list[Wakeup]
     ) -> tuple[bool, tuple[WorkerSlot, Entry] | None, tuple[WorkerSlot, int] | None]:
-        """Cancel the live job of ``key`` (see ``Core.cancel``)."""
+        """Cancel the live job of ``key``.
+
+        A waiting job ends ``Failed("cancelled")`` now. A running one is given
+        that as its kill reason and the caller must kill its worker (returned
+        second, with the job: see ``spare``). A job sent ahead to a busy worker
+        is given it too, and the caller must tell that worker to skip it
+        (returned third: the worker and the job's id); it ends when the worker
+        reports it skipped, or, had the worker started it already, when it
+        reports its end. Returns (False, None, None) for an unknown or
+        terminal key, or a job whose end was decided already (by a timeout,
+        say).
+        """
         entry = self.keys.live.get(key)
         if entry is None or entry.kill_reason is not None:
             return False, None, None
@@ -118,10 +129,16 @@ class Stopping:
                 entry.kill_reason = failure
         return True, None, None
 
-    def spare(self, worker: WorkerSlot, cancelled: Entry, now: float, batch: list[Entry], wakeups: list[Wakeup]) -> bool:
-        """Should the kill of ``worker`` for ``cancelled`` go ahead? (See
-        ``Core.spare``.) When not, it takes jobs again: the ones to send it
-        are put in ``batch``."""
+    def spare(
+        self, worker: WorkerSlot, cancelled: Entry, now: float, batch: list[Entry], wakeups: list[Wakeup]
+    ) -> bool:
+        """``q.cancel`` doomed ``worker`` to kill ``cancelled``, which it was
+        running. True if the kill must go ahead. If the job ended meanwhile
+        (its report came first: it ends cancelled all the same), the worker is
+        spared, since it may already run the next job it was sent ahead, which
+        must not die for another job's cancel: it takes jobs again, and the
+        ones to send it are put in ``batch`` (the caller holds the right to
+        send them)."""
         held = worker.entry
         life = worker.life
         if (
