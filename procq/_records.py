@@ -19,12 +19,14 @@ Every method runs under ``Core.lock``, except ``peek`` on a store whose
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from procq._retention import Done, Fell, Keeper, Record
-from procq._values import Retention
+from procq._values import Completed, Failed, Retention
 
 __all__ = ["KeyRecords", "MemoryRecords"]
+
+_NO_TIME = 0.0  # one shared float: records of a store without time limits keep no time of their own
 
 
 class KeyRecords(Protocol):
@@ -61,8 +63,9 @@ class KeyRecords(Protocol):
     def release(self, rec: Record) -> None:
         """The claim that took ``rec`` went ahead: ``rec`` is gone for good."""
 
-    def put(self, rec: Record) -> None:
-        """Record how a key ended (no record answers for the key now)."""
+    def record(self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float) -> None:
+        """Record how a key ended, at ``now``, with its job's fingerprint (no
+        record answers for the key now)."""
 
     def drop(self, rec: Record) -> None:
         """Forget ``rec``'s key: as if it had never been pushed."""
@@ -73,9 +76,6 @@ class KeyRecords(Protocol):
     def scan(self, prefix: str | None, now: float, completed: bool, failed: bool) -> list[Record]:
         """The records of keys starting with ``prefix`` (None: every key),
         of completed keys, failed keys or both, in no particular order."""
-
-    def stamp(self, now: float) -> float:
-        """The time to store in a new record."""
 
     def check(self) -> None:
         """Assert the store's own invariants (for ``Core._check_invariants``)."""
@@ -136,11 +136,19 @@ class MemoryRecords:
     def release(self, rec: Record) -> None:
         self._keeper.dropped(rec)
 
-    def put(self, rec: Record) -> None:
-        self._records[rec.key] = rec
-        self._count(rec, 1)
-        for old in self._keeper.added(rec):
-            self.drop(old)
+    def record(self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float) -> None:
+        at = now if self.timed else _NO_TIME
+        rec: Record
+        if type(outcome) is Completed:
+            rec = Done(key, outcome.output, fp, at)
+            self.completed += 1
+        else:
+            rec = Fell(key, outcome.failure, fp, at)  # type: ignore[union-attr]
+            self.failed += 1
+        self._records[key] = rec
+        if self.expires:
+            for old in self._keeper.added(rec):
+                self.drop(old)
 
     def drop(self, rec: Record) -> None:
         if self._records.get(rec.key) is rec:
@@ -165,9 +173,6 @@ class MemoryRecords:
         for rec in expired:
             self.drop(rec)
         return found
-
-    def stamp(self, now: float) -> float:
-        return self._keeper.stamp(now)
 
     def check(self) -> None:
         completed = failed = 0

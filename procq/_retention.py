@@ -39,8 +39,6 @@ from procq._values import Completed, Failed, Failure, Retention
 
 __all__ = ["Done", "Fell", "Keeper", "Record"]
 
-_NO_TIME = 0.0  # one shared float: records of a queue without time limits keep no time of their own
-
 
 class Done:
     """A completed key's record."""
@@ -89,10 +87,6 @@ class Keeper:
         self._ttl: deque[Done] = deque()
         self._failed: deque[Fell] = deque()
         self._lru: OrderedDict[str, Done] = OrderedDict()
-
-    def stamp(self, now: float) -> float:
-        """The time to store with a new record."""
-        return now if self.timed else _NO_TIME
 
     def expired(self, rec: Record, now: float) -> bool:
         """Has ``rec`` outlived its limit? (Checked on every read of a key.)"""

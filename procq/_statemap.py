@@ -46,7 +46,7 @@ from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, L
 from procq._errors import QueueClosed
 from procq._fingerprint import describe
 from procq._records import KeyRecords
-from procq._retention import Done, Fell, Record
+from procq._retention import Done, Record
 from procq._timers import Timers
 from procq._values import Completed, Failed, Failure, Job, State
 
@@ -245,11 +245,7 @@ class StateMap:
         if entry.prev is not None:  # ended before it ever ran (cancelled, lane failed)
             records.release(entry.prev)
             entry.prev = None
-        at = records.stamp(now)
-        if type(outcome) is Completed:
-            records.put(Done(entry.key, outcome.output, entry.fp, at))
-        else:
-            records.put(Fell(entry.key, outcome.failure, entry.fp, at))  # type: ignore[union-attr]
+        records.record(entry.key, outcome, entry.fp, now)
         return self._ended(entry)
 
     def abandon(self, entry: Entry, why: str, now: float) -> list[Wakeup]:
