@@ -454,6 +454,7 @@ class Dispatch:
             for w in lane.idle:
                 assert w.entry is None and w in lane.workers
             for w in busy:
+                assert w.life is READY or w.life is DOOMED, w.life
                 assert w.entry is not None and w.entry.status is PROCESSING
                 assert live.get(w.entry.key) is w.entry
             for e in (*lane.ready, *lane.overdue):

@@ -79,7 +79,7 @@ def send_jobs(core: Core, worker: WorkerSlot, entries: list[Entry], rights: int 
     try:
         fns = worker.fns
         runs = []
-        for entry in entries:  # (none has a memory limit: see Core._top_up)
+        for entry in entries:  # (none has a memory limit: see Dispatch._top_up)
             fn_bytes: bytes | None = None if fns.touch(entry.fn_id) else entry.fn_bytes
             runs.append((entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes, entry.memory_limit))
         frame = pickle.dumps((RUN_MANY, runs), -1)

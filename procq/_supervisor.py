@@ -42,7 +42,7 @@ Who owns what, and what each pipe carries::
 The I/O thread starts and reaps every worker process, so a worker's parent (or,
 under forkserver, the forkserver's parent) is the supervisor for as long as the
 queue lives. The thread that sends a job on a worker's pipe is whichever one
-assigned it: ``Core._assign`` gives a thread the right to send
+assigned it: ``Dispatch._assign`` gives a thread the right to send
 (``WorkerSlot.sending``) until that thread calls ``Core.sent``, and a pipe is
 only closed when no thread holds that right, so a descriptor is never closed,
 reused and written to by a late sender. Frames are written whole under the
@@ -55,7 +55,7 @@ most of a tiny job's latency. Why not poll: the selector wakes on exactly the
 events above and sleeps otherwise. Why several jobs in flight to a busy
 worker: with one, the worker waits for the supervisor between every two jobs,
 and the supervisor pays a wake-up, a read and a write for each; with several,
-both sides work in bulk (see ``Core._top_up``). Why pidfds rather than
+both sides work in bulk (see ``Dispatch._top_up``). Why pidfds rather than
 ``multiprocessing``'s sentinels: a sentinel is a pipe the worker holds open,
 so a job's child that inherited it would hide the worker's death for as long
 as the child lived. Why an untrusted worker is never read with
