@@ -170,7 +170,7 @@ class ProcessChannel(WorkerChannel):
         try:
             fns = self.fns
             runs = []
-            for entry in entries:  # (none has a memory limit: see Core._top_up)
+            for entry in entries:  # (none has a memory limit: see Dispatch._top_up)
                 fn_bytes: bytes | None = None if fns.touch(entry.fn_id) else entry.fn_bytes
                 runs.append((entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes, entry.memory_limit))
             frame = pickle.dumps((RUN_MANY, runs), -1)

@@ -1,118 +1,90 @@
-"""The engine's I/O-free core: the state map, the lanes' queues, every state change.
+"""The engine's I/O-free core: one lock, one clock, and the parts that change state.
 
 Both faces (the blocking one and the asyncio one in ``_queue.py``) and the
-supervisor's I/O thread (``_supervisor.py``) change state only through the
-methods here. Nothing here touches a pipe or a process: methods that decide
-something another party must act on return it (a worker to send a job to, a
-list of wake-ups to run) and the caller acts once the lock is released.
-``Core`` has three mixins, each a module of its own: ``_dispatch.Dispatch``
-(handing jobs to workers, several in flight per worker, what a worker's
-reports and death do), ``_ended.EndedKeys`` (the ended keys and their
-retention) and ``_stopping.Stopping`` (ending jobs from outside: time and
-memory limits, ``q.cancel``, closing without waiting). Its
-bookkeeping objects (an entry, a worker slot, a lane) are in ``_entries``.
+supervisor's I/O thread (``_supervisor.py``) change state only through
+``Core``'s methods. Nothing here touches a pipe or a process: methods that
+decide something another party must act on return it (a worker to send a job
+to, a list of wake-ups to run) and the caller acts once the lock is released.
+
+``Core`` is thin: each method takes the lock, reads the clock, asks its parts
+and runs the wake-ups after. The parts, each with its own state:
+
+- ``keys``: ``_statemap.StateMap``, the live keys and every status change
+  (with the counts that follow it; a key's life is drawn there), the queue's
+  door (closing, stopped, cancelled), and ``records``, the ended keys' store
+  (``_records.KeyRecords``; in memory, with retention: ``MemoryRecords``);
+- ``timers``: ``_timers.Timers``, waiting jobs' due times and running jobs'
+  deadlines;
+- ``dispatch``: ``_dispatch.Dispatch``, the lanes and their workers: handing
+  jobs to workers, jobs sent ahead, a worker's reports, start and death;
+- ``stopping``: ``_stopping.Stopping``, ending jobs from outside: time and
+  memory limits, ``q.cancel``, closing without waiting.
+
+Their bookkeeping objects (an entry, a worker slot, a lane) are in ``_entries``.
 
 One lock
 --------
 ``Core.lock`` guards everything below: the state map, each lane's queues and
-worker slots, each live entry's waiters, the timers and the retention
-bookkeeping. One lock, not a state-map lock plus a waiter lock, because every
-transition touches both and two locks would only add an ordering rule to get
-wrong. It is held for a few dict and deque operations at a time; never across
-user code, pickling, a pipe send or an await, and no wake-up (event set,
-callback, future resolution) runs under it.
-
-Life of a key
--------------
-::
-
-    absent / ended ──claim──> Pending ──(due)──> in its lane ──assign──> Processing ──finish──> Completed | Failed
-                                 │  ^                                        │
-                                 │  └──── retry: Pending(attempt + 1), ──────┤ (a failed attempt,
-                                 │        back to its timer (backoff)        │  with a Retry left)
-                                 │ abandon                                   │ (worker dies: "crashed";
-                                 v                                           │  deadline: "timeout")
-                       back to what it was                                   v
-                       (joiners: Failed "cancelled")                        ...
-
-``_keys[key]`` is an ``Entry`` while the key is live (Pending or Processing)
-and a record after (``_retention.Done`` / ``Fell``), until retention drops it.
-Which ended keys are answered from their record and which run again is the
-reuse policy (``Job.reuse``).
+worker slots, each live entry's waiters, the timers and the records. One lock,
+not a state-map lock plus a waiter lock, because every transition touches both
+and two locks would only add an ordering rule to get wrong. It is held for a
+few dict and deque operations at a time; never across user code, pickling, a
+pipe send or an await, and no wake-up (event set, callback, future resolution)
+runs under it. The parts never take it: ``Core`` holds it around every call.
 
 Time
 ----
-Entries waiting for a time (``Job.not_before``, a retry backoff) sit in
-``_timers``, a heap the supervisor's I/O thread sleeps towards, like the
-running jobs' deadlines: ``next_deadline`` is the nearest of both and
-``on_new_deadline`` wakes the thread when a push adds an earlier one. No
-thread polls. A timer that falls due is offered to its lane like a push
-(``_enter_lane``): to an idle worker, into ``ready``, or, when ``ready`` is
-full, into ``overdue``, which is served before pushes blocked for room.
+Every time the core reads comes from ``Core.clock`` (``time.monotonic`` unless
+given; a test may set its own). The supervisor's I/O thread sleeps towards
+``next_deadline`` (a waiting job's due time or a running job's deadline) and
+``on_new_deadline`` wakes it when a push adds an earlier one: no thread polls.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import random
 import threading
 import time
-from dataclasses import replace
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
-from procq._dispatch import Dispatch, _low_mark
-from procq._ended import EndedKeys
-from procq._entries import (
-    ABANDONED,
-    DONE,
-    PENDING,
-    PROCESSING,
-    Ended,
-    Entry,
-    LaneState,
-    WorkerSlot,
-    current_timer,
-    run_wakeups,
-)
-from procq._errors import QueueClosed
-from procq._job import Job, Lane, Retention
-from procq._retention import Done, Fell, Keeper, Record
+from procq._dispatch import Dispatch, Offer, Offered, Reported, Unblocked
+from procq._entries import ABANDONED, PENDING, Ended, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
+from procq._records import KeyRecords, MemoryRecords
+from procq._retention import Done
+from procq._statemap import CACHED, Claim, ClaimKind, StateMap, conflict, new_claim
 from procq._stopping import Stopping
-from procq._values import (
-    Completed,
-    Failed,
-    Failure,
-    LaneStats,
-    QueueStats,
-    State,
-)
+from procq._timers import Timers
+from procq._job import Job, Lane, Retention
+from procq._protocol import Report
+from procq._values import Completed, Failed, Failure, QueueStats, State
 
-__all__ = ["Claim", "Core", "Ended", "Entry", "LaneState", "WorkerSlot", "run_wakeups"]
+__all__ = [
+    "BLOCKED",
+    "CANCELLED",
+    "FULL",
+    "QUEUED",
+    "SCHEDULED",
+    "STOPPED",
+    "Claim",
+    "Core",
+    "Ended",
+    "Entry",
+    "LaneState",
+    "Offer",
+    "WorkerLife",
+    "WorkerSlot",
+    "run_wakeups",
+]
 
 Wakeup = Callable[[], None]
 
-
-# Results of Core.offer.
-QUEUED = "queued"  # accepted into the lane's ready queue
-FULL = "full"  # no room; nothing changed
-BLOCKED = "blocked"  # no room; the push now waits in the lane's blocked queue
-STOPPED = "stopped"  # the supervisor has stopped: nothing will ever run the job
-CANCELLED = "cancelled"  # q.cancel() came before the lane: the job ended, cancelled
-SCHEDULED = "scheduled"  # waits for its not_before time, then enters its lane
-
-Offer = Union[WorkerSlot, str]
-
-#: What ``claim_all`` answers per job: (kind, value, conflict). kind is
-#: "queued" (value: a new Entry), "inflight" (the live Entry), "cached" (the
-#: output) or "failed" (the Failure of a key that never runs again). conflict
-#: is None or (what differs, the holder's function or None when only a record
-#: is left).
-Claim = tuple[str, Any, Union[tuple[str, Any], None]]
+# Results of Core.offer, besides a worker (see Offered).
+QUEUED, FULL, BLOCKED = Offered.QUEUED, Offered.FULL, Offered.BLOCKED
+STOPPED, CANCELLED, SCHEDULED = Offered.STOPPED, Offered.CANCELLED, Offered.SCHEDULED
 
 
-class Core(Dispatch, EndedKeys, Stopping):
-    """The state map and the lanes. Every method takes ``lock`` itself."""
+class Core:
+    """The engine's state, behind one lock (see the module docstring). Every method takes ``lock`` itself."""
 
     def __init__(
         self,
@@ -121,235 +93,162 @@ class Core(Dispatch, EndedKeys, Stopping):
         reuse: str = "failed",
         check_payload: bool = True,
         strict_payload: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+        records: KeyRecords | None = None,
     ) -> None:
         self.lock = threading.Lock()
-        self.clock: Callable[[], float] = time.monotonic  # monotonic seconds: deadlines and timers
-        self.lanes = {name: LaneState(name, spec) for name, spec in lanes.items()}
-        self.default_lane = next(iter(self.lanes.values()))
-        self._keys: dict[str, Entry | Record] = {}
-        self._ids = itertools.count(1)
-        self.reuse = reuse  # the queue's default reuse policy
+        self.clock = clock
         self.check_payload = check_payload  # fingerprints are kept and compared
         self.strict_payload = strict_payload  # a conflict refuses the claim (on_mismatch="raise")
-        self.keeper = Keeper(retention or Retention(), lambda rec: self._keys.get(rec.key) is rec)
-        self.closing = False
-        self.stopped = False  # the supervisor stopped: offer() refuses everything
-        self.cancelled = False  # close(wait=False) began: offer() refuses everything
-        # Counts of keys per state, kept in step with _keys (see _check_invariants).
-        self._pending = 0
-        self._processing = 0
-        self._completed = 0
-        self._failed = 0
-        self._live = 0  # claims not yet DONE: pending (in a lane or not yet) or processing
-        self.drained = threading.Event()  # set while closing and nothing is live
-        # Deadlines of running jobs with a timeout: (deadline, job_id, entry).
-        self._deadlines: list[tuple[float, int, Entry]] = []
-        # Entries waiting for their time: (due, job_id, entry). An item is
-        # current while its entry is timed and its due equals the item's.
-        self._timers: list[tuple[float, int, Entry]] = []
-        self._random = random.Random()
+        self.timers = Timers()
+        self.records: KeyRecords = records if records is not None else MemoryRecords(retention or Retention())
+        self.keys = StateMap(self.records, self.timers, reuse, check_payload, strict_payload)
+        self.dispatch = Dispatch(lanes, self.keys)
+        self.stopping = Stopping(self.keys, self.timers, self.dispatch)
+        self.lanes = self.dispatch.lanes
+        self.lane_for = self.dispatch.lane_for  # (no lock: the lanes never change)
+        self.default_lane = self.dispatch.default_lane
+        self.drained = self.keys.drained  # set while closing and nothing is live
         # Called (no lock held) when a new deadline may be earlier than the one
         # the I/O thread is sleeping towards.
         self.on_new_deadline: Wakeup = lambda: None
-        # Running jobs with a memory limit: while there are any, the I/O
-        # thread samples their process trees' memory.
-        self.memory_jobs = 0
-        # Jobs given to idle workers while the I/O thread handled a death (see handoffs).
-        self._handoffs: list[tuple[WorkerSlot, Entry]] = []
+
+    @property  # the queue's door, as the faces and the supervisor read it (see StateMap)
+    def closing(self) -> bool:
+        return self.keys.closing
+
+    @property
+    def cancelled(self) -> bool:
+        return self.keys.cancelled
+
+    @property
+    def memory_jobs(self) -> int:  # while there are any, the I/O thread samples memory
+        return self.keys.memory_jobs
 
     # --- claiming -----------------------------------------------------------
-
-    def lane_for(self, job: Job[Any]) -> LaneState:
-        if job.lane is None:
-            return self.default_lane
-        lane = self.lanes.get(job.lane)
-        if lane is None:
-            known = ", ".join(repr(n) for n in self.lanes)
-            raise ValueError(f"job {job.key!r}: unknown lane {job.lane!r}; this queue's lanes are {known}")
-        return lane
 
     def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None = None, due: float | None = None) -> Claim:
         """Check and claim ``job.key`` in one critical section (``claim_all``
         for one job: a conflict claims nothing)."""
-        if not self.keeper.active and not self.closing:
+        keys = self.keys
+        records = self.records
+        if not records.expires and not keys.closing:
             # A completed key, with no retention to consult or update: its
-            # record never changes in place, and a dict read is atomic, so it
-            # answers without the lock (the read is the push's moment). Many
-            # threads pushing cached keys then never queue on the lock.
-            current = self._keys.get(job.key)
-            if type(current) is Done and (job.reuse or self.reuse) != "always":
-                held = current.fp
+            # record never changes in place, and the store's read is atomic, so
+            # it answers without the lock (the read is the push's moment).
+            # Many threads pushing cached keys then never queue on the lock.
+            rec = records.peek(job.key)
+            if type(rec) is Done and (job.reuse or keys.reuse) != "always":
+                held = rec.fp
                 if held == fp or held is None or fp is None:
-                    return "cached", current.output, None
-                return "cached", current.output, self._conflict(held, fp, None)
-        now = time.monotonic() if due is not None else 0.0
-        kept = self.keeper.clock()
+                    return new_claim(Claim, (CACHED, rec.output, None))
+                return new_claim(Claim, (CACHED, rec.output, conflict(held, fp, None)))
+        now = self.clock()
         with self.lock:
-            if self.closing:
-                raise QueueClosed(f"the queue is closed; cannot push job {job.key!r}")
-            if self.keeper.timed:
-                self._sweep(kept)
-            return self._claim(job, lane, fp, due, now, kept)
+            if records.timed:
+                records.sweep(now)
+            return keys.claim(job, lane, fp, due, now)
 
-    def claim_all(self, items: list[tuple[Job[Any], LaneState, bytes | None, float | None]]) -> tuple[list[Claim], int | None]:
-        """Check and claim every job's key in one critical section.
-
-        Returns a ``Claim`` per job and the index of the first job whose
-        payload conflicts with its key's holder. With ``strict_payload`` a
-        conflict claims nothing at all (the claims made before it in the batch
-        are taken back: nobody can have joined them, the lock was held
-        throughout) and the list stops there. A new entry is PENDING and in no
-        lane yet: the caller must ``offer`` it or ``abandon`` it. A key that
-        appears twice resolves the second job to the first's claim.
-        """
-        now = time.monotonic()
+    def claim_all(
+        self, items: list[tuple[Job[Any], LaneState, bytes | None, float | None]]
+    ) -> tuple[list[Claim], int | None]:
+        """Check and claim every job's key in one critical section: a ``Claim``
+        per job (a new entry is to be offered or abandoned; a key that appears
+        twice resolves to its first claim), and the index of the first job
+        whose payload conflicts with its key's holder. With ``strict_payload``
+        a conflict claims nothing at all (the batch's claims made before it
+        are taken back: the lock was held throughout) and the list stops there."""
+        keys = self.keys
         claims: list[Claim] = []
-        kept = self.keeper.clock()
         fresh: list[Entry] = []
         conflict_at: int | None = None
+        now = self.clock()
         with self.lock:
-            if self.closing:
-                raise QueueClosed(f"the queue is closed; cannot push job {items[0][0].key!r}")
-            self._sweep(kept)
+            keys.sweep(now)
             for i, (job, lane, fp, due) in enumerate(items):
-                claim = self._claim(job, lane, fp, due, now, kept)
-                if claim[2] is not None and conflict_at is None:
+                claim = keys.claim(job, lane, fp, due, now)
+                if claim.conflict is not None and conflict_at is None:
                     conflict_at = i
                     if self.strict_payload:
                         for entry in reversed(fresh):
-                            self._abandon(entry, "its batch was refused")
+                            keys.abandon(entry, "its batch was refused", now)
                         claims.append(claim)
                         return claims, conflict_at
-                if claim[0] == "queued":
-                    fresh.append(claim[1])
+                if claim.kind is ClaimKind.QUEUED:
+                    fresh.append(claim.value)
                 claims.append(claim)
         return claims, conflict_at
 
-    def _claim(
-        self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, now: float, kept: float
-    ) -> Claim:
-        key = job.key
-        current = self._lookup(key, kept)
-        if type(current) is Entry:
-            return "inflight", current, self._conflict(current.fp, fp, current.job.fn)
-        reuse = job.reuse or self.reuse
-        if type(current) is Done:
-            if reuse != "always":
-                conflict = self._conflict(current.fp, fp, None)
-                if conflict is None or not self.strict_payload:
-                    self.keeper.used(current)
-                return "cached", current.output, conflict
-        elif type(current) is Fell and reuse == "never":
-            return "failed", current.failure, self._conflict(current.fp, fp, None)
-        entry = Entry(job, lane, next(self._ids), current)  # type: ignore[arg-type]
-        entry.fp = fp if self.check_payload else None
-        if due is not None and due > now:
-            entry.due = due
-        self._keys[key] = entry
-        if current is not None:
-            self._detach(current)  # type: ignore[arg-type]
-        self._pending += 1
-        self._live += 1
-        return "queued", entry, None
-
-    def _conflict(self, held: bytes | None, pushed: bytes | None, held_fn: Any) -> tuple[str, Any] | None:
-        if held is None or pushed is None:
-            return None
-        if held[:8] != pushed[:8]:
-            return "function", held_fn
-        if len(held) == 16 and len(pushed) == 16 and held != pushed:
-            return "arguments", held_fn
-        return None
-
     def offer(self, entry: Entry, blocked_wakeup: Wakeup | None = None) -> Offer:
-        """Hand a claimed entry to its lane.
-
-        Returns the ``WorkerSlot`` the caller must now send the job to (an
-        idle worker took it), ``QUEUED`` (it waits in the lane), ``SCHEDULED``
-        (it waits for its time first), or, when the lane is full, ``FULL``
-        (nothing changed) or, given ``blocked_wakeup``, ``BLOCKED``: the entry
-        waits for room and ``blocked_wakeup`` runs once it has been accepted
-        (see ``unblock``).
-        """
-        lane = entry.lane
-        result: Offer
+        """Hand a claimed entry to its lane. Returns the ``WorkerSlot`` the
+        caller must now send the job to (an idle worker took it), ``QUEUED``,
+        ``SCHEDULED`` (it waits for its time first), or, when the lane is full,
+        ``FULL`` (nothing changed) or, given ``blocked_wakeup``, ``BLOCKED``: it
+        waits for room and ``blocked_wakeup`` runs once it is accepted."""
+        keys = self.keys
         with self.lock:
-            if self.stopped or self.cancelled:
+            if keys.stopped or keys.cancelled:
                 return STOPPED
             if entry.kill_reason is not None:  # q.cancel() came while its push pickled it
-                self._pending -= 1
-                wakeups = self._settle(entry, Failed(entry.kill_reason))
-                result, wake = CANCELLED, False
-            elif entry.due is not None and entry.due > time.monotonic():
-                wakeups = []
-                self._set_timer(entry, entry.due)
+                wakeups = keys.settle(entry, Failed(entry.kill_reason), self.clock())
+                result: Offer = CANCELLED
+                wake = False
+            elif entry.due is not None and entry.due > self.clock():
+                self.timers.wait(entry, entry.due)
+                wakeups = None
                 result, wake = SCHEDULED, True
             else:
-                wakeups = []
                 entry.due = None
-                if lane.idle:
-                    worker = lane.idle.pop()
-                    self._assign(worker, entry)
-                    result, wake = worker, entry.deadline is not None or entry.memory_limit is not None
-                elif not lane.blocked and len(lane.ready) + lane.prefetched < lane.spec.capacity:
-                    # (Never past a blocked push: pushes enter in arrival order.)
-                    lane.ready.append(entry)
-                    return QUEUED
-                elif blocked_wakeup is None:
-                    return FULL
-                else:
-                    lane.blocked.append((entry, blocked_wakeup))
-                    return BLOCKED
-        run_wakeups(wakeups)
+                result = self.dispatch.admit(entry, blocked_wakeup, self.clock)
+                if type(result) is not WorkerSlot:
+                    return result
+                wakeups = None
+                wake = entry.deadline is not None or entry.memory_limit is not None
+        if wakeups:
+            run_wakeups(wakeups)
         if wake:
             self.on_new_deadline()
         return result
 
     def wake(self, entry: Entry, target: float) -> WorkerSlot | None:
         """Move a holder waiting for its ``not_before`` time earlier, to
-        ``target`` (monotonic). Never later, never a holder waiting out a retry
-        backoff (``attempt > 1``), never one already in its lane or running:
-        those are no-ops, so repeated wakes are too. A holder now due enters
-        its lane at once; returns the worker to send it to, if an idle one
-        took it."""
+        ``target``; never later, never a retry's backoff, never one in its lane
+        or running (no-ops, so repeated wakes are too). Now due, it enters its
+        lane at once: returns the worker to send it to, if an idle one took it."""
         with self.lock:
-            if entry.outcome is not None or entry.status != PENDING or entry.attempt > 1:
+            if entry.outcome is not None or entry.status is not PENDING or entry.attempt > 1:
                 return None
             if entry.due is None or target >= entry.due:
                 return None
             if not entry.timed:  # its pusher has not offered it yet: offer() sees the new time
                 entry.due = target
                 return None
-            if target > time.monotonic():
-                self._set_timer(entry, target)
+            now = self.clock()
+            if target > now:
+                self.timers.wait(entry, target)
                 worker = None
             else:
                 entry.timed = False
                 entry.due = None
-                worker = self._enter_lane(entry)
+                worker = self.dispatch.enter_lane(entry, now)
             wake = worker is None or entry.deadline is not None or entry.memory_limit is not None
         if wake:
             self.on_new_deadline()
         return worker
 
-    def unblock(self, entry: Entry, why: str) -> str:
-        """A blocked push stops waiting. Returns "abandoned" when the entry
+    def unblock(self, entry: Entry, why: str) -> Unblocked:
+        """A blocked push stops waiting. Returns ``ABANDONED`` when the entry
         never reached its lane: it was still blocked and its claim is now
-        released (see ``_abandon``), or ``cancel_all`` released it. Returns
-        "accepted" when the lane took it first: the push succeeded after all."""
+        released (see ``abandon``), or ``cancel_all`` released it. Returns
+        ``ACCEPTED`` when the lane took it first: the push succeeded after all."""
         with self.lock:
-            if entry.status == ABANDONED:
-                return "abandoned"
-            blocked = entry.lane.blocked
-            for i, (e, _) in enumerate(blocked):
-                if e is entry:
-                    del blocked[i]
-                    wakeups = self._abandon(entry, why)
-                    break
-            else:
-                return "accepted"
+            if entry.status is ABANDONED:
+                return Unblocked.ABANDONED
+            if not self.dispatch.unblock(entry):
+                return Unblocked.ACCEPTED
+            wakeups = self.keys.abandon(entry, why, self.clock())
         run_wakeups(wakeups)
-        return "abandoned"
+        return Unblocked.ABANDONED
 
     def abandon(self, entry: Entry, why: str) -> None:
         """Release a claim that was never offered to its lane."""
@@ -360,161 +259,169 @@ class Core(Dispatch, EndedKeys, Stopping):
         (so a key claimed twice in a batch goes back to what it was at first)."""
         wakeups: list[Wakeup] = []
         with self.lock:
+            now = self.clock()
             for entry in reversed(entries):
-                if entry.status == PENDING and entry.outcome is None and not entry.timed:
-                    wakeups += self._abandon(entry, why)
+                if entry.status is PENDING and entry.outcome is None and not entry.timed:
+                    wakeups += self.keys.abandon(entry, why, now)
         run_wakeups(wakeups)
 
-    def _abandon(self, entry: Entry, why: str) -> list[Wakeup]:
-        """Put the key back to what it was before ``entry`` claimed it, and
-        wake whoever joined the claim with ``cancelled`` (lock held)."""
-        assert entry.status == PENDING and entry.outcome is None
-        prev = entry.prev
-        entry.prev = None
-        if prev is None or self.keeper.expired(prev, self.keeper.clock()):
-            del self._keys[entry.key]
-            if prev is not None:
-                self.keeper.dropped(prev)
-        else:
-            self._keys[entry.key] = prev
-            self._count(prev, 1)
-            for old in self.keeper.restored(prev):
-                self._drop(old)
-        self._pending -= 1
-        failure = Failure("cancelled", f"job {entry.key!r} was abandoned before it ran: {why}")
-        wakeups = self._settle(entry, Failed(failure), count=False)
-        entry.status = ABANDONED
-        return wakeups
-
-    def _set_timer(self, entry: Entry, due: float) -> None:
-        entry.due = due
-        entry.timed = True
-        heapq.heappush(self._timers, (due, entry.job_id, entry))
-
-    # --- finishing ----------------------------------------------------------
-
-    def _settle(self, entry: Entry, outcome: Completed[Any] | Failed, count: bool = True) -> list[Wakeup]:
-        """Make ``outcome`` final for ``entry`` (lock held); return its wake-ups."""
-        if entry.history and type(outcome) is Failed:
-            outcome = Failed(_summarize(entry.history, outcome.failure))
-        entry.outcome = outcome
-        entry.status = DONE
-        entry.worker = None
-        entry.timed = False
-        entry.fn_bytes = entry.args_bytes = b""  # handles may live on; the payload need not
-        self._live -= 1
-        if count:
-            if entry.prev is not None:  # ended before it ever ran (cancelled, lane failed)
-                self.keeper.dropped(entry.prev)
-                entry.prev = None
-            at = self.keeper.stamp(self.keeper.clock())
-            rec: Record
-            if type(outcome) is Completed:
-                rec = Done(entry.key, outcome.output, entry.fp, at)
-                entry.lane.completed += 1
-            else:
-                rec = Fell(entry.key, outcome.failure, entry.fp, at)  # type: ignore[union-attr]
-                entry.lane.failed += 1
-            self._keys[entry.key] = rec
-            self._count(rec, 1)
-            for old in self.keeper.added(rec):
-                self._drop(old)
-        wakeups: list[Wakeup] = []
-        if entry.event is not None:
-            wakeups.append(entry.event.set)
-        if entry.callbacks:
-            wakeups.extend(entry.callbacks)
-            entry.callbacks = None
-        if self._live == 0 and self.closing:
-            wakeups.append(self.drained.set)
-        return wakeups
-
-    def _end(self, entry: Entry, outcome: Completed[Any] | Failed) -> list[Wakeup]:
-        """An attempt ended (its worker is already released; lock held):
-        settle the entry, or, for a failure its Retry covers, schedule the
-        next attempt and keep the key live."""
-        retry = entry.job.retry
-        if (
-            retry is None
-            or type(outcome) is not Failed
-            or outcome.failure.kind not in retry.on
-            or entry.attempt >= retry.attempts
-            or self.cancelled
-            or self.stopped
-        ):
-            return self._settle(entry, outcome)
-        if entry.history is None:
-            entry.history = []
-        entry.history.append(outcome.failure)
-        delay = retry.delay(entry.attempt, self._random.random())
-        entry.attempt += 1
-        entry.job_id = next(self._ids)
-        entry.status = PENDING
-        entry.worker = None
-        entry.kill_reason = None
-        entry.deadline = None
-        entry.lane.retries += 1
-        self._pending += 1
-        self._set_timer(entry, time.monotonic() + delay)
-        return []
-
-
-
-
-
-
-
-
-
-
-
-
-    # --- time: deadlines of running jobs, timers of waiting ones -----------------
+    # --- time: deadlines of running jobs, timers of waiting ones ---------------------
 
     def next_deadline(self) -> float | None:
         """The nearest running job's deadline or waiting job's due time."""
         with self.lock:
-            heap = self._deadlines
-            while heap and (heap[0][2].status != PROCESSING or heap[0][2].deadline != heap[0][0]):
-                heapq.heappop(heap)
-            timers = self._timers
-            while timers and not current_timer(timers[0]):
-                heapq.heappop(timers)
-            times = [h[0][0] for h in (heap, timers) if h]
-            return min(times) if times else None
+            return self.timers.next()
 
     def due(self, now: float) -> list[tuple[WorkerSlot, Entry]]:
-        """Entries whose time has come enter their lanes. Returns the jobs the
-        caller must send, each with the idle worker that took it."""
+        """Entries whose time has come enter their lanes: the jobs idle workers took, to send."""
         sends: list[tuple[WorkerSlot, Entry]] = []
         with self.lock:
-            if self.stopped or self.cancelled:
+            if self.keys.stopped or self.keys.cancelled:
                 return sends
-            timers = self._timers
-            while timers and timers[0][0] <= now:
-                item = heapq.heappop(timers)
-                if not current_timer(item):
-                    continue
-                entry = item[2]
-                entry.timed = False
-                entry.due = None
-                worker = self._enter_lane(entry)
+            for entry in self.timers.due(now):
+                worker = self.dispatch.enter_lane(entry, now)
                 if worker is not None:
                     sends.append((worker, entry))
         return sends
+
+    # --- a worker's life and reports -------------------------------------------------
+
+    def add_worker(self, worker: WorkerSlot | None, lane: LaneState, reserved: bool) -> None:
+        """A worker process joined ``lane`` (``None``: starting it failed); see ``Dispatch.add_worker``."""
+        with self.lock:
+            self.dispatch.add_worker(worker, lane, reserved)
+
+    def reserve_restart(self, lane: LaneState) -> None:
+        """A replacement worker for ``lane`` is about to be started."""
+        with self.lock:
+            self.dispatch.reserve_restart(lane)
+
+    def worker_ready(self, worker: WorkerSlot) -> Entry | None:
+        """A worker finished starting. Returns a job to send it, if one waits."""
+        wakeups: list[Wakeup] = []
+        with self.lock:
+            nxt = self.dispatch.ready(worker, self.clock(), wakeups)
+            wake = nxt is not None and (nxt.deadline is not None or nxt.memory_limit is not None)
+        run_wakeups(wakeups)
+        if wake:
+            self.on_new_deadline()
+        return nxt
+
+    def doom(self, worker: WorkerSlot) -> None:
+        """Give ``worker`` no more jobs: it is dying or being killed."""
+        with self.lock:
+            worker.doom()
+
+    def sent(self, worker: WorkerSlot, n: int = 1) -> bool:
+        """A sender is done with ``worker``'s pipe (``n`` rights to send, used
+        for one frame). True: the worker died or was retired meanwhile and the
+        caller, the last sender, must close the pipe."""
+        with self.lock:
+            worker.sending -= n
+            life = worker.life
+            return (life is WorkerLife.DEAD or life is WorkerLife.RETIRED) and worker.sending == 0
+
+    def jobs_done(
+        self,
+        worker: WorkerSlot,
+        reports: list[Report],
+        wakeups: list[Wakeup] | None = None,
+    ) -> tuple[list[Entry], Reported, int]:
+        """A worker's reports, settled in one critical section (see
+        ``Dispatch.reports``). Given ``wakeups``, the jobs' wake-ups go there
+        for the caller to run (after it has sent the worker its next jobs,
+        once for all the reports it read at once); else they run here."""
+        woken: list[Wakeup] = []
+        with self.lock:
+            batch, status, taken = self.dispatch.reports(worker, reports, self.clock(), woken)
+        if wakeups is None:
+            run_wakeups(woken)
+        else:
+            wakeups += woken
+        return batch, status, taken
+
+    def worker_died(
+        self,
+        worker: WorkerSlot,
+        crash: Callable[[Entry], Failure],
+        exitcode: int | None = None,
+        signal: str | None = None,
+        restart: bool = False,
+    ) -> tuple[bool, list[Wakeup]]:
+        """A worker's death was seen (see ``Dispatch.died``): must the caller
+        close its pipe now, and the wake-ups for the caller to run."""
+        wakeups: list[Wakeup] = []
+        with self.lock:
+            close_now = self.dispatch.died(worker, crash, exitcode, signal, restart, self.clock(), wakeups)
+        return close_now, wakeups
+
+    def handoffs(self) -> list[tuple[WorkerSlot, Entry]]:
+        """Jobs given to idle workers by ``worker_died`` (a dead worker's queue), to send."""
+        with self.lock:
+            return self.dispatch.take_handoffs()
+
+    def fail_waiting(self, lane: LaneState, failure: Callable[[Entry], Failure]) -> None:
+        """Fail every job waiting in ``lane``: its workers cannot start, and no handle may wait forever."""
+        wakeups: list[Wakeup] = []
+        with self.lock:
+            self.dispatch.fail_waiting(lane, failure, self.clock(), wakeups)
+        run_wakeups(wakeups)
+
+    # --- ending jobs from outside ----------------------------------------------------
+
+    def expired(self, now: float) -> list[WorkerSlot]:
+        """Workers whose job ran past its deadline, doomed: the caller kills them."""
+        with self.lock:
+            return self.stopping.expired(now)
+
+    def memory_limited(self) -> list[tuple[WorkerSlot, Entry]]:
+        """Running jobs with a memory limit, with their workers."""
+        with self.lock:
+            return self.stopping.memory_limited()
+
+    def decide_kill(self, worker: WorkerSlot, entry: Entry, failure: Failure) -> bool:
+        """Decide that ``entry`` ends with ``failure``, its worker killed (see ``Stopping.decide_kill``)."""
+        with self.lock:
+            return self.stopping.decide_kill(worker, entry, failure)
+
+    def cancel(self, key: str) -> tuple[bool, tuple[WorkerSlot, Entry] | None, tuple[WorkerSlot, int] | None]:
+        """Cancel the live job of ``key`` (see ``Stopping.cancel``)."""
+        wakeups: list[Wakeup] = []
+        with self.lock:
+            answer = self.stopping.cancel(key, self.clock(), wakeups)
+        run_wakeups(wakeups)
+        return answer
+
+    def spare(self, worker: WorkerSlot, cancelled: Entry) -> tuple[bool, list[Entry]]:
+        """Must the kill of ``worker`` for ``cancelled`` go ahead? Else, the
+        jobs to send it now (see ``Stopping.spare``)."""
+        wakeups: list[Wakeup] = []
+        batch: list[Entry] = []
+        with self.lock:
+            kill = self.stopping.spare(worker, cancelled, self.clock(), batch, wakeups)
+        run_wakeups(wakeups)
+        return kill, batch
+
+    def cancel_all(self, why: str) -> list[WorkerSlot]:
+        """Fail every waiting job as cancelled; returns the busy workers, doomed, to kill."""
+        wakeups: list[Wakeup] = []
+        with self.lock:
+            doomed = self.stopping.cancel_all(why, self.clock(), wakeups)
+        run_wakeups(wakeups)
+        return doomed
 
     # --- closing ------------------------------------------------------------
 
     def stop(self) -> None:
         """The supervisor is stopping: no entry may enter a lane any more."""
         with self.lock:
-            self.closing = True
-            self.stopped = True
+            self.keys.closing = True
+            self.keys.stopped = True
 
     def start_closing(self) -> None:
         with self.lock:
-            self.closing = True
-            if self._live == 0:
+            self.keys.closing = True
+            if not self.keys.live:
                 self.drained.set()
 
     # --- waiting on an entry ----------------------------------------------------
@@ -543,101 +450,38 @@ class Core(Dispatch, EndedKeys, Stopping):
 
     def state(self, key: str) -> State | None:
         with self.lock:
-            now = self.keeper.clock()
-            self._sweep(now)
-            current = self._lookup(key, now)
-            if current is None:
-                return None
-            if isinstance(current, Entry):
-                return current.state()
-            self.keeper.used(current)
-        return current.state()
+            return self.keys.state(key, self.clock())
+
+    def forget(self, key: str) -> bool:
+        """Drop an ended key. False if the queue holds no such key; raises
+        ``ValueError`` for a live one."""
+        with self.lock:
+            return self.keys.forget(key, self.clock())
+
+    def snapshot(self, prefix: str | None, kinds: tuple[type, ...] | None) -> list[Entry | Ended]:
+        """Every key (with ``prefix``, in a state of ``kinds``), sorted, as its
+        live entry or an ``Ended`` stand-in for its record."""
+        with self.lock:
+            return self.keys.snapshot(prefix, kinds, self.clock())
 
     def stats(self) -> QueueStats:
         with self.lock:
-            self._sweep(self.keeper.clock())
-            lanes = {
-                name: LaneStats(
-                    name=name,
-                    workers=lane.spec.workers,
-                    capacity=lane.spec.capacity,
-                    waiting=len(lane.ready) + lane.prefetched + len(lane.overdue) + len(lane.blocked),
-                    running=lane.running,
-                    workers_alive=len(lane.workers) + lane.starting,
-                    crashes=lane.crashes,
-                    worker_restarts=lane.restarts,
-                    completed=lane.completed,
-                    failed=lane.failed,
-                    retries=lane.retries,
-                )
-                for name, lane in self.lanes.items()
-            }
+            keys = self.keys
+            keys.sweep(self.clock())
             return QueueStats(
-                pending=self._pending,
-                processing=self._processing,
-                completed=self._completed,
-                failed=self._failed,
-                lanes=lanes,
+                pending=len(keys.live) - keys.processing,
+                processing=keys.processing,
+                completed=self.records.completed,
+                failed=self.records.failed,
+                lanes=self.dispatch.stats(),
             )
 
     def live_count(self) -> int:
         with self.lock:
-            return self._live
+            return len(self.keys.live)
 
     def _check_invariants(self) -> None:
         """Assert the relations between fields that the code relies on (for tests)."""
         with self.lock:
-            counts = {PENDING: 0, PROCESSING: 0}
-            completed = failed = 0
-            for key, value in self._keys.items():
-                if type(value) is Entry:
-                    assert value.key == key
-                    assert value.outcome is None and value.status in (PENDING, PROCESSING), key
-                    assert not value.timed or (value.status == PENDING and value.due is not None), key
-                    assert value.status == PENDING or value.prev is None, key
-                    counts[value.status] += 1
-                elif type(value) is Done:
-                    assert value.key == key
-                    completed += 1
-                else:
-                    assert type(value) is Fell and value.key == key, (key, value)
-                    failed += 1
-            assert counts[PENDING] == self._pending, (counts, self._pending)
-            assert counts[PROCESSING] == self._processing, (counts, self._processing)
-            assert completed == self._completed and failed == self._failed
-            self.keeper.check(completed)
-            for item in self._timers:
-                if current_timer(item):
-                    assert self._keys.get(item[2].key) is item[2]
-            for lane in self.lanes.values():
-                assert len(lane.ready) + lane.prefetched <= lane.spec.capacity
-                assert not lane.blocked or len(lane.ready) + lane.prefetched > _low_mark(lane.spec.capacity)
-                assert not lane.overdue or len(lane.ready) + lane.prefetched == lane.spec.capacity
-                assert lane.prefetched == sum(len(w.queue) for w in lane.workers)
-                for w in lane.workers:
-                    assert not w.queue or w.entry is not None
-                    for e in w.queue:
-                        assert e.status == PENDING and e.worker is w and self._keys.get(e.key) is e
-                assert not lane.idle or not (lane.ready or lane.overdue), lane.name
-                assert len(lane.workers) + lane.starting <= lane.spec.workers
-                busy = [w for w in lane.workers if w.entry is not None]
-                assert len(busy) == lane.running
-                for w in lane.idle:
-                    assert w.entry is None and w in lane.workers
-                for w in busy:
-                    assert w.entry is not None and w.entry.status == PROCESSING
-                    assert self._keys.get(w.entry.key) is w.entry
-                for e in (*lane.ready, *lane.overdue):
-                    assert e.status == PENDING and not e.timed and self._keys.get(e.key) is e
-
-
-
-
-
-def _summarize(history: list[Failure], last: Failure) -> Failure:
-    """The final failure of a job that ran more than once: the last attempt's,
-    saying how many ran and why each failed."""
-    every = (*history, last)
-    n = len(every)
-    why = "; ".join(f"#{i} {f}" for i, f in enumerate(every, 1))
-    return replace(last, message=f"{last.message} [{n} attempts, all failed: {why}]", attempts=n, history=every)
+            self.keys.check()
+            self.dispatch.check(self.keys.live)

@@ -1,11 +1,13 @@
-"""Dispatch: handing jobs to workers, and what a worker's reports and death do.
+"""The lanes: handing jobs to workers, and what a worker's reports and death do.
 
-A mixin of ``Core`` (``_core.py``), split off to keep that module to the state
-map and a key's life. Everything here runs with ``Core.lock`` held, or takes it:
-which worker runs which job, which jobs are sent ahead to a busy worker and
-what becomes of them, a lane's room for waiting pushes, and a worker's start,
-retirement and death. Like the rest of the core it never touches a pipe or a
-process: it returns the jobs to send, and the caller sends them.
+``Dispatch`` owns the lanes (``_entries.LaneState``) and their workers'
+bookkeeping (``_entries.WorkerSlot``): which worker runs which job, which jobs
+are sent ahead to a busy worker and what becomes of them, a lane's room for
+waiting pushes, and a worker's start, retirement and death (its
+``WorkerLife``). A key's own status changes go through the state map
+(``_statemap.StateMap``). Everything here runs with ``Core.lock`` held; like the
+rest of the core it never touches a pipe or a process: it returns the jobs to
+send, and the caller sends them.
 
 Several jobs in flight per worker
 ---------------------------------
@@ -15,32 +17,24 @@ frame; they are still Pending and count against the lane's capacity. A worker
 runs them in order and reports each as it ends, so the supervisor always knows
 which one runs: the first it has not heard back about. If the worker dies,
 that one fails; the others never started and go back to the front of their
-lane (``_requeue``). A job with a time or memory limit is never sent ahead, nor
+lane (``requeue``). A job with a time or memory limit is never sent ahead, nor
 behind one, so its limit counts from its real start.
 """
 
 from __future__ import annotations
 
-import heapq
-import threading
-import time
+import enum
+from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
-from procq._entries import (
-    PROCESSING,
-    Entry,
-    LaneState,
-    WorkerSlot,
-    run_wakeups,
-)
-from procq._protocol import Report, Status
-from procq._values import Completed, Failed, Failure
+from procq._entries import PENDING, PROCESSING, Entry, LaneState, WorkerLife, WorkerSlot
+from procq._statemap import StateMap
+from procq._job import Job, Lane
+from procq._protocol import Report
+from procq._values import Completed, Failed, Failure, LaneStats
 
-if TYPE_CHECKING:
-    from procq._retention import Keeper
-
-__all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch"]
+__all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch", "Offer", "Offered", "Reported", "Unblocked"]
 
 Wakeup = Callable[[], None]
 
@@ -50,57 +44,88 @@ PIPELINE_WINDOW = 0.005
 #: At most this many jobs in flight to one worker (the running one included).
 PIPELINE_DEPTH = 16
 
+READY, DOOMED, RETIRED, DEAD = WorkerLife.READY, WorkerLife.DOOMED, WorkerLife.RETIRED, WorkerLife.DEAD
+
+
+class Offered(enum.Enum):
+    """What offering a claimed entry to its lane came to (short of a worker taking it)."""
+
+    QUEUED = "queued"  # accepted into the lane's ready queue
+    FULL = "full"  # no room; nothing changed
+    BLOCKED = "blocked"  # no room; the push now waits in the lane's blocked queue
+    STOPPED = "stopped"  # the supervisor has stopped: nothing will ever run the job
+    CANCELLED = "cancelled"  # q.cancel() came before the lane: the job ended, cancelled
+    SCHEDULED = "scheduled"  # waits for its not_before time, then enters its lane
+
+
+#: A worker (the caller sends it the job) or what else became of the offer.
+Offer = WorkerSlot | Offered
+
+
+class Reported(str, enum.Enum):
+    """What a worker's reports came to (a ``str``, so it compares equal to its value)."""
+
+    DONE = "done"  # settled; the worker takes jobs (if any were waiting, they are to be sent)
+    RETIRE = "retire"  # the worker must now be replaced: its pipe closed, a new one started
+    UNEXPECTED = "unexpected"  # a report was not for the job the worker holds: a protocol violation
+
+
+class Unblocked(str, enum.Enum):
+    """How a blocked push's wait ended (a ``str``, so it compares equal to its value)."""
+
+    ACCEPTED = "accepted"  # its lane took it first: the push succeeded after all
+    ABANDONED = "abandoned"  # it never reached its lane: its claim is released
+
 
 class Dispatch:
-    lock: threading.Lock
-    keeper: Keeper
-    memory_jobs: int
-    _pending: int
-    _processing: int
-    _deadlines: list[tuple[float, int, Entry]]
-    _handoffs: list[tuple[WorkerSlot, Entry]]
-    on_new_deadline: Wakeup
+    """The lanes and their workers (see the module docstring)."""
 
-    if TYPE_CHECKING:
+    __slots__ = ("_handoffs", "default_lane", "keys", "lanes")
 
-        def _settle(self, entry: Entry, outcome: Completed[Any] | Failed, count: bool = True) -> list[Wakeup]: ...
+    def __init__(self, lanes: dict[str, Lane], keys: StateMap) -> None:
+        self.lanes = {name: LaneState(name, spec) for name, spec in lanes.items()}
+        self.default_lane = next(iter(self.lanes.values()))
+        self.keys = keys
+        # Jobs given to idle workers while the I/O thread handled a death (see take_handoffs).
+        self._handoffs: list[tuple[WorkerSlot, Entry]] = []
 
-        def _end(self, entry: Entry, outcome: Completed[Any] | Failed) -> list[Wakeup]: ...
+    def lane_for(self, job: Job[Any]) -> LaneState:
+        if job.lane is None:
+            return self.default_lane
+        lane = self.lanes.get(job.lane)
+        if lane is None:
+            known = ", ".join(repr(n) for n in self.lanes)
+            raise ValueError(f"job {job.key!r}: unknown lane {job.lane!r}; this queue's lanes are {known}")
+        return lane
 
-    def _assign(self, worker: WorkerSlot, entry: Entry) -> None:
-        """Start ``entry`` on ``worker``; the caller sends it (lock held)."""
-        self._start(worker, entry)
-        worker.sending += 1
+    # --- entering a lane ----------------------------------------------------------
 
-    def _start(self, worker: WorkerSlot, entry: Entry) -> None:
-        """``entry`` is now the job ``worker`` runs (lock held)."""
-        entry.status = PROCESSING
-        if entry.prev is not None:  # past its lane's door: the claim can no longer be abandoned
-            self.keeper.dropped(entry.prev)
-            entry.prev = None
-        entry.worker = worker
-        worker.entry = entry
-        worker.fresh = False
-        worker.jobs += 1
-        worker.started = time.monotonic()
-        entry.lane.running += 1
-        self._pending -= 1
-        self._processing += 1
-        if entry.memory_limit is not None:
-            self.memory_jobs += 1
-        timeout = entry.job.timeout if entry.job.timeout is not None else entry.lane.spec.timeout
-        if timeout is not None:
-            entry.deadline = time.monotonic() + timeout
-            heapq.heappush(self._deadlines, (entry.deadline, entry.job_id, entry))
-
-    def _enter_lane(self, entry: Entry) -> WorkerSlot | None:
-        """A claimed entry whose time has come goes to its lane: to an idle
-        worker (returned: the caller sends it), into ready, or into overdue
-        when ready is full (lock held)."""
+    def admit(self, entry: Entry, blocked_wakeup: Wakeup | None, clock: Callable[[], float]) -> Offer:
+        """A pushed entry enters its lane: to an idle worker (returned: the
+        caller sends it), into ready, or, when the lane is full, nowhere
+        (``FULL``) or, given ``blocked_wakeup``, into ``blocked``."""
         lane = entry.lane
         if lane.idle:
             worker = lane.idle.pop()
-            self._assign(worker, entry)
+            self._assign(worker, entry, clock())
+            return worker
+        if not lane.blocked and len(lane.ready) + lane.prefetched < lane.spec.capacity:
+            # (Never past a blocked push: pushes enter in arrival order.)
+            lane.ready.append(entry)
+            return Offered.QUEUED
+        if blocked_wakeup is None:
+            return Offered.FULL
+        lane.blocked.append((entry, blocked_wakeup))
+        return Offered.BLOCKED
+
+    def enter_lane(self, entry: Entry, now: float) -> WorkerSlot | None:
+        """A claimed entry whose time has come goes to its lane: to an idle
+        worker (returned: the caller sends it), into ready, or into overdue
+        when ready is full."""
+        lane = entry.lane
+        if lane.idle:
+            worker = lane.idle.pop()
+            self._assign(worker, entry, now)
             return worker
         if len(lane.ready) + lane.prefetched < lane.spec.capacity:
             lane.ready.append(entry)
@@ -108,10 +133,24 @@ class Dispatch:
             lane.overdue.append(entry)
         return None
 
-    def _next_job(self, worker: WorkerSlot, wakeups: list[Wakeup]) -> Entry | None:
-        """Give a free worker its next job, or park it idle (lock held)."""
+    def unblock(self, entry: Entry) -> bool:
+        """Take ``entry`` out of its lane's blocked pushes; False if it is not there."""
+        blocked = entry.lane.blocked
+        for i, (e, _) in enumerate(blocked):
+            if e is entry:
+                del blocked[i]
+                return True
+        return False
+
+    def _assign(self, worker: WorkerSlot, entry: Entry, now: float) -> None:
+        """Start ``entry`` on ``worker``, and hold the right to send it: the caller sends it."""
+        self.keys.start(entry, worker, now)
+        worker.sending += 1
+
+    def _next_job(self, worker: WorkerSlot, now: float, wakeups: list[Wakeup]) -> Entry | None:
+        """Give a free worker its next job, or park it idle."""
         lane = worker.lane
-        if worker.doomed or worker.dead or worker.booting:
+        if worker.life is not READY:
             return None
         if lane.ready:
             entry = lane.ready.popleft()
@@ -120,7 +159,7 @@ class Dispatch:
         elif lane.blocked:  # only with capacity 0: hand over directly
             entry, wakeup = lane.blocked.popleft()
             wakeups.append(wakeup)
-        elif worker.fresh:
+        elif worker.jobs == 0:
             # A new worker goes to the back of the idle list (idle.pop() takes
             # from the end): the warmest workers get work first.
             lane.idle.insert(0, worker)
@@ -128,147 +167,47 @@ class Dispatch:
         else:
             lane.idle.append(worker)
             return None
-        self._refill(lane, wakeups)
-        self._assign(worker, entry)
+        self.refill(lane, wakeups)
+        self._assign(worker, entry, now)
         return entry
 
-    def _refill(self, lane: LaneState, wakeups: list[Wakeup]) -> None:
+    def refill(self, lane: LaneState, wakeups: list[Wakeup]) -> None:
         """Move overdue jobs, then blocked pushes, into ready while the lane
-        has room (lock held).
+        has room.
 
         Blocked pushes are let in only once the lane has drained to its low
-        mark (``_low_mark``), then as many as fit: a thread pushing into a
+        mark (``low_mark``), then as many as fit: a thread pushing into a
         full lane then sleeps once per many jobs, not once per job (each
         sleep is an Event and a thread switch, most of a tiny job's cost)."""
         capacity = lane.spec.capacity - lane.prefetched
         while lane.overdue and len(lane.ready) < capacity:
             lane.ready.append(lane.overdue.popleft())
-        if not lane.blocked or len(lane.ready) + lane.prefetched > _low_mark(lane.spec.capacity):
+        if not lane.blocked or len(lane.ready) + lane.prefetched > low_mark(lane.spec.capacity):
             return
         while lane.blocked and len(lane.ready) < capacity:
             entry, wakeup = lane.blocked.popleft()
             lane.ready.append(entry)
             wakeups.append(wakeup)
 
-    def doom(self, worker: WorkerSlot) -> None:
-        """Give ``worker`` no more jobs: it is dying or being killed."""
-        with self.lock:
-            worker.doomed = True
-
-    def sent(self, worker: WorkerSlot, n: int = 1) -> bool:
-        """A sender is done with ``worker``'s pipe (``n`` rights to send, used
-        for one frame). True: the worker died or was retired meanwhile and the
-        caller, the last sender, must close the pipe."""
-        with self.lock:
-            worker.sending -= n
-            return (worker.dead or worker.retired) and worker.sending == 0
-
-    def job_done(
-        self,
-        worker: WorkerSlot,
-        job_id: int,
-        outcome: Completed[Any] | Failed,
-        retire: bool = False,
-        wakeups: list[Wakeup] | None = None,
-        crashed: bool = False,
-    ) -> tuple[list[Entry], Status]:
-        """A worker reported the end of its job: ``jobs_done`` for one report.
-        ``crashed``: ``outcome`` is a crash (an untrusted lane's job whose own
-        process died under it), counted in the lane's stats."""
-        batch, status, _ = self.jobs_done(worker, [Report(job_id, outcome, retire, crashed)], wakeups)
-        return batch, status
-
-    def jobs_done(
-        self,
-        worker: WorkerSlot,
-        reports: list[Report],
-        wakeups: list[Wakeup] | None = None,
-    ) -> tuple[list[Entry], Status, int]:
-        """A worker reported the end of its jobs, in the order it ran them:
-        a ``Report`` each (``retire``: the worker
-        must be replaced after it; ``crashed``: count it as a crash). All are settled in one critical section.
-
-        The worker's next job is the first of its queue, if it has one: it
-        has already started it. Returns the jobs the caller must now send to
-        the same worker (in one frame; empty: none; the caller holds one right
-        to send for them), how many reports were taken, and ``Status.DONE``; ``RETIRE``
-        when the worker must now be replaced (a report asked for it, or it has
-        run its lane's ``max_jobs_per_worker``; see ``_retire``); or
-        ``UNEXPECTED`` when a report was not for the job the worker holds (a
-        protocol violation: the reports from that one on changed nothing).
-
-        Given ``wakeups``, the jobs' wake-ups are added to it for the caller
-        to run (after it has sent the worker its next jobs, and once for all
-        the reports it read at once); else they are run here."""
-        deferred = wakeups
-        wakeups = []
-        batch: list[Entry] = []
-        status = Status.DONE
-        taken = 0
-        with self.lock:
-            lane = worker.lane
-            now = time.monotonic()
-            for job_id, outcome, retire, crashed in reports:
-                entry = worker.entry
-                if entry is None or entry.job_id != job_id:
-                    status = Status.UNEXPECTED
-                    break
-                taken += 1
-                ran = now - worker.started
-                lane.service = ran if lane.service is None else 0.8 * lane.service + 0.2 * ran
-                worker.entry = None
-                self._processing -= 1
-                lane.running -= 1
-                if entry.memory_limit is not None:
-                    self.memory_jobs -= 1
-                if entry.kill_reason is not None:
-                    # Its end was decided (cancel, timeout, memory) before this
-                    # report arrived: it ends as decided, exactly once.
-                    outcome = Failed(entry.kill_reason)
-                elif crashed:
-                    lane.crashes += 1
-                wakeups += self._end(entry, outcome)
-                if worker.queue:
-                    if retire:
-                        worker.retire_pending = True  # once its queue has run
-                    nxt = worker.queue.popleft()
-                    lane.prefetched -= 1
-                    self._start(worker, nxt)
-                    worker.started = now
-                    continue
-                limit = lane.spec.max_jobs_per_worker
-                retire = retire or worker.retire_pending or (limit is not None and worker.jobs >= limit)
-                if retire and not worker.doomed:
-                    self._retire(worker)
-                    status = Status.RETIRE
-                    break
-            if status is Status.DONE:
-                self._feed(worker, batch, wakeups)
-        if deferred is None:
-            run_wakeups(wakeups)
-        else:
-            deferred += wakeups
-        return batch, status, taken
-
-    def _feed(self, worker: WorkerSlot, batch: list[Entry], wakeups: list[Wakeup]) -> None:
+    def feed(self, worker: WorkerSlot, batch: list[Entry], now: float, wakeups: list[Wakeup]) -> None:
         """Put in ``batch`` the jobs a worker that can take work is to be sent
-        now, in one frame, and hold the right to send them (lock held): jobs
-        ahead of the one it runs, or, idle, its next job and those ahead of it
-        (or park it idle). Then let blocked pushes into the room made."""
+        now, in one frame, and hold the right to send them: jobs ahead of the
+        one it runs, or, idle, its next job and those ahead of it (or park it
+        idle). Then let blocked pushes into the room made."""
         if worker.entry is not None:
             self._top_up(worker, batch)
             if batch:
                 worker.sending += 1
         else:
-            first = self._next_job(worker, wakeups)  # (holds the right to send)
+            first = self._next_job(worker, now, wakeups)  # (holds the right to send)
             if first is not None:
                 batch.append(first)
                 self._top_up(worker, batch)
-        self._refill(worker.lane, wakeups)
+        self.refill(worker.lane, wakeups)
 
     def _top_up(self, worker: WorkerSlot, batch: list[Entry]) -> None:
-        """Send short jobs ahead to a busy worker (lock held): while its lane's
-        jobs run for less than ``PIPELINE_WINDOW`` on average, keep up to
+        """Send short jobs ahead to a busy worker: while its lane's jobs run
+        for less than ``PIPELINE_WINDOW`` on average, keep up to
         ``PIPELINE_DEPTH`` jobs in flight to it, so it goes from one to the
         next without waiting for the supervisor. Never for untrusted lanes,
         and never a job with a time or memory limit, or behind one: those
@@ -281,8 +220,8 @@ class Dispatch:
             lane.service is None
             or running is None
             or not spec.trusted
-            or worker.doomed
-            or worker.retire_pending
+            or worker.life is not READY
+            or worker.retire_requested
             or running.deadline is not None
             or running.memory_limit is not None
         ):
@@ -305,66 +244,147 @@ class Dispatch:
             batch.append(entry)
             room -= 1
 
-    def _retire(self, worker: WorkerSlot) -> None:
-        """Take an idle worker out of its lane and reserve its replacement
-        (lock held). The caller closes its pipe; it exits on EOF."""
+    # --- a worker's reports -----------------------------------------------------------
+
+    def reports(
+        self,
+        worker: WorkerSlot,
+        reports: list[Report],
+        now: float,
+        wakeups: list[Wakeup],
+    ) -> tuple[list[Entry], Reported, int]:
+        """Settle a worker's reports, in the order it ran them:
+        a ``Report`` each (``retire``: the worker
+        must be replaced after it; ``crashed``: count it as a crash). The
+        worker's next job is the first of its queue, if it has one: it has
+        already started it.
+
+        Returns the jobs the caller must now send to the same worker (in one
+        frame; empty: none; the caller holds one right to send for them), what
+        the reports came to (``Reported``: ``RETIRE`` when a report asked for
+        it, or the worker has run its lane's ``max_jobs_per_worker``;
+        ``UNEXPECTED`` when a report was not for the job it holds, and the
+        reports from that one on changed nothing), and how many were taken."""
+        batch: list[Entry] = []
+        status = Reported.DONE
+        taken = 0
         lane = worker.lane
-        worker.doomed = worker.retired = True
+        keys = self.keys
+        for job_id, outcome, retire, crashed in reports:
+            entry = worker.entry
+            if entry is None or entry.job_id != job_id:
+                status = Reported.UNEXPECTED
+                break
+            taken += 1
+            ran = now - worker.started
+            lane.service = ran if lane.service is None else 0.8 * lane.service + 0.2 * ran
+            worker.entry = None
+            if entry.kill_reason is not None:
+                # Its end was decided (cancel, timeout, memory) before this
+                # report arrived: it ends as decided, exactly once.
+                outcome = Failed(entry.kill_reason)
+            elif crashed:
+                lane.crashes += 1
+            wakeups += keys.finish(entry, outcome, now)
+            if worker.queue:
+                if retire:
+                    worker.retire_requested = True  # once its queue has run
+                nxt = worker.queue.popleft()
+                lane.prefetched -= 1
+                keys.start(nxt, worker, now)
+                continue
+            limit = lane.spec.max_jobs_per_worker
+            retire = retire or worker.retire_requested or (limit is not None and worker.jobs >= limit)
+            if retire and worker.life is READY:
+                self._retire(worker)
+                status = Reported.RETIRE
+                break
+        if status is Reported.DONE:
+            self.feed(worker, batch, now, wakeups)
+        return batch, status, taken
+
+    def _retire(self, worker: WorkerSlot) -> None:
+        """Take an idle worker out of its lane and reserve its replacement.
+        The caller closes its pipe; it exits on EOF."""
+        lane = worker.lane
+        worker.life = RETIRED
         lane.workers.remove(worker)
         lane.starting += 1
         lane.restarts += 1
 
-    def worker_died(
+    # --- a worker's start and death -------------------------------------------------------
+
+    def reserve_restart(self, lane: LaneState) -> None:
+        """A replacement worker for ``lane`` is about to be started."""
+        lane.starting += 1
+        lane.restarts += 1
+
+    def add_worker(self, worker: WorkerSlot | None, lane: LaneState, reserved: bool) -> None:
+        """A new worker process joined ``lane`` (``None``: starting it failed)."""
+        if reserved:
+            lane.starting -= 1
+        if worker is not None:
+            lane.workers.append(worker)
+        elif reserved:
+            lane.restarts -= 1
+
+    def ready(self, worker: WorkerSlot, now: float, wakeups: list[Wakeup]) -> Entry | None:
+        """A worker finished starting. Returns a job to send it, if one waits."""
+        if worker.life is WorkerLife.BOOTING:
+            worker.life = READY
+        elif worker.life is WorkerLife.DOOMED_BOOTING:
+            worker.life = DOOMED  # (it was doomed meanwhile: it gets no job)
+        worker.lane.boot_failures = 0
+        return self._next_job(worker, now, wakeups)
+
+    def died(
         self,
         worker: WorkerSlot,
         crash: Callable[[Entry], Failure],
-        exitcode: int | None = None,
-        signal: str | None = None,
-        restart: bool = False,
-    ) -> tuple[bool, list[Wakeup]]:
-        """A worker's death was seen. Its job (if any) fails with ``crash(entry)``,
-        or with the ``kill_reason`` the supervisor gave it before killing it
-        (completed with how the worker died). Returns whether the caller must
-        close the worker's pipe now (no sender holds it), and the wake-ups the
-        caller must run (``run_wakeups``). With ``restart``, a replacement is
-        reserved (see ``reserve_restart``) in the same step, so that a woken
-        waiter finds the lane whole again."""
-        with self.lock:
-            if worker.dead:
-                return False, []
-            worker.dead = True
-            lane = worker.lane
-            if worker in lane.idle:
-                lane.idle.remove(worker)
-            if not worker.retired:
-                lane.workers.remove(worker)
-            entry = worker.entry
-            worker.entry = None
-            wakeups: list[Wakeup] = []
-            self._requeue(worker, wakeups)
-            if worker.booting:
-                lane.boot_failures += 1
-            if restart:
-                lane.starting += 1
-                lane.restarts += 1
-            if entry is not None:
-                self._processing -= 1
-                lane.running -= 1
-                if entry.memory_limit is not None:
-                    self.memory_jobs -= 1
-                failure = entry.kill_reason
-                if failure is None:
-                    failure = crash(entry)
-                    lane.crashes += 1
-                else:
-                    failure = replace(failure, exitcode=exitcode, signal=signal)
-                wakeups = self._end(entry, Failed(failure))
-            return worker.sending == 0, wakeups
+        exitcode: int | None,
+        signal: str | None,
+        restart: bool,
+        now: float,
+        wakeups: list[Wakeup],
+    ) -> bool:
+        """A worker's death was seen. Its job (if any) fails with
+        ``crash(entry)``, or with the ``kill_reason`` the supervisor gave it
+        before killing it (completed with how the worker died); the jobs sent
+        ahead to it go back to their lane (``requeue``). With ``restart``, a
+        replacement is reserved (see ``reserve_restart``) in the same step, so
+        that a woken waiter finds the lane whole again. Returns whether the
+        caller must close its pipe now (no sender holds it)."""
+        life = worker.life
+        if life is DEAD:
+            return False
+        worker.life = DEAD
+        lane = worker.lane
+        if worker in lane.idle:
+            lane.idle.remove(worker)
+        if life is not RETIRED:
+            lane.workers.remove(worker)
+        entry = worker.entry
+        worker.entry = None
+        self.requeue(worker, now, wakeups)
+        if life.booting:
+            lane.boot_failures += 1
+        if restart:
+            lane.starting += 1
+            lane.restarts += 1
+        if entry is not None:
+            failure = entry.kill_reason
+            if failure is None:
+                failure = crash(entry)
+                lane.crashes += 1
+            else:
+                failure = replace(failure, exitcode=exitcode, signal=signal)
+            wakeups += self.keys.finish(entry, Failed(failure), now)
+        return worker.sending == 0
 
-    def _requeue(self, worker: WorkerSlot, wakeups: list[Wakeup]) -> None:
+    def requeue(self, worker: WorkerSlot, now: float, wakeups: list[Wakeup]) -> None:
         """A dead worker's queued jobs never started: back to the front of
         their lane, in order (a cancelled one just ends), and to an idle
-        worker if there is one (lock held; see ``handoffs``)."""
+        worker if there is one (see ``take_handoffs``)."""
         if not worker.queue:
             return
         lane = worker.lane
@@ -374,68 +394,76 @@ class Dispatch:
         for entry in reversed(queued):
             entry.worker = None
             if entry.kill_reason is not None:
-                self._pending -= 1
-                wakeups += self._settle(entry, Failed(entry.kill_reason))
+                wakeups += self.keys.settle(entry, Failed(entry.kill_reason), now)
             else:
                 lane.ready.appendleft(entry)
         while lane.idle and lane.ready:
             idle = lane.idle.pop()
             first = lane.ready.popleft()
-            self._assign(idle, first)
+            self._assign(idle, first, now)
             self._handoffs.append((idle, first))
 
-    def handoffs(self) -> list[tuple[WorkerSlot, Entry]]:
-        """Jobs given to idle workers by ``worker_died`` (a dead worker's
-        queue): the I/O thread sends them."""
-        with self.lock:
-            sends, self._handoffs = self._handoffs, []
-            return sends
+    def take_handoffs(self) -> list[tuple[WorkerSlot, Entry]]:
+        """Jobs given to idle workers by ``died`` (a dead worker's queue): the I/O thread sends them."""
+        sends, self._handoffs = self._handoffs, []
+        return sends
 
-    def reserve_restart(self, lane: LaneState) -> None:
-        """A replacement worker for ``lane`` is about to be started."""
-        with self.lock:
-            lane.starting += 1
-            lane.restarts += 1
+    def fail_waiting(
+        self, lane: LaneState, failure: Callable[[Entry], Failure], now: float, wakeups: list[Wakeup]
+    ) -> None:
+        """Fail every job waiting in ``lane`` (its workers cannot start)."""
+        waiting = [*lane.ready, *lane.overdue]
+        lane.ready.clear()
+        lane.overdue.clear()
+        for entry in waiting:
+            wakeups += self.keys.settle(entry, Failed(failure(entry)), now)
+        self.refill(lane, wakeups)
 
-    def add_worker(self, worker: WorkerSlot | None, lane: LaneState, reserved: bool) -> None:
-        """A new worker process joined ``lane`` (``None``: starting it failed).
-        It takes jobs once ready. ``reserved``: it was counted by ``reserve_restart``."""
-        with self.lock:
-            if reserved:
-                lane.starting -= 1
-            if worker is not None:
-                lane.workers.append(worker)
-            elif reserved:
-                lane.restarts -= 1
+    def stats(self) -> dict[str, LaneStats]:
+        return {
+            name: LaneStats(
+                name=name,
+                workers=lane.spec.workers,
+                capacity=lane.spec.capacity,
+                waiting=len(lane.ready) + lane.prefetched + len(lane.overdue) + len(lane.blocked),
+                running=lane.running,
+                workers_alive=len(lane.workers) + lane.starting,
+                crashes=lane.crashes,
+                worker_restarts=lane.restarts,
+                completed=lane.completed,
+                failed=lane.failed,
+                retries=lane.retries,
+            )
+            for name, lane in self.lanes.items()
+        }
 
-    def worker_ready(self, worker: WorkerSlot) -> Entry | None:
-        """A worker finished starting. Returns a job to send it, if one waits."""
-        with self.lock:
-            worker.booting = False
-            worker.lane.boot_failures = 0
-            wakeups: list[Wakeup] = []
-            nxt = self._next_job(worker, wakeups)
-            wake = nxt is not None and (nxt.deadline is not None or nxt.memory_limit is not None)
-        run_wakeups(wakeups)
-        if wake:
-            self.on_new_deadline()
-        return nxt
+    def check(self, live: dict[str, Entry]) -> None:
+        """Assert the lanes' invariants (for ``Core._check_invariants``)."""
+        for lane in self.lanes.values():
+            assert len(lane.ready) + lane.prefetched <= lane.spec.capacity
+            assert not lane.blocked or len(lane.ready) + lane.prefetched > low_mark(lane.spec.capacity)
+            assert not lane.overdue or len(lane.ready) + lane.prefetched == lane.spec.capacity
+            assert lane.prefetched == sum(len(w.queue) for w in lane.workers)
+            for w in lane.workers:
+                assert w.life is not RETIRED and w.life is not DEAD, w.life
+                assert not w.queue or w.entry is not None
+                for e in w.queue:
+                    assert e.status is PENDING and e.worker is w and live.get(e.key) is e
+            assert not lane.idle or not (lane.ready or lane.overdue), lane.name
+            assert len(lane.workers) + lane.starting <= lane.spec.workers
+            busy = [w for w in lane.workers if w.entry is not None]
+            assert len(busy) == lane.running
+            for w in lane.idle:
+                assert w.entry is None and w in lane.workers
+            for w in busy:
+                assert w.life is READY or w.life is DOOMED, w.life
+                assert w.entry is not None and w.entry.status is PROCESSING
+                assert live.get(w.entry.key) is w.entry
+            for e in (*lane.ready, *lane.overdue):
+                assert e.status is PENDING and not e.timed and live.get(e.key) is e
 
-    def fail_waiting(self, lane: LaneState, failure: Callable[[Entry], Failure]) -> None:
-        """Fail every job waiting in ``lane`` (its workers cannot start), so
-        that no handle waits forever on a lane that cannot run anything."""
-        with self.lock:
-            waiting = [*lane.ready, *lane.overdue]
-            lane.ready.clear()
-            lane.overdue.clear()
-            wakeups: list[Wakeup] = []
-            for entry in waiting:
-                self._pending -= 1
-                wakeups += self._settle(entry, Failed(failure(entry)))
-            self._refill(lane, wakeups)
-        run_wakeups(wakeups)
 
-def _low_mark(capacity: int) -> int:
+def low_mark(capacity: int) -> int:
     """How far a full lane drains before its blocked pushes are let in: a
     quarter of a large lane; a small lane takes one as soon as there is room."""
     return capacity - capacity // 4 if capacity >= 16 else capacity - 1

@@ -1,13 +1,16 @@
-"""The core's bookkeeping objects: a claim (``Entry``), a worker (``WorkerSlot``),
-a lane (``LaneState``). ``Core`` (``_core.py``) changes them, under its lock;
-nothing here takes a lock or does I/O.
+"""The core's bookkeeping objects: a claim (``Entry``) and its ``Status``, a
+worker (``WorkerSlot``) and its ``WorkerLife``, a lane (``LaneState``). The
+core's parts (``_core.py`` and the modules it is composed of) change them under
+``Core.lock``; nothing here takes a lock or does I/O.
 """
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from procq._job import Job, Lane
 from procq._values import (
@@ -23,16 +26,62 @@ if TYPE_CHECKING:
     from procq._channel import WorkerChannel
     from procq._retention import Record
 
-__all__ = ["ABANDONED", "DONE", "PENDING", "PROCESSING", "Ended", "Entry", "LaneState", "WorkerSlot", "current_timer", "run_wakeups"]
+__all__ = [
+    "ABANDONED",
+    "DONE",
+    "PENDING",
+    "PROCESSING",
+    "Ended",
+    "Entry",
+    "LaneState",
+    "Status",
+    "WorkerLife",
+    "WorkerSlot",
+    "current_timer",
+    "run_wakeups",
+]
 
 Wakeup = Callable[[], None]
 
-# An entry's status. PENDING: claimed, not yet given to a worker (it may still
-# be waiting for room, for its time, or in its lane). PROCESSING: a worker
-# holds it. DONE: ``outcome`` is set and will never change. ABANDONED: DONE,
-# but the claim never reached its lane: the key went back to what it was
-# before the claim.
-PENDING, PROCESSING, DONE, ABANDONED = 0, 1, 2, 3
+
+class Status(enum.IntEnum):
+    """An entry's status. Only ``_statemap.StateMap._move`` changes it."""
+
+    PENDING = 0  # claimed, not yet given to a worker: waiting for room, for its time, or in its lane
+    PROCESSING = 1  # a worker holds it
+    DONE = 2  # ``outcome`` is set and will never change
+    ABANDONED = 3  # DONE, but the claim never reached its lane: the key went back to what it was
+
+
+# The members as module names, compared with ``is`` on the hot paths.
+PENDING, PROCESSING, DONE, ABANDONED = Status.PENDING, Status.PROCESSING, Status.DONE, Status.ABANDONED
+
+
+class WorkerLife(enum.Enum):
+    """Where a worker is in its life, as the core sees it.
+
+    ::
+
+        BOOTING ──READY──> READY ──(retired between jobs)──> RETIRED ──┐
+           │                │ ^                                       ├──(death handled)──> DEAD
+           │ doom           │ └── spare (q.cancel's job ended first)  │
+           v                v doom                                    │
+        DOOMED_BOOTING ──READY──> DOOMED ─────────────────────────────┘
+
+    Every life can end in DEAD. ``WorkerSlot.doom`` is the one way to doom.
+    """
+
+    BOOTING = "booting"  # started, has not said READY: takes no job; a death now is a failure to start
+    READY = "ready"  # takes jobs (idle or busy: see ``WorkerSlot.entry``)
+    DOOMED = "doomed"  # being killed, or its pipe or process is ending: takes no more jobs
+    DOOMED_BOOTING = "doomed booting"  # doomed before it said READY: its death is a failure to start
+    RETIRED = "retired"  # replaced between jobs: out of ``lane.workers``; it exits on EOF
+    DEAD = "dead"  # its death has been handled
+
+    @property
+    def booting(self) -> bool:
+        """Has it not said READY yet?"""
+        return self is WorkerLife.BOOTING or self is WorkerLife.DOOMED_BOOTING
 
 _PENDING = Pending()
 _PROCESSING = Processing()
@@ -89,21 +138,22 @@ class Entry:
         self.deadline: float | None = None
         # The job's memory limit, or its lane's (bytes), and the worker's
         # resident memory when the job was sent (what the limit is on top of).
-        self.memory_limit: int | None = job.memory_limit if job.memory_limit is not None else lane.spec.memory_limit_bytes
+        limit = job.memory_limit
+        self.memory_limit: int | None = limit if limit is not None else lane.spec.memory_limit_bytes
         self.rss_base = 0
         # Set when the attempt's end was decided from outside (timeout, memory,
         # q.cancel, close without waiting): the failure it ends with, whatever
         # the worker reports or however it dies after that.
         self.kill_reason: Failure | None = None
-        # The worker holding it while PROCESSING.
+        # The worker holding it while PROCESSING, or that it was sent ahead to.
         self.worker: WorkerSlot | None = None
         # The attempt that runs next (or runs now), from 1; earlier attempts' failures.
         self.attempt = 1
         self.history: list[Failure] | None = None
-        # When it may enter its lane (monotonic clock), while PENDING and not
+        # When it may enter its lane (on ``Core.clock``), while PENDING and not
         # yet there: a not_before time or a retry backoff. None: at once.
         self.due: float | None = None
-        # In Core._timers, waiting for ``due`` (invariant: timed => due is not None).
+        # In ``Timers.waiting``, waiting for ``due`` (invariant: timed => due is not None).
         self.timed = False
 
     @property
@@ -113,7 +163,7 @@ class Entry:
     def state(self) -> State:
         if self.outcome is not None:
             return self.outcome
-        if self.status == PROCESSING:
+        if self.status is PROCESSING:
             return _PROCESSING
         return _PENDING if self.attempt == 1 else Pending(attempt=self.attempt)
 
@@ -135,7 +185,8 @@ class Ended:
 
 
 class WorkerSlot:
-    """The core's view of one worker process: which job it holds, if any.
+    """The core's view of one worker process: its life, which job it holds,
+    which jobs it was sent ahead.
 
     ``channel`` (a ``_channel.WorkerChannel``: the worker's pipe and process)
     is owned by the supervisor's I/O thread; the core only keeps it beside
@@ -143,18 +194,14 @@ class WorkerSlot:
     """
 
     __slots__ = (
-        "booting",
         "channel",
-        "dead",
-        "doomed",
         "entry",
-        "fresh",
         "jobs",
         "lane",
+        "life",
         "pid",
         "queue",
-        "retire_pending",
-        "retired",
+        "retire_requested",
         "sending",
         "started",
     )
@@ -169,25 +216,25 @@ class WorkerSlot:
         # so the worker never waits on the supervisor between jobs. Non-empty
         # only while ``entry`` is set; the worker runs them in this order.
         self.queue: deque[Entry] = deque()
-        self.started = 0.0  # when ``entry`` started, as far as the supervisor knows
+        self.started = 0.0  # when ``entry`` started (``Core.clock``), as far as the supervisor knows
         # Threads that have been given this worker's pipe to send on and have
         # not reported back yet. The pipe is closed only when this is 0, so a
         # descriptor is never closed (and reused) under a sender.
         self.sending = 0
-        # doomed: the supervisor is killing it; it gets no more jobs.
-        # dead: its death has been handled.
-        self.doomed = False
-        self.dead = False
-        self.fresh = True  # has never been given a job
-        self.jobs = 0  # jobs it has been given
-        # retired: replaced between jobs (max_jobs_per_worker, max_worker_rss);
-        # no longer in lane.workers, its replacement already counted.
-        self.retired = False
-        # To be retired once its queue has run (a job asked for it meanwhile).
-        self.retire_pending = False
-        # Started, not yet READY: takes no job, so a worker that dies while it
-        # starts (a signal, a main module that fails to import) fails none.
-        self.booting = True
+        self.life = WorkerLife.BOOTING
+        self.jobs = 0  # jobs it has been given (0: a fresh worker)
+        # A report asked for it to be replaced (``max_worker_rss``) while it had
+        # jobs queued: a request, kept whatever its life is meanwhile. It gets
+        # no more jobs sent ahead and is retired once its queue has run.
+        self.retire_requested = False
+
+    def doom(self) -> None:
+        """It gets no more jobs: it is being killed, or is dying (caller holds
+        ``Core.lock``). A retired or dead worker stays as it is."""
+        if self.life is WorkerLife.READY:
+            self.life = WorkerLife.DOOMED
+        elif self.life is WorkerLife.BOOTING:
+            self.life = WorkerLife.DOOMED_BOOTING
 
 
 class LaneState:
@@ -257,7 +304,7 @@ def current_timer(item: tuple[float, int, Entry]) -> bool:
 def run_wakeups(wakeups: list[Wakeup]) -> None:
     """Run wake-ups with no lock held; one failing never stops the others."""
     for wakeup in wakeups:
-        try:
+        try:  # noqa: SIM105 - suppress() would cost a context manager per wake-up
             wakeup()
         except Exception:  # pragma: no cover - a waiter's loop closed under it
             pass

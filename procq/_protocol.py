@@ -64,7 +64,7 @@ process sentinel, and knows which job it held because it gave it that job.
 
 What a worker channel reads comes out as events (``Event``): ``Ready``, a
 ``Report`` of a job's end (settled by ``Core.jobs_done``, which answers with
-a ``Status``), or a ``Violation`` of the protocol.
+a ``Reported``), or a ``Violation`` of the protocol.
 """
 
 from __future__ import annotations
@@ -77,7 +77,6 @@ import socket
 import struct
 import sys
 from collections import OrderedDict
-from enum import Enum
 from typing import Any, NamedTuple
 
 from procq._values import Completed, Failed, FailureKind
@@ -103,7 +102,6 @@ __all__ = [
     "ProtocolError",
     "Ready",
     "Report",
-    "Status",
     "Violation",
     "decode_untrusted",
     "digest",
@@ -158,14 +156,6 @@ class Violation(NamedTuple):
 
 
 Event = Ready | Report | Violation
-
-
-class Status(str, Enum):
-    """What ``Core.jobs_done`` says of a worker once its reports are settled."""
-
-    DONE = "done"  # it takes its next jobs, if any
-    RETIRE = "retire"  # it must be replaced now (see Core._retire)
-    UNEXPECTED = "unexpected"  # a report was not for the job it holds: a protocol violation
 
 
 def dumps(obj: Any) -> bytes:

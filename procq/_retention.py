@@ -6,10 +6,11 @@ Records hold the output itself, not a ``Completed`` value, and have slots:
 with a million kept keys every object per key counts (``bench/memory.py``
 measures it).
 
-``Keeper`` is the retention bookkeeping beside the map. It owns no key: it
-tells ``Core`` which records are due to go, and ``Core`` drops them (every
-method runs under ``Core.lock``). Three orders are kept, each only when its
-limit is set:
+``Keeper`` is the retention bookkeeping of the in-memory record store
+(``_records.MemoryRecords``). It owns no key: it tells the store which records
+are due to go, and the store drops them (every method runs under
+``Core.lock``; times are given, read from ``Core.clock``). Three orders are
+kept, each only when its limit is set:
 
 - ``_ttl``: completed records in the order they completed. With one ``ttl``
   per queue that is also the order they expire in, so expired records are
@@ -24,22 +25,20 @@ tells; a stale one is skipped when it reaches the front. An evicted record
 lets go of its output at once, so a stale entry costs a few bytes until its
 time comes.
 
-Correctness never waits for a sweep: ``Core`` checks a record's own time
+Correctness never waits for a sweep: the store checks a record's own time
 against the limits whenever it reads the key (``expired``).
 """
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict, deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from procq._job import Retention
 from procq._values import Completed, Failed, Failure
 
 __all__ = ["Done", "Fell", "Keeper", "Record"]
-
-_NO_TIME = 0.0  # one shared float: records of a queue without time limits keep no time of their own
 
 
 class Done:
@@ -80,9 +79,6 @@ class Keeper:
 
     def __init__(self, retention: Retention, alive: Callable[[Record], bool]) -> None:
         self.retention = retention
-        # The clock of stored times (a test may set its own; the timers of
-        # waiting jobs keep time.monotonic, which the I/O thread sleeps on).
-        self.clock: Callable[[], float] = time.monotonic
         self.ttl = retention.ttl
         self.failed_ttl = retention.failed_ttl
         self.max_completed = retention.max_completed
@@ -92,10 +88,6 @@ class Keeper:
         self._ttl: deque[Done] = deque()
         self._failed: deque[Fell] = deque()
         self._lru: OrderedDict[str, Done] = OrderedDict()
-
-    def stamp(self, now: float) -> float:
-        """The time to store with a new record."""
-        return now if self.timed else _NO_TIME
 
     def expired(self, rec: Record, now: float) -> bool:
         """Has ``rec`` outlived its limit? (Checked on every read of a key.)"""
@@ -181,9 +173,9 @@ class Keeper:
         if self.ttl is not None:
             live = {id(r) for r in self._ttl if self._alive(r)}
             assert len(live) == completed, (len(live), completed)
-            assert all(a.at <= b.at for a, b in zip(self._ttl, list(self._ttl)[1:]))
+            assert all(a.at <= b.at for a, b in zip(self._ttl, list(self._ttl)[1:], strict=False))
         if self.failed_ttl is not None:
-            assert all(a.at <= b.at for a, b in zip(self._failed, list(self._failed)[1:]))
+            assert all(a.at <= b.at for a, b in zip(self._failed, list(self._failed)[1:], strict=False))
 
 
 def _insort(q: deque[Any], rec: Record) -> None:

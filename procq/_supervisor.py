@@ -46,7 +46,7 @@ Who owns what, and what each pipe carries::
 and its own timers. The I/O thread starts and reaps every worker,
 so a worker's parent (or, under forkserver, the forkserver's parent) is the
 supervisor for as long as the queue lives. The thread that sends a job on a
-worker's channel is whichever one assigned it: ``Core._assign`` gives a thread
+worker's channel is whichever one assigned it: ``Dispatch._assign`` gives a thread
 the right to send (``WorkerSlot.sending``) until that thread calls
 ``Core.sent``, and a pipe is only closed when no thread holds that right, so a
 descriptor is never closed, reused and written to by a late sender. Frames are
@@ -59,7 +59,7 @@ most of a tiny job's latency. Why not poll: the selector wakes on exactly the
 events above and sleeps otherwise. Why several jobs in flight to a busy
 worker: with one, the worker waits for the supervisor between every two jobs,
 and the supervisor pays a wake-up, a read and a write for each; with several,
-both sides work in bulk (see ``Core._top_up``). Why pidfds rather than
+both sides work in bulk (see ``Dispatch._top_up``). Why pidfds rather than
 ``multiprocessing``'s sentinels: a sentinel is a pipe the worker holds open,
 so a job's child that inherited it would hide the worker's death for as long
 as the child lived. Why an untrusted worker is never read with
@@ -87,9 +87,10 @@ from typing import Any
 from procq._channel import Launch, WorkerChannel
 from procq._channel_trusted import TrustedChannel
 from procq._channel_untrusted import UntrustedChannel
-from procq._core import Core, Entry, LaneState, WorkerSlot, run_wakeups
+from procq._core import Core, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
+from procq._dispatch import Reported
 from procq._processes import children_map
-from procq._protocol import Ready, Report, Status, Violation
+from procq._protocol import Ready, Report, Violation
 from procq._supervisor_failures import (
     crash_failure,
     memory_failure,
@@ -173,7 +174,7 @@ class Supervisor:
         if skip is not None:
             worker, job_id = skip
             with core.lock:
-                if worker.dead or worker.retired or worker.doomed:
+                if worker.life is not WorkerLife.READY:  # gone or going
                     return cancelled
                 worker.sending += 1
             worker.channel.send_skip(core, worker, job_id)
@@ -322,11 +323,11 @@ class Supervisor:
         if limit is not None and worker.channel.rss() > limit:
             reports[-1] = reports[-1]._replace(retire=True)
         batch, status, taken = self.core.jobs_done(worker, reports, wakeups)
-        if batch:  # (only ever with Status.DONE)
+        if batch:  # (only ever with Reported.DONE)
             worker.channel.send_jobs(self.core, worker, batch)
-        elif status == Status.RETIRE:
+        elif status is Reported.RETIRE:
             self._retire(worker)
-        elif status == Status.UNEXPECTED:
+        elif status is Reported.UNEXPECTED:
             held = worker.entry
             what = "while it held no job" if held is None else f"while it held job {held.key!r}"
             self._violation(worker, f"a message about job id {reports[taken].job_id} {what}")
@@ -335,7 +336,7 @@ class Supervisor:
 
     def _on_ready(self, worker: WorkerSlot) -> bool:
         """The worker finished starting: send it a waiting job, if any."""
-        if not worker.booting:
+        if not worker.life.booting:
             self._violation(worker, "a second READY message")
             return False
         ready = self.core.worker_ready(worker)
@@ -365,7 +366,7 @@ class Supervisor:
         kill it. Holding a job, it broke the protocol: a worker only closes
         its pipe by exiting."""
         entry = worker.entry
-        if entry is not None and not worker.retired:
+        if entry is not None and worker.life is not WorkerLife.RETIRED:
             what = f"closing its pipe and running on ({EOF_GRACE:g}s later it was still alive, and was killed)"
             self.core.decide_kill(worker, entry, protocol_failure(worker, entry, what))
         worker.channel.kill()
@@ -420,7 +421,8 @@ class Supervisor:
         lane = worker.lane
         stopping = self._stop or self.core.cancelled or (self.core.closing and self.core.drained.is_set())
         # (boot_failures is only ever changed on this thread.)
-        replace_now = not stopping and not worker.booting and not lane.boot_failures and not worker.retired
+        retired = worker.life is WorkerLife.RETIRED  # (read before worker_died makes it DEAD)
+        replace_now = not stopping and not worker.life.booting and not lane.boot_failures and not retired
         close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
         self._watcher.unwatch(channel.messages)
         self._watcher.unwatch(channel.sentinel)
@@ -434,7 +436,7 @@ class Supervisor:
             idle.channel.send_job(self.core, idle, entry)
         if replace_now:
             self._start_worker(lane, reserved=True)
-        elif not stopping and not worker.retired:
+        elif not stopping and not retired:
             # Dying while starting is no job's fault, and starting again at
             # once would spin: back off, and after a few in a row fail the
             # jobs waiting for this lane rather than let them wait forever.
@@ -448,7 +450,7 @@ class Supervisor:
         """End a worker's process tree: SIGTERM now (the job may clean up),
         SIGKILL to whatever is left after its lane's ``kill_grace``."""
         grace = worker.lane.spec.kill_grace
-        if worker.dead:
+        if worker.life is WorkerLife.DEAD:
             return
         if grace <= 0:
             worker.channel.kill()
@@ -467,10 +469,10 @@ class Supervisor:
             self._kill_all(self.core.cancel_all("was cancelled: the queue's supervisor stopped"))
         for _, worker, descendants in self._timers.take_kills():  # a grace cut short: nothing outlives the queue
             worker.channel.kill(descendants)
-        workers = [w for w in self._watcher.workers() if not w.dead]
+        workers = [w for w in self._watcher.workers() if w.life is not WorkerLife.DEAD]
         with self.core.lock:
             for w in workers:
-                w.doomed = True
+                w.doom()
             closable = [w for w in workers if w.sending == 0]
         for w in closable:
             w.channel.close()

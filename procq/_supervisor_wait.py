@@ -18,7 +18,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from procq._entries import WorkerSlot
+from procq._entries import WorkerLife, WorkerSlot
 
 __all__ = ["MEMORY_CHECK_INTERVAL", "Timers", "Watcher"]
 
@@ -79,7 +79,7 @@ class Watcher:
                 continue
             # Looked up now, not before: acting on an earlier one may have unwatched it.
             worker = self._by_object.get(obj)
-            if worker is None or worker.dead:
+            if worker is None or worker.life is WorkerLife.DEAD:
                 continue
             yield worker, obj is worker.channel.messages
 

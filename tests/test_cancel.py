@@ -130,9 +130,8 @@ def test_cancel_a_finished_or_unknown_key_changes_nothing() -> None:
 def test_cancel_a_job_sent_ahead_to_a_busy_worker_it_never_runs(
     tmp_path: Any, gates: Gates, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A lane of short jobs sends jobs ahead to a busy worker (Core._top_up).
+    """A lane of short jobs sends jobs ahead to a busy worker (Dispatch._top_up).
     One cancelled there is skipped by the worker: it never runs."""
-    import procq._core
     import procq._dispatch
 
     monkeypatch.setattr(procq._dispatch, "PIPELINE_WINDOW", 60.0)  # every job counts as short

@@ -8,8 +8,8 @@ clock, read states and forget keys. The model predicts every push outcome
 every job's end (its output, or a failure after how many attempts), how many
 attempts ran, which keys the queue holds (ttl, failed_ttl and the least
 recently used beyond ``max_completed``) and the stats counters. Each pushed job
-is waited for, so the model never races the engine; time is a test clock on
-the retention bookkeeping (see tests/test_retention.py).
+is waited for, so the model never races the engine; time is a test clock set
+on the queue's core (``Core.clock``, see tests/test_retention.py).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             on_mismatch="ignore",  # the model pushes any job under any key
         )
         self.clock = Clock()
-        self.q._core.keeper.clock = self.clock
+        self.q._core.clock = self.clock
         self.recs: dict[str, Rec] = {}
         self.lru: list[str] = []  # completed keys, least recently used first
         self.n = 0

@@ -1,4 +1,4 @@
-"""Several jobs in flight per worker (Core._top_up), driven on the I/O-free core
+"""Several jobs in flight per worker (Dispatch._top_up), driven on the I/O-free core
 directly: the orders of events that a real queue only meets by chance.
 
 The core never touches a process or a pipe, so a worker here is a WorkerSlot
@@ -13,7 +13,7 @@ import jobs
 
 from procq import Completed, Failed, Failure, Job, Lane, Pending, Processing
 from procq._core import Core
-from procq._entries import Entry, LaneState, WorkerSlot
+from procq._entries import Entry, LaneState, WorkerLife, WorkerSlot
 
 
 class _Channel:
@@ -90,14 +90,14 @@ def test_a_worker_that_finished_the_job_cancel_meant_to_kill_is_spared() -> None
     batch, _ = _done(core, worker, first, 1)  # a ends; b runs, c sent ahead
     assert batch == [b, c]
     cancelled, kill, skip = core.cancel("b")
-    assert cancelled and kill == (worker, b) and skip is None and worker.doomed
+    assert cancelled and kill == (worker, b) and skip is None and worker.life is WorkerLife.DOOMED
     # The report of b arrives before the I/O thread acts on the cancel: b ends
     # cancelled all the same (its end was decided), and c starts.
     assert _done(core, worker, b, 2) == ([], "done")
     assert core.state("b") == Failed(b.kill_reason)  # type: ignore[arg-type]
     assert core.state("c") == Processing()
     assert core.spare(worker, b) == (False, [])  # c must not die for b's cancel
-    assert not worker.doomed
+    assert worker.life is WorkerLife.READY
     assert _done(core, worker, c, 3) == ([], "done") and core.state("c") == Completed(3)
     core._check_invariants()
 
@@ -109,4 +109,4 @@ def test_a_worker_still_running_the_cancelled_job_is_not_spared() -> None:
     cancelled, kill, _ = core.cancel("a")
     assert cancelled and kill == (worker, first)
     assert core.spare(worker, first) == (True, [])
-    assert worker.doomed
+    assert worker.life is WorkerLife.DOOMED

@@ -1,6 +1,6 @@
 """Retention of ended keys (ttl, max_completed, failed_ttl), forget(), and the
-enumeration of keys. Time is a test clock set on the queue's retention
-bookkeeping (stored times are read from it), so nothing here sleeps."""
+enumeration of keys. Time is a test clock set on the queue's core
+(``Core.clock``: stored times are read from it), so nothing here sleeps."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Clock:
 def install_test_clock(q: ProcQueue) -> Clock:
     """Set a test clock on the queue's retention bookkeeping and return it."""
     clock = Clock()
-    q._core.keeper.clock = clock
+    q._core.clock = clock
     return clock
 
 
@@ -107,7 +107,7 @@ def test_expired_keys_are_reclaimed_without_being_read() -> None:
         fail_key(q, "f")
         clock.now += 5
         complete_key(q, "fresh")  # any use of the map reclaims what expired
-        assert len(q._core._keys) == 1
+        assert len(q._core.records) == 1  # (a MemoryRecords)
         assert q.keys() == ["fresh"]
 
 

@@ -121,12 +121,12 @@ def test_between_attempts_the_key_is_pending_with_its_attempt_and_joinable(tmp_p
         # One worker runs jobs in order: once a job pushed after it has run,
         # the first attempt has failed and the second waits out its backoff.
         assert q.push_and_wait(Job("after", jobs.identity, args=(0,)), timeout=WAIT) == 0
-        entry = q._core._keys["k"]
+        entry = q._core.keys.live["k"]
         assert q.state("k") == Pending(attempt=2)
         assert first.handle.state == Pending(attempt=2) and not first.handle.done()
         joined = q.push(job, wake=True)  # a wake never shortens a backoff
         assert type(joined) is InFlight
-        assert q._core._keys["k"] is entry and entry.attempt == 2
+        assert q._core.keys.live["k"] is entry and entry.attempt == 2
         due = entry.due
         q.push(Job("k", jobs_lifecycle.flaky, args=(counter, 1)), wake=True)
         assert entry.due == due and q.state("k") == Pending(attempt=2)
@@ -144,7 +144,7 @@ def test_a_scheduled_job_waits_and_a_wake_starts_it_at_once(gates: Gates) -> Non
         outcome = q.push(late)
         assert type(outcome) is Queued and q.state("k") == Pending()
         assert type(q.push(late)) is InFlight and q.state("k") == Pending()  # no wake: still waiting
-        entry = q._core._keys["k"]
+        entry = q._core.keys.live["k"]
         due = entry.due
         q.push(Job("k", jobs.identity, args=(1,), not_before=2 * FAR), wake=True)  # never later
         assert entry.due == due

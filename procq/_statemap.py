@@ -1,0 +1,348 @@
+"""The state map: every key's life, and the one place its status changes.
+
+``StateMap.live`` holds the live keys (Pending or Processing), each as its
+``Entry``; ``StateMap.records`` (a ``_records.KeyRecords``) holds the keys that
+ended. A claim moves a key from absent or ended to Pending; ``start``,
+``finish`` (an attempt's end: settled, or back to Pending for a retry),
+``settle`` and ``abandon`` move it on. Each of them changes the entry's status
+through ``_move``, which keeps every count that follows a status in step with
+it: the live map itself, the running jobs (the queue's, and each lane's), the
+running jobs with a memory limit, each lane's completed / failed / retried
+attempts. The records store keeps the completed and failed counts.
+
+::
+
+    absent / ended ──claim──> Pending ──(due)──> in its lane ──start──> Processing ──finish──> Completed | Failed
+                                 │  ^                                        │
+                                 │  └──── retry: Pending(attempt + 1), ──────┤ (a failed attempt,
+                                 │        back to its timer (backoff)        │  with a Retry left)
+                                 │ abandon                                   │ (worker dies: "crashed";
+                                 v                                           │  deadline: "timeout")
+                       back to what it was                                   v
+                       (joiners: Failed "cancelled")                        ...
+
+A Pending key that has not started may also be settled at once (``q.cancel``,
+a lane whose workers cannot start, closing without waiting). Which ended keys
+are answered from their record and which run again is the reuse policy
+(``Job.reuse``).
+
+The map also holds the queue's door: ``closing`` (no claim is taken),
+``stopped`` and ``cancelled`` (nothing enters a lane or is retried), and
+``drained``. Everything here runs under ``Core.lock``; times are given, read
+from ``Core.clock``.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, LaneState, Status, WorkerSlot
+from procq._errors import QueueClosed
+from procq._fingerprint import describe
+from procq._records import KeyRecords
+from procq._retention import Done, Record
+from procq._timers import Timers
+from procq._job import Job
+from procq._values import Completed, Failed, Failure, State
+
+__all__ = ["Claim", "ClaimKind", "StateMap", "conflict", "new_claim"]
+
+Wakeup = Callable[[], None]
+
+
+class ClaimKind(str, enum.Enum):
+    """What a claim found (a ``str``, so it compares equal to its value)."""
+
+    QUEUED = "queued"  # the key is claimed: value is the new Entry (offer it, or abandon it)
+    INFLIGHT = "inflight"  # the key is live: value is its Entry
+    CACHED = "cached"  # the key completed: value is its output
+    FAILED = "failed"  # the key failed and never runs again (reuse="never"): value is its Failure
+
+
+QUEUED, INFLIGHT, CACHED, FAILED = ClaimKind.QUEUED, ClaimKind.INFLIGHT, ClaimKind.CACHED, ClaimKind.FAILED
+
+
+class Claim(NamedTuple):
+    """What ``Core.claim`` answers for one job."""
+
+    kind: ClaimKind
+    value: Any
+    #: None, or (what differs: "function" | "arguments", the holder's
+    #: function, or None when only a record is left).
+    conflict: tuple[str, Any] | None
+
+
+#: Claims are made on every push: ``newnew_claim(Claim, (kind, value, conflict))``
+#: builds one without the NamedTuple's Python-level ``__new__``.
+new_claim = tuple.__new__
+
+
+def conflict(held: bytes | None, pushed: bytes | None, held_fn: Any) -> tuple[str, Any] | None:
+    """How a pushed job's fingerprint conflicts with its key's holder's, if it does."""
+    if held is None or pushed is None or held == pushed:
+        return None
+    differs = describe(held, pushed)
+    return None if differs is None else (differs, held_fn)
+
+
+class StateMap:
+    """The live keys and the records of ended ones (see the module docstring)."""
+
+    __slots__ = (
+        "_ids",
+        "_random",
+        "cancelled",
+        "check_payload",
+        "closing",
+        "drained",
+        "live",
+        "memory_jobs",
+        "processing",
+        "records",
+        "reuse",
+        "stopped",
+        "strict_payload",
+        "timers",
+    )
+
+    def __init__(
+        self, records: KeyRecords, timers: Timers, reuse: str, check_payload: bool, strict_payload: bool
+    ) -> None:
+        self.live: dict[str, Entry] = {}  # invariant: no key is both live and answered by a record
+        self.records = records
+        self.timers = timers
+        self.reuse = reuse  # the queue's default reuse policy
+        self.check_payload = check_payload  # fingerprints are kept and compared
+        self.strict_payload = strict_payload  # a conflict refuses the claim (on_mismatch="raise")
+        self._ids = itertools.count(1)
+        self._random = random.Random()
+        # Counts that follow the statuses (changed only by _move); Pending is
+        # len(live) - processing.
+        self.processing = 0
+        self.memory_jobs = 0  # running jobs with a memory limit: the I/O thread samples them
+        self.closing = False  # no claim is taken
+        self.stopped = False  # the supervisor stopped: nothing enters a lane
+        self.cancelled = False  # close(wait=False) began: nothing enters a lane
+        self.drained = threading.Event()  # set while closing and nothing is live
+
+    # --- claiming ---------------------------------------------------------------
+
+    def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, now: float) -> Claim:
+        """Check and claim ``job.key``: join its live entry, answer from its
+        record, or make a new PENDING entry, in no lane yet."""
+        if self.closing:
+            raise QueueClosed(f"the queue is closed; cannot push job {job.key!r}")
+        key = job.key
+        entry = self.live.get(key)
+        if entry is not None:
+            return new_claim(Claim, (INFLIGHT, entry, conflict(entry.fp, fp, entry.job.fn)))
+        records = self.records
+        rec = records.lookup(key, now)
+        if rec is not None:
+            reuse = job.reuse or self.reuse
+            if type(rec) is Done:
+                if reuse != "always":
+                    differs = conflict(rec.fp, fp, None)
+                    if differs is None or not self.strict_payload:
+                        records.used(rec)
+                    return new_claim(Claim, (CACHED, rec.output, differs))
+            elif reuse == "never":
+                return new_claim(Claim, (FAILED, rec.failure, conflict(rec.fp, fp, None)))  # type: ignore[union-attr]
+            records.take(rec)
+        entry = Entry(job, lane, next(self._ids), rec)  # born PENDING
+        entry.fp = fp if self.check_payload else None
+        if due is not None and due > now:
+            entry.due = due
+        self.live[key] = entry
+        return new_claim(Claim, (QUEUED, entry, None))
+
+    def lookup(self, key: str, now: float) -> Entry | Record | None:
+        """The key's live entry or its record (retention honoured)."""
+        entry = self.live.get(key)
+        return entry if entry is not None else self.records.lookup(key, now)
+
+    # --- status changes -------------------------------------------------------------
+
+    def _move(self, entry: Entry, to: Status) -> None:
+        """The one place an entry's status changes, with the counts that follow it."""
+        was = entry.status
+        entry.status = to
+        lane = entry.lane
+        if to is PROCESSING:
+            self.processing += 1
+            lane.running += 1
+            if entry.memory_limit is not None:
+                self.memory_jobs += 1
+            return
+        if was is PROCESSING:
+            self.processing -= 1
+            lane.running -= 1
+            if entry.memory_limit is not None:
+                self.memory_jobs -= 1
+            if to is PENDING:  # a failed attempt, to be run again
+                lane.retries += 1
+                return
+        if to is DONE:
+            if type(entry.outcome) is Completed:
+                lane.completed += 1
+            else:
+                lane.failed += 1
+        del self.live[entry.key]  # DONE or ABANDONED
+
+    def start(self, entry: Entry, worker: WorkerSlot, now: float) -> None:
+        """``entry`` is now the job ``worker`` runs."""
+        self._move(entry, PROCESSING)
+        if entry.prev is not None:  # past its lane's door: the claim can no longer be abandoned
+            self.records.release(entry.prev)
+            entry.prev = None
+        entry.worker = worker
+        worker.entry = entry
+        worker.jobs += 1
+        worker.started = now
+        timeout = entry.job.timeout if entry.job.timeout is not None else entry.lane.spec.timeout
+        if timeout is not None:
+            self.timers.limit(entry, now + timeout)
+
+    def finish(self, entry: Entry, outcome: Completed[Any] | Failed, now: float) -> list[Wakeup]:
+        """An attempt ended (its worker is already released): settle the entry,
+        or, for a failure its Retry covers, schedule the next attempt and keep
+        the key live."""
+        retry = entry.job.retry
+        if (
+            retry is None
+            or type(outcome) is not Failed
+            or outcome.failure.kind not in retry.on
+            or entry.attempt >= retry.attempts
+            or self.cancelled
+            or self.stopped
+        ):
+            return self.settle(entry, outcome, now)
+        if entry.history is None:
+            entry.history = []
+        entry.history.append(outcome.failure)
+        delay = retry.delay(entry.attempt, self._random.random())
+        entry.attempt += 1
+        entry.job_id = next(self._ids)
+        self._move(entry, PENDING)
+        entry.worker = None
+        entry.kill_reason = None
+        entry.deadline = None
+        self.timers.wait(entry, now + delay)
+        return []
+
+    def settle(self, entry: Entry, outcome: Completed[Any] | Failed, now: float) -> list[Wakeup]:
+        """Make ``outcome`` final for a live entry and record it; return its wake-ups."""
+        if entry.history and type(outcome) is Failed:
+            outcome = Failed(_summarize(entry.history, outcome.failure))
+        entry.outcome = outcome
+        self._move(entry, DONE)
+        records = self.records
+        if entry.prev is not None:  # ended before it ever ran (cancelled, lane failed)
+            records.release(entry.prev)
+            entry.prev = None
+        records.record(entry.key, outcome, entry.fp, now)
+        return self._ended(entry)
+
+    def abandon(self, entry: Entry, why: str, now: float) -> list[Wakeup]:
+        """Put the key back to what it was before ``entry`` claimed it, and
+        wake whoever joined the claim with ``cancelled``."""
+        assert entry.status is PENDING and entry.outcome is None
+        entry.outcome = Failed(Failure("cancelled", f"job {entry.key!r} was abandoned before it ran: {why}"))
+        self._move(entry, ABANDONED)
+        if entry.prev is not None:
+            self.records.give_back(entry.prev, now)
+            entry.prev = None
+        return self._ended(entry)
+
+    def _ended(self, entry: Entry) -> list[Wakeup]:
+        """Let go of what an ended entry needs no more; return its wake-ups."""
+        entry.worker = None
+        entry.timed = False
+        entry.fn_bytes = entry.args_bytes = b""  # handles may live on; the payload need not
+        wakeups: list[Wakeup] = []
+        if entry.event is not None:
+            wakeups.append(entry.event.set)
+        if entry.callbacks:
+            wakeups.extend(entry.callbacks)
+            entry.callbacks = None
+        if not self.live and self.closing:
+            wakeups.append(self.drained.set)
+        return wakeups
+
+    # --- reading ----------------------------------------------------------------------
+
+    def forget(self, key: str, now: float) -> bool:
+        """Drop an ended key. False if the map holds no such key; raises
+        ``ValueError`` for a live one."""
+        entry = self.live.get(key)
+        if entry is not None:
+            state = "running" if entry.status is PROCESSING else "pending"
+            raise ValueError(
+                f"cannot forget key {key!r}: it is live ({state}); only a key that ended "
+                "(completed or failed) can be forgotten"
+            )
+        rec = self.records.lookup(key, now)
+        if rec is None:
+            return False
+        self.records.drop(rec)
+        return True
+
+    def sweep(self, now: float) -> None:
+        """Reclaim the records whose time is up (amortised O(1) per key)."""
+        if self.records.timed:
+            self.records.sweep(now)
+
+    def snapshot(self, prefix: str | None, kinds: tuple[type, ...] | None, now: float) -> list[Entry | Ended]:
+        """Every key (with ``prefix``, in a state of ``kinds``), sorted, as its
+        live entry or an ``Ended`` stand-in for its record."""
+        self.sweep(now)
+        found: list[Entry | Ended] = []
+        for key, entry in self.live.items():
+            if (prefix is None or key.startswith(prefix)) and (kinds is None or type(entry.state()) in kinds):
+                found.append(entry)
+        completed = kinds is None or Completed in kinds
+        failed = kinds is None or Failed in kinds
+        if completed or failed:
+            found.extend(Ended(rec.key, rec.state()) for rec in self.records.scan(prefix, now, completed, failed))
+        found.sort(key=lambda e: e.key)
+        return found
+
+    def state(self, key: str, now: float) -> State | None:
+        self.sweep(now)
+        current = self.lookup(key, now)
+        if current is None:
+            return None
+        if type(current) is not Entry:
+            self.records.used(current)  # type: ignore[arg-type]
+        return current.state()
+
+    def check(self) -> None:
+        """Assert the map's invariants (for ``Core._check_invariants``)."""
+        processing = memory = 0
+        for key, entry in self.live.items():
+            assert entry.key == key
+            assert entry.outcome is None and entry.status in (PENDING, PROCESSING), key
+            assert not entry.timed or (entry.status is PENDING and entry.due is not None), key
+            assert entry.status is PENDING or entry.prev is None, key
+            assert self.records.peek(key) is None, key
+            if entry.status is PROCESSING:
+                processing += 1
+                memory += entry.memory_limit is not None
+        assert (processing, memory) == (self.processing, self.memory_jobs), (processing, memory)
+        self.records.check()
+        self.timers.check(self.live)
+
+
+def _summarize(history: list[Failure], last: Failure) -> Failure:
+    """The final failure of a job that ran more than once: the last attempt's,
+    saying how many ran and why each failed."""
+    every = (*history, last)
+    n = len(every)
+    why = "; ".join(f"#{i} {f}" for i, f in enumerate(every, 1))
+    return replace(last, message=f"{last.message} [{n} attempts, all failed: {why}]", attempts=n, history=every)
