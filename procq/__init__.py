@@ -10,6 +10,78 @@ job::
 
     with ProcQueue(lanes={"cpu": 2}) as q:
         print(q.push_and_wait(Job("square:7", pow, args=(7, 2))))
+
+A map of the package
+--------------------
+The public names below are re-exported from private modules, one role each.
+
+Values and configuration (no state, no threads):
+
+- ``_job``: ``Job``, ``Lane``, ``Retry``, ``Retention`` and the checks and size
+  parsing behind their arguments.
+- ``_values``: where a key is (``Pending`` ... ``Failed``, ``Failure``,
+  ``FailureKind``), push outcomes, stats.
+- ``_errors``: the exception tree; ``_fingerprint``: what a claim remembers of
+  its payload to catch a key reused for other work.
+- ``_config``: ``ProcQueue``'s constructor arguments, checked; the start method.
+
+The faces (caller threads and event loops):
+
+- ``_queue``: ``ProcQueue``, its life (open, closing, closed) and every public
+  method. ``_push``: the one push routine behind ``push``/``apush``,
+  ``push_all``/``apush_all`` and ``map``, differing only in how a push waits
+  for room. ``_map``: ``q.map``. ``_handle``: ``JobHandle``.
+
+The core (I/O-free; every change under ``Core.lock``):
+
+- ``_core``: ``Core``, the lock, the clock and the methods the faces and the
+  supervisor call; each takes the lock and hands the work to one part:
+- ``_statemap``: every key's life and the one place its status (and the counts
+  that follow it) changes. ``_records``: the ``KeyRecords`` interface for keys
+  that ended, and its in-memory implementation. ``_retention``: those records
+  and how long they are kept.
+- ``_dispatch``: the lanes: jobs handed to workers, jobs sent ahead, a worker's
+  reports and death. ``_stopping``: ending jobs from outside (time and memory
+  limits, cancel, closing without waiting). ``_timers``: deadlines and due times.
+- ``_entries``: the bookkeeping objects: ``Entry`` (one claim of a key),
+  ``WorkerSlot`` and its ``WorkerLife``, ``LaneState``.
+
+The supervisor's I/O side (its one thread per queue):
+
+- ``_supervisor``: the I/O thread's loop, with a diagram of who owns what and
+  what each pipe carries. ``_supervisor_wait``: what it waits on (one
+  selector) and its timers. ``_supervisor_failures``: how it words the
+  failures it gives jobs.
+- ``_channel``: the ``WorkerChannel`` interface through which the supervisor
+  reaches a worker; ``_channel_trusted`` and ``_channel_untrusted`` are its two
+  kinds. ``_processes``: processes, their trees, memory and exits.
+- ``_protocol``: what travels on a worker's pipe, framed, and the typed events
+  it decodes to.
+
+The worker processes: ``_worker`` (a trusted worker's loop, and what both
+kinds share) and ``_worker_untrusted`` (a clean worker that forks a process
+per job). ``_demo`` and ``_demo_jobs``: ``python -m procq demo``.
+
+Which thread touches what
+-------------------------
+======================  ==========================================================
+thread                  may touch
+======================  ==========================================================
+a caller's thread, or   ``Core``'s parts and every ``Entry`` and ``LaneState``, only
+an event loop           under ``Core.lock``; a worker's pipe, to send a job it was
+                        given the right to send (``WorkerSlot.sending``); a handle's
+                        event or future, with no lock held
+the I/O thread          the same under ``Core.lock``; alone: the selector, every
+                        channel's read side, starting, signalling and reaping
+                        processes, closing a pipe once no thread may send on it
+any thread, no lock     a completed key's record, when no retention is set (a dict
+                        read is atomic and records never change in place)
+a worker process        nothing of the supervisor's: only its own pipe
+======================  ==========================================================
+
+Lock order: ``Core.lock`` is the only lock the core has; a worker's write lock
+(``ProcessChannel.write_lock``) is taken with no other lock held. No lock is
+held across user code, pickling, a pipe send or an await.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -1,6 +1,6 @@
 """The engine's I/O-free core: one lock, one clock, and the parts that change state.
 
-Both faces (the blocking one and the asyncio one in ``_queue.py``) and the
+Both faces (the blocking one and the asyncio one: ``_queue``, ``_push``) and the
 supervisor's I/O thread (``_supervisor.py``) change state only through
 ``Core``'s methods. Nothing here touches a pipe or a process: methods that
 decide something another party must act on return it (a worker to send a job
@@ -49,14 +49,14 @@ from typing import Any
 
 from procq._dispatch import Dispatch, Offer, Offered, Reported, Unblocked
 from procq._entries import ABANDONED, PENDING, Ended, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
+from procq._job import Job, Lane, Retention
+from procq._protocol import Report
 from procq._records import KeyRecords, MemoryRecords
 from procq._retention import Done
 from procq._statemap import CACHED, Claim, ClaimKind, StateMap, conflict, new_claim
 from procq._stopping import Stopping
 from procq._timers import Timers
-from procq._job import Job, Lane, Retention
-from procq._protocol import Report
-from procq._values import Completed, Failed, Failure, QueueStats, State
+from procq._values import Failed, Failure, QueueStats, State
 
 __all__ = [
     "BLOCKED",

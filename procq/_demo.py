@@ -36,7 +36,8 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 from procq import (
     Cached,
@@ -261,11 +262,11 @@ class Demo:
         widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
 
         def line(cells: tuple[str, ...]) -> str:
-            cols = enumerate(zip(cells, widths))
+            cols = enumerate(zip(cells, widths, strict=False))
             return "  ".join(c.rjust(w) if i in (4, 5) else c.ljust(w) for i, (c, w) in cols)
 
         lines = [line(head).rstrip(), line(tuple("-" * w for w in widths))]
-        for cells, note_lines in zip(body, notes):
+        for cells, note_lines in zip(body, notes, strict=False):
             lines.append(line(cells).rstrip())
             lines += [("  `- " if i == 0 else "     ") + text for i, text in enumerate(note_lines)]
         lines += [
@@ -324,7 +325,7 @@ def stats_lines(s: QueueStats) -> list[str]:
     lines = [f"keys: {s.pending} pending, {s.processing} processing, {s.completed} completed, "
              f"{s.failed} failed"]
     for r in rows:
-        cells = enumerate(zip(r, widths))
+        cells = enumerate(zip(r, widths, strict=False))
         lines.append("  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in cells))
     return lines
 

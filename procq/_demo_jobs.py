@@ -20,8 +20,9 @@ import os
 import signal
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 from procq import Completed, Failed, Failure, Job, JobHandle, Lane
 
@@ -141,10 +142,29 @@ def _wait_for_byte(path: str) -> None:
 
 LANES = {"cpu": Lane(workers=2), "tools": Lane(workers=2)}
 HUNG, BROKEN = "ast:hung", "ast:broken"
-_MODULES = (
-    "textwrap shlex fnmatch glob heapq string colorsys base64 calendar difflib ipaddress "
-    "fractions statistics csv tokenize ast dataclasses argparse configparser gettext pprint"
-).split()
+_MODULES = [
+    "textwrap",
+    "shlex",
+    "fnmatch",
+    "glob",
+    "heapq",
+    "string",
+    "colorsys",
+    "base64",
+    "calendar",
+    "difflib",
+    "ipaddress",
+    "fractions",
+    "statistics",
+    "csv",
+    "tokenize",
+    "ast",
+    "dataclasses",
+    "argparse",
+    "configparser",
+    "gettext",
+    "pprint",
+]
 
 
 class DemoFailed(Exception):

@@ -29,10 +29,10 @@ from dataclasses import replace
 from typing import Any
 
 from procq._entries import PENDING, PROCESSING, Entry, LaneState, WorkerLife, WorkerSlot
-from procq._statemap import StateMap
 from procq._job import Job, Lane
 from procq._protocol import Report
-from procq._values import Completed, Failed, Failure, LaneStats
+from procq._statemap import StateMap
+from procq._values import Failed, Failure, LaneStats
 
 __all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch", "Offer", "Offered", "Reported", "Unblocked"]
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from procq._retention import Done, Fell, Keeper, Record
 from procq._job import Retention
+from procq._retention import Done, Fell, Keeper, Record
 from procq._values import Completed, Failed
 
 __all__ = ["KeyRecords", "MemoryRecords"]

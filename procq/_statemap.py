@@ -45,10 +45,10 @@ from typing import Any, NamedTuple
 from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, LaneState, Status, WorkerSlot
 from procq._errors import QueueClosed
 from procq._fingerprint import describe
+from procq._job import Job
 from procq._records import KeyRecords
 from procq._retention import Done, Record
 from procq._timers import Timers
-from procq._job import Job
 from procq._values import Completed, Failed, Failure, State
 
 __all__ = ["Claim", "ClaimKind", "StateMap", "conflict", "new_claim"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from procq._entries import Entry, LaneState, WorkerSlot
-from procq._processes import describe_exit
 from procq._job import format_size
+from procq._processes import describe_exit
 from procq._values import Failure
 
 __all__ = ["crash_failure", "memory_failure", "protocol_failure", "start_failure", "stopped_failure"]

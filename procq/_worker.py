@@ -335,7 +335,7 @@ class _Pickled(_Codec):
         if pickle_it:
             exc_bytes, why = _pickle_exception(exc)
             note = note or why
-        return dumps((job_id, ERROR) + _error_fields(exc, exc_bytes, note) + (kind,))
+        return dumps((job_id, ERROR, *_error_fields(exc, exc_bytes, note), kind))
 
 
 class _Json(_Codec):
@@ -425,7 +425,9 @@ class _Runner:
         supervisor's mirror of it has it (see _protocol.FnMirror)."""
         self.fns.touch(fn_id, None if fn_bytes is None else _Unread(fn_bytes))
 
-    def __call__(self, job_id: int, fn_id: bytes, fn_bytes: bytes | None, args_bytes: bytes, memory_limit: int | None) -> None:
+    def __call__(
+        self, job_id: int, fn_id: bytes, fn_bytes: bytes | None, args_bytes: bytes, memory_limit: int | None
+    ) -> None:
         codec, send, fns, loads = self.codec, self.send, self.fns, pickle.loads
         try:
             if fn_bytes is None:

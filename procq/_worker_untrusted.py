@@ -174,7 +174,13 @@ def _serve_forking(conn: Connection, config: dict[str, Any], alive_fd: int) -> N
 
 
 def _fork_job(
-    conn_fd: int, alive_fd: int, config: dict[str, Any], job_id: int, fn_bytes: bytes, args_bytes: bytes, memory_limit: int | None
+    conn_fd: int,
+    alive_fd: int,
+    config: dict[str, Any],
+    job_id: int,
+    fn_bytes: bytes,
+    args_bytes: bytes,
+    memory_limit: int | None,
 ) -> int | None:
     """Run one job in a forked process; relay its frames to ``conn_fd``.
     Returns its exit status once it has exited, or None if the supervisor died."""
@@ -335,7 +341,12 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _job_process(
-    channel: socket.socket, job_id: int, fn_bytes: bytes, args_bytes: bytes, memory_limit: int | None, config: dict[str, Any]
+    channel: socket.socket,
+    job_id: int,
+    fn_bytes: bytes,
+    args_bytes: bytes,
+    memory_limit: int | None,
+    config: dict[str, Any],
 ) -> NoReturn:
     """The forked process that runs one job and exits: it holds no descriptor
     but the standard streams and ``channel`` (not the supervisor's pipe, not
@@ -390,7 +401,12 @@ def _hard_limits(rlimits: dict[str, int], memory_limit: int | None) -> None:
 
 
 def _run_job(
-    send: Callable[[bytes], None], job_id: int, fn_bytes: bytes, args_bytes: bytes, memory_limit: int | None, config: dict[str, Any]
+    send: Callable[[bytes], None],
+    job_id: int,
+    fn_bytes: bytes,
+    args_bytes: bytes,
+    memory_limit: int | None,
+    config: dict[str, Any],
 ) -> None:
     """Run one job of an untrusted lane (in its own process) and send its
     result or error, as JSON, marked as the job's by the relay."""
@@ -404,7 +420,9 @@ def _run_job(
         fn = pickle.loads(fn_bytes)
         args, kwargs = pickle.loads(args_bytes)
     except BaseException as exc:
-        send(codec.error(job_id, "error", exc, "(the job's function or arguments could not be unpickled in the worker)"))
+        send(
+            codec.error(job_id, "error", exc, "(the job's function or arguments could not be unpickled in the worker)")
+        )
         return
     call_and_report(
         codec,
