@@ -1,0 +1,82 @@
+"""A stopped worker (SIGSTOP, or a job that stops its own process) never
+answers again. ``close(wait=True)`` may wait for it, as for any running job;
+``close(wait=False)`` ends everything within a second whatever else waits,
+even from another thread while a ``close()`` is waiting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import jobs
+import jobs_hardening as hj
+import psutil
+import pytest
+from core_support import WAIT, failure_of, open_queue
+
+from procq import Completed, Job, Lane
+
+
+def _close_in_thread(q: object, wait: bool) -> threading.Thread:
+    closer = threading.Thread(target=q.close, kwargs={"wait": wait}, daemon=True)  # type: ignore[attr-defined]
+    closer.start()
+    return closer
+
+
+@pytest.mark.timeout(60)
+def test_close_without_waiting_ends_a_stopped_worker_while_close_waits(tmp_path: Path) -> None:
+    started, go = jobs.fifo(tmp_path, "started"), jobs.fifo(tmp_path, "go")
+    q = open_queue({"one": Lane(workers=1)}).__enter__()
+    try:
+        handle = q.push(Job("stopped", jobs.signal_and_wait, args=(started, go))).handle
+        worker = int(jobs.wait_signal(started, timeout=WAIT))
+        os.kill(worker, signal.SIGSTOP)
+        waiting = _close_in_thread(q, wait=True)
+        waiting.join(timeout=0.5)
+        assert waiting.is_alive()  # it waits for the running job, as it should
+        now = _close_in_thread(q, wait=False)
+        now.join(timeout=10)
+        assert not now.is_alive(), "close(wait=False) blocked behind close(wait=True)"
+        waiting.join(timeout=10)
+        assert not waiting.is_alive()
+        failure_of(handle, "cancelled", timeout=1)
+        assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+    finally:
+        q.close(wait=False)
+
+
+@pytest.mark.timeout(60)
+def test_a_job_that_stops_its_worker_after_answering_does_not_hang_close(tmp_path: Path) -> None:
+    go = jobs.fifo(tmp_path, "go")
+    q = open_queue({"one": Lane(workers=1)}).__enter__()
+    fd = None
+    try:
+        assert q.push_and_wait(Job("stops", hj.stop_self_after, args=(go,))) == "answered"
+        fd = jobs.release(go)  # the worker now stops itself
+        closer = _close_in_thread(q, wait=True)
+        closer.join(timeout=30)
+        assert not closer.is_alive(), "close() hung on a stopped idle worker"
+        assert q.state("stops") == Completed("answered")
+    finally:
+        q.close(wait=False)
+        if fd is not None:
+            os.close(fd)
+
+
+@pytest.mark.timeout(60)
+def test_close_without_waiting_ends_a_stopped_untrusted_job(tmp_path: Path) -> None:
+    started, go = jobs.fifo(tmp_path, "started"), jobs.fifo(tmp_path, "go")
+    q = open_queue({"sandbox": Lane(workers=1, trusted=False)}).__enter__()
+    try:
+        handle = q.push(Job("stopped", jobs.signal_and_wait, args=(started, go))).handle
+        jobs.wait_signal(started, timeout=WAIT)
+        for child in psutil.Process(int(q._worker_pids()[0])).children():
+            child.suspend()
+        closer = _close_in_thread(q, wait=False)
+        closer.join(timeout=10)
+        assert not closer.is_alive()
+        failure_of(handle, "cancelled", timeout=1)
+    finally:
+        q.close(wait=False)

@@ -1,0 +1,97 @@
+"""When the supervisor dies (SIGKILL, or SIGTERM with Python's default
+handling), every process any job started goes with its workers: not only
+procq's own processes, but a job's plain children too."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from process_support import children, kill_and_reap, linux_only, subreaper
+
+TESTS_DIR = str(Path(__file__).parent)
+
+_SUPERVISOR = """
+import json, os, sys, time
+sys.path.insert(0, {tests!r})
+import jobs_hardening
+from procq import Job, Lane, ProcQueue
+
+
+def main():
+    method, directory = sys.argv[1:3]
+    q = ProcQueue({{"trusted": 1, "untrusted": Lane(workers=1, trusted=False)}}, start_method=method)
+    files = [os.path.join(directory, name) for name in ("trusted.pid", "untrusted.pid")]
+    q.push(Job("trusted", jobs_hardening.start_sleeper, args=(files[0],), lane="trusted"))
+    q.push(Job("untrusted", jobs_hardening.start_sleeper, args=(files[1],), lane="untrusted"))
+    while not all(os.path.exists(f) for f in files):
+        time.sleep(0.01)
+    print(json.dumps([int(open(f).read()) for f in files]), flush=True)
+    sys.stdin.read()  # until killed
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def _read_line(stream: Any) -> str:
+    line = stream.readline()
+    if not line:
+        raise EOFError("the supervisor exited before printing its jobs' children")
+    return str(line.decode())
+
+
+def _tagged(tag: str) -> list[psutil.Process]:
+    found = []
+    for p in children().values():
+        try:
+            if p.environ().get("PROCQ_TEST_TAG") == tag:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+@pytest.mark.skipif(not linux_only, reason="needs PR_SET_CHILD_SUBREAPER to see orphans exit")
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_a_jobs_children_die_with_the_supervisor(start_method: str, tmp_path: Path, how: int) -> None:
+    script = tmp_path / "supervisor.py"
+    script.write_text(_SUPERVISOR.format(tests=TESTS_DIR))
+    tag = uuid.uuid4().hex
+    env = dict(os.environ, PROCQ_TEST_TAG=tag)
+    with subreaper():
+        proc = subprocess.Popen(
+            [sys.executable, str(script), start_method, str(tmp_path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
+        try:
+            sleepers = json.loads(_read_line(proc.stdout))
+            procs = [psutil.Process(pid) for pid in sleepers]
+            everything = _tagged(tag)
+            assert set(sleepers) <= {p.pid for p in everything}
+            proc.send_signal(how)
+            assert proc.wait(timeout=10) == -how
+            _, alive = psutil.wait_procs(procs, timeout=5)
+            assert [p.pid for p in alive] == [], "a job's child outlived its supervisor"
+            _, alive = psutil.wait_procs(_tagged(tag), timeout=5)
+            assert [p.pid for p in alive] == [], "a process outlived its supervisor"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            kill_and_reap(_tagged(tag))
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
