@@ -1,0 +1,305 @@
+"""Chaos: thousands of jobs across every way a job can end, pushed from several
+threads at once with duplicates, batches and random cancels; then a check that
+procq kept every promise.
+
+    python -m bench.chaos                       # 2,500 jobs, as the test suite runs it
+    python -m bench.chaos --jobs 50000 --seed 7 # the long setting
+
+What is checked once every pushed job has ended and the queue is closed:
+
+- every push was answered (``Queued``, ``InFlight`` or ``Cached``) and every
+  handle resolved, in a bounded time;
+- no key is stuck: each one pushed is ``Completed`` or ``Failed``;
+- a completed key pushed again answers ``Cached`` with its output;
+- no work ran twice behind the caller's back: a key ran at most once per fresh
+  claim (``Queued`` answer), and exactly once where it was claimed once and
+  completed; eight threads racing one key get one execution and eight equal
+  answers;
+- each job ended the way its kind must (a segfault "crashed", a hog "memory", ...),
+  unless a random cancel got to it first ("cancelled"), and every failure kind
+  was seen;
+- the stats agree: nothing pending or processing, completed + failed = the keys
+  held, and the lanes' settled counts = the fresh claims;
+- the core's invariants hold, and no worker process is alive after ``close``.
+
+A violation raises ``ChaosFailed`` listing them all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import random
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from bench import chaos_jobs as cj
+from procq import Cached, Completed, Failed, InFlight, Job, JobFailed, Lane, ProcQueue, Queued, Retry
+
+#: How each kind of job must end (None: it completes), and how often it is drawn.
+KINDS: dict[str, tuple[str | None, int]] = {
+    "ok": (None, 60),
+    "flaky": (None, 4),  # fails once, then its Retry runs it again
+    "untrusted": (None, 3),
+    "raises": ("error", 6),
+    "unpicklable": ("error", 2),
+    "bad_unpickle": ("error", 2),
+    "segfault": ("crashed", 2),
+    "sigkill": ("crashed", 2),
+    "exit": ("crashed", 1),
+    "timeout": ("timeout", 1),
+    "memory": ("memory", 2),
+    "protocol": ("protocol", 1),
+    "cancel": ("cancelled", 3),
+}
+WAIT = 120.0  # the bound on every wait for an answer
+
+
+class ChaosFailed(AssertionError):
+    """procq broke a promise under chaos (the message lists every violation)."""
+
+
+@dataclass
+class Ledger:
+    """What the pushers saw, shared between their threads under ``lock``."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    jobs: dict[str, Job[Any]] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)
+    queued: collections.Counter[str] = field(default_factory=collections.Counter)
+    answers: collections.Counter[str] = field(default_factory=collections.Counter)
+    handles: list[Any] = field(default_factory=list)
+    cancelled: set[str] = field(default_factory=set)  # keys a random cancel hit
+    errors: list[str] = field(default_factory=list)
+
+    def note(self, key: str, outcome: Any) -> None:
+        with self.lock:
+            self.answers[type(outcome).__name__] += 1
+            if isinstance(outcome, Queued):
+                self.queued[key] += 1
+            if isinstance(outcome, (Queued, InFlight)):
+                self.handles.append(outcome.handle)
+            elif not isinstance(outcome, Cached):
+                self.errors.append(f"push of {key!r} answered {outcome!r}")
+
+
+def _make_job(kind: str, i: int, work: str) -> Job[Any]:
+    key = f"{kind}:{i}"
+    log = os.path.join(work, "runs")
+    lane = "io" if i % 2 else "cpu"
+    if kind == "ok":
+        return Job(key, cj.ok, args=(log, key), lane=lane)
+    if kind == "flaky":
+        marker = os.path.join(work, f"flaky-{i}")
+        return Job(key, cj.flaky, args=(log, key, marker), lane=lane, retry=Retry(attempts=3, backoff=0.01))
+    if kind == "untrusted":
+        return Job(key, cj.ok, args=(log, key), lane="sandbox")
+    if kind == "protocol":
+        return Job(key, cj.big, args=(1 << 17,), lane="sandbox")
+    if kind == "timeout":
+        return Job(key, cj.sleep, args=(30.0,), lane=lane, timeout=0.2)
+    if kind == "memory":
+        return Job(key, cj.hog, args=(400,), lane=lane, memory_limit="64M")
+    if kind == "cancel":
+        return Job(key, cj.sleep, args=(30.0,), lane=lane, timeout=10.0)
+    if kind in ("raises", "bad_unpickle"):
+        return Job(key, getattr(cj, kind), args=(key,), lane=lane)
+    fn: Callable[[], Any] = {"segfault": cj.segfault, "sigkill": cj.sigkill, "exit": cj.exit_now,
+                             "unpicklable": cj.unpicklable}[kind]
+    return Job(key, fn, lane=lane)
+
+
+def _pusher(q: ProcQueue, ledger: Ledger, plan: list[tuple[str, int]], work: str, seed: int) -> None:
+    rnd = random.Random(seed)
+    i = 0
+    while i < len(plan):
+        batch: list[Job[Any]] = []
+        for _ in range(rnd.choice((1, 1, 1, 4, 8))):
+            if i >= len(plan):
+                break
+            kind, n = plan[i]
+            i += 1
+            with ledger.lock:
+                known = list(ledger.jobs) if rnd.random() < 0.25 and ledger.jobs else None
+            if known:  # a duplicate: the very job some key was pushed with
+                key = rnd.choice(known)
+                job = ledger.jobs[key]
+            else:
+                job = _make_job(kind, n, work)
+                with ledger.lock:
+                    ledger.jobs[job.key] = job
+                    ledger.kinds[job.key] = kind
+            batch.append(job)
+        try:
+            outcomes = q.push_all(batch) if len(batch) > 1 else [q.push(batch[0])]
+        except Exception as e:  # a push must never fail under chaos
+            with ledger.lock:
+                ledger.errors.append(f"push of {[j.key for j in batch]} raised {e!r}")
+            continue
+        for job, outcome in zip(batch, outcomes, strict=True):
+            ledger.note(job.key, outcome)
+            if ledger.kinds[job.key] == "cancel":
+                q.cancel(job.key)
+        if rnd.random() < 0.05:  # a random cancel of any key, live or not
+            with ledger.lock:
+                victim = rnd.choice(list(ledger.jobs))
+            if q.cancel(victim):
+                with ledger.lock:
+                    ledger.cancelled.add(victim)
+
+
+def _race(q: ProcQueue, work: str, rounds: int) -> list[str]:
+    """Eight threads push one fresh key at once: one execution, eight equal answers."""
+    problems = []
+    log = os.path.join(work, "runs")
+    for r in range(rounds):
+        key = f"race:{r}"
+        job = Job(key, cj.ok, args=(log, key))
+        barrier = threading.Barrier(8)
+        outs: list[Any] = []
+        lock = threading.Lock()
+
+        def push(job: Job[Any], barrier: threading.Barrier, outs: list[Any], lock: threading.Lock) -> None:
+            barrier.wait(timeout=WAIT)
+            out = q.push_and_wait(job, timeout=WAIT)
+            with lock:
+                outs.append(out)
+
+        threads = [threading.Thread(target=push, args=(job, barrier, outs, lock)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=WAIT)
+        if outs != [f"out:{key}"] * 8:
+            problems.append(f"racing pushes of {key!r} answered {outs!r}")
+    return problems
+
+
+def _executions(work: str) -> collections.Counter[str]:
+    path = os.path.join(work, "runs")
+    if not os.path.exists(path):
+        return collections.Counter()
+    with open(path) as f:
+        return collections.Counter(line.strip() for line in f if line.strip())
+
+
+def _check(q: ProcQueue, ledger: Ledger, work: str, races: int) -> list[str]:
+    problems = list(ledger.errors)
+    deadline = time.monotonic() + WAIT
+    for handle in ledger.handles:
+        try:
+            handle.result(timeout=max(0.0, deadline - time.monotonic()))
+        except JobFailed:
+            pass
+        except TimeoutError:
+            problems.append(f"handle of {handle.key!r} never resolved")
+    runs = _executions(work)
+    seen_kinds: set[str] = set()
+    for key, kind in ledger.kinds.items():
+        state = q.state(key)
+        if not isinstance(state, (Completed, Failed)):
+            problems.append(f"{key!r} is stuck in {state!r}")
+            continue
+        expected, _ = KINDS[kind]
+        got = None if isinstance(state, Completed) else state.failure.kind
+        if isinstance(state, Failed):
+            seen_kinds.add(state.failure.kind)
+        if got != expected and not (got == "cancelled" and key in ledger.cancelled):
+            problems.append(f"{key!r} ({kind}) ended {state!r}, expected {expected or 'completed'}")
+        if kind in ("ok", "untrusted") and isinstance(state, Completed):
+            again = q.push(ledger.jobs[key])  # a completed key answers from its record
+            if again != Cached(f"out:{key}"):
+                problems.append(f"pushing completed {key!r} again answered {again!r}")
+        if kind in ("ok", "untrusted"):
+            claims = ledger.queued[key]
+            if runs[key] > claims:
+                problems.append(f"{key!r} ran {runs[key]} times for {claims} fresh claim(s)")
+            if claims == 1 and isinstance(state, Completed) and runs[key] != 1:
+                problems.append(f"{key!r} completed on one claim but ran {runs[key]} times")
+    missing = {k for k, _ in KINDS.values() if k} - seen_kinds
+    if missing:
+        problems.append(f"no job ended with kind(s) {sorted(missing)}")
+    stats = q.stats()
+    if stats.pending or stats.processing:
+        problems.append(f"after every handle resolved: {stats.pending} pending, {stats.processing} processing")
+    held = len(q.keys())
+    if stats.completed + stats.failed != held:
+        problems.append(f"stats count {stats.completed} completed + {stats.failed} failed, but {held} keys are held")
+    settled = sum(lane.completed + lane.failed for lane in stats.lanes.values())
+    claims = sum(ledger.queued.values()) + races  # (each racing round claims its key once)
+    if settled != claims:
+        problems.append(f"the lanes settled {settled} jobs for {claims} fresh claims")
+    try:
+        q._check_invariants()
+    except AssertionError as e:
+        problems.append(f"core invariant broken: {e!r}")
+    return problems
+
+
+def run_chaos(jobs: int = 2500, seed: int = 0, threads: int = 4, races: int = 20) -> dict[str, Any]:
+    """Run the chaos and check it; returns a summary, raises ``ChaosFailed``."""
+    rnd = random.Random(seed)
+    names = list(KINDS)
+    weights = [KINDS[k][1] for k in names]
+    plan = [(rnd.choices(names, weights)[0], n) for n in range(jobs)]
+    # Every kind at least once, whatever the draw.
+    plan[: len(names)] = [(k, n) for n, k in enumerate(names)]
+    started = time.monotonic()
+    ledger = Ledger()
+    sandbox = Lane(workers=2, trusted=False, max_result_bytes="64K")
+    lanes: dict[str, int | Lane] = {"cpu": 2, "io": 2, "sandbox": sandbox}
+    with tempfile.TemporaryDirectory(prefix="procq-chaos-") as work:
+        q = ProcQueue(lanes)
+        pids: set[int] = set()
+        try:
+            slices = [plan[i::threads] for i in range(threads)]
+            pushers = [
+                threading.Thread(target=_pusher, args=(q, ledger, part, work, seed * 100 + t))
+                for t, part in enumerate(slices)
+            ]
+            for t in pushers:
+                t.start()
+            while any(t.is_alive() for t in pushers):
+                pids.update(q._worker_pids())
+                for t in pushers:
+                    t.join(timeout=0.05)
+            problems = _race(q, work, races)
+            problems += _check(q, ledger, work, races)
+            pids.update(q._worker_pids())
+        finally:
+            q.close()
+        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        if alive:
+            problems.append(f"worker processes alive after close: {alive}")
+    summary = {
+        "jobs": jobs,
+        "keys": len(ledger.kinds),
+        "answers": dict(ledger.answers),
+        "fresh claims": sum(ledger.queued.values()),
+        "random cancels": len(ledger.cancelled),
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    if problems:
+        raise ChaosFailed(f"{len(problems)} violation(s) under chaos ({summary}):\n  " + "\n  ".join(problems[:50]))
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=2500, help="jobs to push (default 2,500)")
+    parser.add_argument("--seed", type=int, default=0, help="the random plan's seed")
+    parser.add_argument("--threads", type=int, default=4, help="pushing threads")
+    args = parser.parse_args()
+    summary = run_chaos(args.jobs, args.seed, args.threads)
+    print("chaos: every promise held:", summary)
+
+
+if __name__ == "__main__":
+    main()
