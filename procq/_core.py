@@ -424,6 +424,20 @@ class Core:
             if not self.keys.live:
                 self.drained.set()
 
+    def break_down(self, cause: BaseException) -> None:
+        """The supervisor's I/O thread died of ``cause``: the queue takes no
+        more pushes, and says why (see ``StateMap.claim``)."""
+        with self.lock:
+            self.keys.broken = cause
+            self.keys.closing = True
+            if not self.keys.live:
+                self.drained.set()
+
+    @property
+    def broken(self) -> BaseException | None:
+        """Why the supervisor's I/O thread died (None: it did not)."""
+        return self.keys.broken
+
     # --- waiting on an entry ----------------------------------------------------
 
     def wait_event(self, entry: Entry) -> threading.Event | None:

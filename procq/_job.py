@@ -11,6 +11,7 @@ import datetime
 import math
 import os
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -106,7 +107,8 @@ def check_wait(value: float | None) -> float | None:
         raise TypeError(f"timeout must be a number of seconds or None, got {type(value).__name__}: {value!r}")
     if math.isnan(value) or value < 0:
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
-    return None if math.isinf(value) else float(value)
+    # Past what a lock's wait can take (about 292 years) a wait is as good as endless.
+    return None if value >= threading.TIMEOUT_MAX else float(value)
 
 
 @dataclass(frozen=True, init=False)
@@ -293,7 +295,11 @@ class Retry:
     def delay(self, attempt: int, rand: float) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based), for a
         ``rand`` drawn uniformly from [0, 1)."""
-        base = min(self.max_backoff, self.backoff * self.factor ** (attempt - 1))
+        try:
+            grown = self.backoff * float(self.factor) ** (attempt - 1) if self.backoff else 0.0
+        except OverflowError:  # a float power past 1.8e308: the cap applies
+            grown = math.inf
+        base = min(self.max_backoff, grown)
         return max(0.0, base * (1.0 + self.jitter * (2.0 * rand - 1.0)))
 
 

@@ -212,10 +212,14 @@ class Supervisor:
         self._started.set()
         try:
             self._loop()
-        except BaseException:  # pragma: no cover - a bug here must not hang waiters
+        except BaseException as exc:
+            # A bug, or something the loop cannot survive: the queue must say
+            # so at once and truthfully (closed, pushes refused with this as
+            # their cause), and no handle may hang nor worker outlive it.
             traceback.print_exc()
-            self.core.start_closing()
-            self._kill_all(self.core.cancel_all("was cancelled: procq's supervisor thread failed"))
+            self.core.break_down(exc)
+            why = f"was cancelled: procq's supervisor thread died ({type(exc).__name__}: {exc})"
+            self._kill_all(self.core.cancel_all(why))
         finally:
             self._shutdown()
 

@@ -20,10 +20,15 @@ from typing import Any
 
 from procq._entries import WorkerLife, WorkerSlot
 
-__all__ = ["MEMORY_CHECK_INTERVAL", "Timers", "Watcher"]
+__all__ = ["MAX_SLEEP", "MEMORY_CHECK_INTERVAL", "Timers", "Watcher"]
 
 #: How often the memory of running jobs with a memory limit is sampled.
 MEMORY_CHECK_INTERVAL = 0.05
+#: The longest the selector sleeps at once. epoll takes its timeout in
+#: milliseconds in a C int (about 24.8 days), and a due time may be as far off
+#: as a ``datetime`` can say: the thread wakes at least this often and simply
+#: sleeps again towards whatever is still ahead.
+MAX_SLEEP = 86400.0
 
 
 class Watcher:
@@ -115,7 +120,8 @@ class Timers:
 
     def timeout(self, deadline: float | None, sampling: bool, now: float) -> float | None:
         """How long the selector may sleep: until the soonest of these times,
-        the core's next ``deadline`` and (``sampling``) the next memory sample."""
+        the core's next ``deadline`` and (``sampling``) the next memory sample,
+        and never longer than ``MAX_SLEEP``."""
         times = [t for ts in self._retry_at.values() for t in ts]
         times.extend(self.kill_at.values())
         if self._kills:
@@ -127,7 +133,7 @@ class Timers:
         when = min(times, default=None)
         if when is None:
             return None
-        return max(0.0, when - now)
+        return min(max(0.0, when - now), MAX_SLEEP)
 
     def sample_due(self, now: float) -> bool:
         return now >= self.next_sample
