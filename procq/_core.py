@@ -50,13 +50,13 @@ from typing import Any
 from procq._dispatch import Dispatch, Offer, Offered, Reported, Unblocked
 from procq._entries import ABANDONED, PENDING, Ended, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
 from procq._job import Job, Lane, Retention
-from procq._protocol import Report
+from procq._protocol import Report, Undecoded
 from procq._records import KeyRecords, MemoryRecords
 from procq._retention import Done
 from procq._statemap import CACHED, Claim, ClaimKind, StateMap, conflict, new_claim
 from procq._stopping import Stopping
 from procq._timers import Timers
-from procq._values import Failed, Failure, QueueStats, State
+from procq._values import Completed, Failed, Failure, QueueStats, State
 
 __all__ = [
     "BLOCKED",
@@ -326,19 +326,39 @@ class Core:
         worker: WorkerSlot,
         reports: list[Report],
         wakeups: list[Wakeup] | None = None,
+        undecoded: list[tuple[Entry, Undecoded]] | None = None,
     ) -> tuple[list[Entry], Reported, int]:
         """A worker's reports, settled in one critical section (see
         ``Dispatch.reports``). Given ``wakeups``, the jobs' wake-ups go there
         for the caller to run (after it has sent the worker its next jobs,
-        once for all the reports it read at once); else they run here."""
+        once for all the reports it read at once); else they run here. Jobs
+        whose outcome is still ``Undecoded`` go in ``undecoded``, for the
+        caller to hand to a decode thread (which calls ``decoded``)."""
         woken: list[Wakeup] = []
+        later: list[tuple[Entry, Undecoded]] = [] if undecoded is None else undecoded
         with self.lock:
-            batch, status, taken = self.dispatch.reports(worker, reports, self.clock(), woken)
+            batch, status, taken = self.dispatch.reports(worker, reports, self.clock(), woken, later)
         if wakeups is None:
             run_wakeups(woken)
         else:
             wakeups += woken
         return batch, status, taken
+
+    def decoding(self, entry: Entry) -> bool:
+        """Is ``entry``'s outcome still awaited from a decode thread? (A hint,
+        read without the lock: a job cancelled meanwhile need not be decoded.)"""
+        return entry in self.dispatch.decoding
+
+    def decoded(self, entry: Entry, outcome: Completed[Any] | Failed) -> None:
+        """A decode thread's outcome for ``entry`` (see ``Dispatch.decoded``);
+        dropped if the job ended meanwhile."""
+        wakeups: list[Wakeup] = []
+        with self.lock:
+            taken = self.dispatch.decoded(entry, outcome, self.clock(), wakeups)
+            retried = taken and entry.timed  # back to its timer, for a retry's backoff
+        run_wakeups(wakeups)
+        if retried:
+            self.on_new_deadline()
 
     def worker_died(
         self,
@@ -388,7 +408,14 @@ class Core:
         """Cancel the live job of ``key`` (see ``Stopping.cancel``)."""
         wakeups: list[Wakeup] = []
         with self.lock:
-            answer = self.stopping.cancel(key, self.clock(), wakeups)
+            entry = self.keys.live.get(key)
+            if entry is not None and entry in self.dispatch.decoding:  # it ran; its outcome is being decoded
+                failure = Failure("cancelled", f"job {key!r} was cancelled by q.cancel() while its outcome was decoded")
+                self.dispatch.cancel_decoding(entry, failure, self.clock(), wakeups)
+                answer: tuple[bool, tuple[WorkerSlot, Entry] | None, tuple[WorkerSlot, int] | None]
+                answer = (True, None, None)
+            else:
+                answer = self.stopping.cancel(key, self.clock(), wakeups)
         run_wakeups(wakeups)
         return answer
 
@@ -406,7 +433,11 @@ class Core:
         """Fail every waiting job as cancelled; returns the busy workers, doomed, to kill."""
         wakeups: list[Wakeup] = []
         with self.lock:
-            doomed = self.stopping.cancel_all(why, self.clock(), wakeups)
+            now = self.clock()
+            doomed = self.stopping.cancel_all(why, now, wakeups)
+            # Outcomes being decoded are not waited for: a decode may take as
+            # long as the job's classes like.
+            self.dispatch.end_decoding(lambda entry: Failure("cancelled", f"job {entry.key!r} {why}"), now, wakeups)
         run_wakeups(wakeups)
         return doomed
 

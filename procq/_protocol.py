@@ -20,17 +20,27 @@ per worker (:class:`FnMirror`), so both sides always agree on what the worker
 holds without ever asking. Because the id is the content, a closure whose
 captured values changed since its last push is simply a new function.
 
-Worker -> supervisor, trusted lanes (pickles)::
+Worker -> supervisor, trusted lanes: a payload, then a fixed 9-byte trailer
+(``TRAILER``: the job id, a little-endian int64, and a tag byte)::
 
-    (0, READY)                         once, when it is set up and takes jobs
-    (job_id, OK, result)               the result pickled once, in the message
-    (job_id, ERROR, exc_bytes | None, exc_type, message, traceback_text, kind)
-    (job_id, SKIPPED)                  a CANCEL came before the job started
+    b""                                + (0, READY)       once, when it is set up and takes jobs
+    pickle(result)                     + (job_id, OK)     the result pickled once
+    pickle((exc_bytes | None, exc_type, message, traceback_text, kind))
+                                       + (job_id, ERROR)  exc_bytes: the exception, pickled apart
+    b""                                + (job_id, SKIPPED) a CANCEL came before the job started
+
+The trailer is read without unpickling anything, so the supervisor always
+knows which job a report is for, and a payload that fails to unpickle fails
+that job alone. (``pickle.loads`` ignores the bytes after a pickle's end, so
+a payload is unpickled in place, with its trailer.) Unpickling may run code
+of the result's classes; the I/O thread only unpickles what provably cannot
+(no opcode that names a class or function; see ``_channel_trusted``) and
+leaves the rest ``Undecoded`` for the lane's decode thread.
 
 A trusted worker reports its jobs in the order it was sent them, one message
 each, so the supervisor always knows which one it is running: the first it
-has sent and not heard back about. Each decodes straight to ``Ready`` or a
-``Report`` (see ``_channel_trusted``).
+has sent and not heard back about. Each becomes ``Ready`` or a ``Report``
+(see ``_channel_trusted``).
 
 Worker -> supervisor, untrusted lanes (UTF-8 JSON arrays, never unpickled).
 An untrusted lane's worker runs no job code: it forks a process for each job
@@ -64,7 +74,9 @@ process sentinel, and knows which job it held because it gave it that job.
 
 What a worker channel reads comes out as events (``Event``): ``Ready``, a
 ``Report`` of a job's end (settled by ``Core.jobs_done``, which answers with
-a ``Reported``), or a ``Violation`` of the protocol.
+a ``Reported``), or a ``Violation`` of the protocol. A report's outcome may be
+``Undecoded``: the job has ended and its worker moves on, and the lane's
+decode thread turns it into the job's outcome (``Core.decoded``).
 """
 
 from __future__ import annotations
@@ -93,6 +105,7 @@ __all__ = [
     "RUN",
     "RUN_MANY",
     "SKIPPED",
+    "TRAILER",
     "Event",
     "FnMirror",
     "FrameReader",
@@ -102,6 +115,7 @@ __all__ = [
     "ProtocolError",
     "Ready",
     "Report",
+    "Undecoded",
     "Violation",
     "decode_untrusted",
     "digest",
@@ -130,6 +144,9 @@ CUT_SHORT = b"t"
 #: How many distinct functions a worker keeps unpickled.
 FN_CACHE_SIZE = 128
 
+#: What ends every trusted worker's message: the job id and the tag.
+TRAILER = struct.Struct("<qB")
+
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
@@ -140,11 +157,23 @@ class Ready(NamedTuple):
     """The worker is set up and takes jobs (its first message, sent once)."""
 
 
+class Undecoded:
+    """A job's outcome the I/O thread leaves as it came: decoding it may run
+    code of the job's own classes (unpickling), or cost more than the I/O
+    thread may spend while other lanes wait. A lane's decode thread calls
+    ``decode``, which never raises: what fails to decode fails the job."""
+
+    __slots__ = ()
+
+    def decode(self) -> Completed[Any] | Failed:
+        raise NotImplementedError
+
+
 class Report(NamedTuple):
     """The end of a job as its worker reported it, for ``Core.jobs_done``."""
 
     job_id: int
-    outcome: Completed[Any] | Failed
+    outcome: Completed[Any] | Failed | Undecoded
     retire: bool  # the worker must be replaced after this job
     crashed: bool  # the outcome is a crash of the job's own process (counted in the lane's stats)
 

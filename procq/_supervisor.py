@@ -90,7 +90,8 @@ from procq._channel_untrusted import UntrustedChannel
 from procq._core import Core, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
 from procq._dispatch import Reported
 from procq._processes import children_map
-from procq._protocol import Ready, Report, Violation
+from procq._protocol import Ready, Report, Undecoded, Violation
+from procq._supervisor_decode import Decoder
 from procq._supervisor_failures import (
     crash_failure,
     memory_failure,
@@ -138,6 +139,10 @@ class Supervisor:
         self._watcher = Watcher()
         self.wake = self._watcher.wake  # from any thread
         self._timers = Timers()
+        # Each lane's decode thread, started the first time one of its jobs
+        # ends with an outcome this thread must not decode (see _supervisor_decode).
+        self._decoders: dict[str, Decoder] = {}
+        self._undecoded: list[tuple[Entry, Undecoded]] = []  # (reused: filled by Core.jobs_done)
         # Workers whose running job q.cancel() ended, to be killed by the I/O thread.
         self._pending_terminations: list[tuple[WorkerSlot, Entry]] = []
         self._stop = False
@@ -326,7 +331,11 @@ class Supervisor:
         limit = worker.lane.spec.max_worker_rss_bytes
         if limit is not None and worker.channel.rss() > limit:
             reports[-1] = reports[-1]._replace(retire=True)
-        batch, status, taken = self.core.jobs_done(worker, reports, wakeups)
+        undecoded = self._undecoded
+        batch, status, taken = self.core.jobs_done(worker, reports, wakeups, undecoded)
+        if undecoded:
+            self._decoder(worker.lane).put(undecoded)
+            undecoded.clear()
         if batch:  # (only ever with Reported.DONE)
             worker.channel.send_jobs(self.core, worker, batch)
         elif status is Reported.RETIRE:
@@ -337,6 +346,13 @@ class Supervisor:
             self._violation(worker, f"a message about job id {reports[taken].job_id} {what}")
             return False
         return True
+
+    def _decoder(self, lane: LaneState) -> Decoder:
+        decoder = self._decoders.get(lane.name)
+        if decoder is None:
+            decoder = Decoder(self.core, f"procq-decode-{self.name}-{lane.name}")
+            self._decoders[lane.name] = decoder
+        return decoder
 
     def _on_ready(self, worker: WorkerSlot) -> bool:
         """The worker finished starting: send it a waiting job, if any."""
@@ -499,6 +515,8 @@ class Supervisor:
             run_wakeups(self.core.worker_died(w, stopped_failure)[1])
             w.channel.release()
         self.core.handoffs()  # (nothing is sent any more)
+        for decoder in self._decoders.values():
+            decoder.close()  # (not joined: a decode may never return)
         self._watcher.close()
         os.close(self._alive_r)
         os.close(self._alive_w)

@@ -36,10 +36,12 @@ from procq._protocol import (
     CANCEL,
     ERROR,
     OK,
+    PROTOCOL,
     READY,
     RUN,
     RUN_MANY,
     SKIPPED,
+    TRAILER,
     FnMirror,
     dumps,
     json_dumps,
@@ -323,19 +325,27 @@ class _Codec:
 
 
 class _Pickled(_Codec):
+    """A payload, then the trailer saying which job it is about (see ``_protocol``)."""
+
+    _pack = TRAILER.pack
+
     def ready(self) -> bytes:
-        return dumps((0, READY))
+        return self._pack(0, READY)
 
     def ok(self, job_id: int, result: Any) -> bytes:
-        # Pickled once, in its message: a large output is copied once here.
-        return dumps((job_id, OK, result))
+        return dumps(result) + self._pack(job_id, OK)
 
     def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
         exc_bytes = None
         if pickle_it:
             exc_bytes, why = _pickle_exception(exc)
             note = note or why
-        return dumps((job_id, ERROR, *_error_fields(exc, exc_bytes, note), kind))
+        # Plain data (the exception travels pickled apart): the supervisor decodes it without running code.
+        fields = pickle.dumps((*_error_fields(exc, exc_bytes, note), kind), PROTOCOL)
+        return fields + self._pack(job_id, ERROR)
+
+    def skipped(self, job_id: int) -> bytes:
+        return self._pack(job_id, SKIPPED)
 
 
 class _Json(_Codec):
@@ -350,7 +360,7 @@ class _Json(_Codec):
         return json_dumps(["error", job_id, kind, exc_type, message, tb])
 
 
-def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
+def _serve(conn: Connection, config: dict[str, Any], codec: _Pickled) -> None:
     recv, send = conn.recv_bytes, conn.send_bytes
     waiting = select.poll()  # (Connection.poll builds a selector per call)
     waiting.register(conn.fileno(), select.POLLIN)
@@ -372,7 +382,7 @@ def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
             if job[0] in skip:
                 skip.discard(job[0])
                 run.skip(*job)
-                send(dumps((job[0], SKIPPED)))
+                send(codec.skipped(job[0]))
                 continue
             run(*job)
     except (EOFError, OSError):
