@@ -20,6 +20,7 @@ from procq._values import RETRYABLE_KINDS, FailureKind
 
 __all__ = [
     "DEFAULT_CAPACITY",
+    "DEFAULT_RESULT_VALUES",
     "DEFAULT_UNTRUSTED_RESULT_BYTES",
     "REUSE_POLICIES",
     "RLIMITS",
@@ -40,6 +41,8 @@ DEFAULT_CAPACITY = 1024
 
 #: The largest result an untrusted lane accepts when its ``max_result_bytes`` is not given.
 DEFAULT_UNTRUSTED_RESULT_BYTES = 16 * 1024 * 1024
+#: How many JSON values an untrusted lane's result may hold by default (see ``Lane``).
+DEFAULT_RESULT_VALUES = 1_000_000
 
 #: Resource limits a lane may set on its workers: name -> what the value counts.
 RLIMITS = {
@@ -388,6 +391,10 @@ class Lane:
     - ``max_result_bytes``: a larger result fails its job (kind ``"protocol"``)
       without the supervisor reading it. Default: no limit for trusted lanes,
       ``DEFAULT_UNTRUSTED_RESULT_BYTES`` (16 MiB) for untrusted ones.
+    - ``max_result_values`` (untrusted lanes): a result whose JSON text may
+      hold more values than this fails its job (kind ``"protocol"``) before
+      it is decoded; counted from the text's commas, colons, brackets and
+      braces, so it errs high. Default ``DEFAULT_RESULT_VALUES`` (1,000,000).
     - ``rlimits``: ``{"cpu": seconds per job, "fsize": bytes, "nofile": n,
       "nproc": n}``, set in each worker before it takes a job (untrusted
       lanes: in each job's process).
@@ -410,6 +417,7 @@ class Lane:
     inherit_env: bool | None = None
     cwd: str | os.PathLike[str] | None = None
     kill_grace: float = 0.05
+    max_result_values: int = DEFAULT_RESULT_VALUES
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int):
@@ -433,6 +441,9 @@ class Lane:
         if limit is None and not self.trusted:
             limit = DEFAULT_UNTRUSTED_RESULT_BYTES
         _set(self, "max_result_bytes", limit)
+        values = self.max_result_values
+        if isinstance(values, bool) or not isinstance(values, int) or values < 1:
+            raise ValueError(f"lane max_result_values must be an int of at least 1, got {values!r}")
         _set(self, "rlimits", _check_rlimits(self.rlimits))
         if self.env is not None:
             if not isinstance(self.env, Mapping):

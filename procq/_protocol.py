@@ -89,6 +89,7 @@ import socket
 import struct
 import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from procq._values import Completed, Failed, FailureKind
@@ -106,6 +107,7 @@ __all__ = [
     "RUN_MANY",
     "SKIPPED",
     "TRAILER",
+    "DecodeLater",
     "Event",
     "FnMirror",
     "FrameReader",
@@ -184,7 +186,17 @@ class Violation(NamedTuple):
     what: str
 
 
-Event = Ready | Report | Violation
+class DecodeLater(NamedTuple):
+    """A message the channel will not decode on the I/O thread (it may cost
+    much). ``decode`` runs on the lane's decode thread and never raises; what
+    it returns goes back to the channel on the I/O thread
+    (``WorkerChannel.resume``), which reads nothing more of that worker's
+    messages until then, so they are still checked in order."""
+
+    decode: Callable[[], Any]
+
+
+Event = Ready | Report | Violation | DecodeLater
 
 
 def dumps(obj: Any) -> bytes:

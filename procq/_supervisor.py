@@ -80,7 +80,9 @@ import signal
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
+from functools import partial
 from multiprocessing.connection import wait
 from typing import Any
 
@@ -90,7 +92,7 @@ from procq._channel_untrusted import UntrustedChannel
 from procq._core import Core, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
 from procq._dispatch import Reported
 from procq._processes import children_map
-from procq._protocol import Ready, Report, Undecoded, Violation
+from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 from procq._supervisor_decode import Decoder
 from procq._supervisor_failures import (
     crash_failure,
@@ -119,6 +121,19 @@ BOOT_FAILURES_TO_FAIL_JOBS = 3
 Wakeup = Callable[[], None]
 
 
+class _Inbox(deque[tuple[WorkerSlot, Any]]):
+    """What decode threads hand back to the I/O thread: put from any thread
+    (a deque's append is atomic), each put waking it."""
+
+    def __init__(self, wake: Wakeup) -> None:
+        super().__init__()
+        self._wake = wake
+
+    def put(self, worker: WorkerSlot, decoded: Any) -> None:
+        self.append((worker, decoded))
+        self._wake()
+
+
 def channel_kind(lane: LaneState) -> type[WorkerChannel]:
     """The kind of worker ``lane`` runs: a new kind is one more class here."""
     return TrustedChannel if lane.spec.trusted else UntrustedChannel
@@ -143,6 +158,8 @@ class Supervisor:
         # ends with an outcome this thread must not decode (see _supervisor_decode).
         self._decoders: dict[str, Decoder] = {}
         self._undecoded: list[tuple[Entry, Undecoded]] = []  # (reused: filled by Core.jobs_done)
+        # Messages a decode thread has decoded for a channel (DecodeLater), to hand back to it here.
+        self._decoded = _Inbox(self.wake)
         # Workers whose running job q.cancel() ended, to be killed by the I/O thread.
         self._pending_terminations: list[tuple[WorkerSlot, Entry]] = []
         self._stop = False
@@ -242,6 +259,10 @@ class Supervisor:
                     self._read(worker)
                 else:
                     self._on_death(worker)
+            while self._decoded:
+                worker, decoded = self._decoded.popleft()
+                if watcher.watched(worker):  # (else it broke, closed or died: nothing more of it counts)
+                    self._act(worker, worker.channel.resume(worker, decoded))
             now = self.clock()
             for worker in core.expired(now):
                 self._terminate(worker)
@@ -302,6 +323,11 @@ class Supervisor:
         except EOFError:
             self._on_eof(worker)
             return False
+        return self._act(worker, events) and bool(events)
+
+    def _act(self, worker: WorkerSlot, events: list[Event]) -> bool:
+        """Act on a worker's events, in order (see ``_read``). False once
+        nothing more must be read from it (it broke the protocol)."""
         wakeups: list[Wakeup] = []
         reports: list[Report] = []
         going = True
@@ -316,6 +342,8 @@ class Supervisor:
                 break
             if type(event) is Ready:
                 going = self._on_ready(worker)
+            elif type(event) is DecodeLater:  # (always the last event of a read)
+                self._decoder(worker.lane).message(event.decode, partial(self._decoded.put, worker))
             else:
                 assert type(event) is Violation
                 self._violation(worker, event.what)
@@ -323,7 +351,7 @@ class Supervisor:
         if reports:
             going = self._settle(worker, reports, wakeups)
         run_wakeups(wakeups)
-        return going and bool(events)
+        return going
 
     def _settle(self, worker: WorkerSlot, reports: list[Report], wakeups: list[Wakeup]) -> bool:
         """Settle the reports read at once, then send the worker its next jobs
@@ -334,7 +362,7 @@ class Supervisor:
         undecoded = self._undecoded
         batch, status, taken = self.core.jobs_done(worker, reports, wakeups, undecoded)
         if undecoded:
-            self._decoder(worker.lane).put(undecoded)
+            self._decoder(worker.lane).outcomes(undecoded)
             undecoded.clear()
         if batch:  # (only ever with Reported.DONE)
             worker.channel.send_jobs(self.core, worker, batch)

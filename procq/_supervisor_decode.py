@@ -1,5 +1,6 @@
-"""A lane's decode thread: where job outcomes that the I/O thread must not
-decode itself are decoded (``_protocol.Undecoded``).
+"""A lane's decode thread: where what the I/O thread must not decode itself
+is decoded: trusted jobs' outcomes (``_protocol.Undecoded``) and untrusted
+jobs' large messages (``_protocol.DecodeLater``).
 
 Unpickling a trusted lane's result or exception may run code of the job's
 classes (``__reduce__``, ``__setstate__``), which may raise anything
@@ -12,17 +13,24 @@ decoding raises fails that job alone (``Undecoded.decode`` never raises).
 Only the lane's own later decodes wait behind a slow one: its worker takes
 its next jobs meanwhile, and other lanes never notice.
 
-A job whose outcome waits here stays Processing. ``q.cancel`` and closing
-without waiting end it at once, as cancelled; a decode already running is
-left to finish, and its outcome is dropped. The thread is a daemon: a decode
-that never returns holds no lock, no worker and no queue's close.
+A trusted job whose outcome waits here stays Processing while its worker
+takes its next jobs. ``q.cancel`` and closing without waiting end it at
+once, as cancelled; a decode already running is left to finish, and its
+outcome is dropped. An untrusted job's large message is only decoded here:
+the decoded message goes back to the I/O thread, which checks it, in order
+with what that worker sent after it, as if it had decoded it itself. The
+thread is a daemon: a decode that never returns holds no lock, no worker and
+no queue's close.
 """
 
 from __future__ import annotations
 
 import threading
+import traceback
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
 from procq._protocol import Undecoded
 from procq._values import Failed, Failure
@@ -35,44 +43,62 @@ __all__ = ["Decoder"]
 
 
 class Decoder:
-    """One lane's decode thread and the outcomes it has yet to decode, in order."""
+    """One lane's decode thread and what it has yet to decode, in order."""
 
     def __init__(self, core: Core, name: str) -> None:
         self._core = core
-        self._waiting: deque[tuple[Entry, Undecoded]] = deque()
-        self._cond = threading.Condition(threading.Lock())  # guards _waiting and _closed; never Core.lock
+        self._tasks: deque[Callable[[], None]] = deque()
+        self._cond = threading.Condition(threading.Lock())  # guards _tasks and _closed; never Core.lock
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def put(self, items: list[tuple[Entry, Undecoded]]) -> None:
-        """Decode these (from the I/O thread)."""
-        with self._cond:
-            self._waiting.extend(items)
-            self._cond.notify()
+    def outcomes(self, items: list[tuple[Entry, Undecoded]]) -> None:
+        """Decode these jobs' outcomes and settle the jobs (from the I/O thread)."""
+        self._put([partial(self._settle, entry, undecoded) for entry, undecoded in items])
+
+    def message(self, decode: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        """Run ``decode`` (a ``DecodeLater``'s: it never raises) and give ``done`` what it returns."""
+        self._put([partial(_then, decode, done)])
 
     def close(self) -> None:
         """Decode nothing more; a decode running now ends on its own."""
         with self._cond:
             self._closed = True
-            self._waiting.clear()
+            self._tasks.clear()
+            self._cond.notify()
+
+    def _put(self, tasks: list[Callable[[], None]]) -> None:
+        with self._cond:
+            self._tasks.extend(tasks)
             self._cond.notify()
 
     def _run(self) -> None:
-        core, waiting, cond = self._core, self._waiting, self._cond
+        tasks, cond = self._tasks, self._cond
         while True:
             with cond:
-                while not waiting and not self._closed:
+                while not tasks and not self._closed:
                     cond.wait()
                 if self._closed:
                     return
-                entry, undecoded = waiting.popleft()
-            if not core.decoding(entry):
-                continue  # cancelled meanwhile: its outcome is not needed
+                task = tasks.popleft()
             try:
-                outcome = undecoded.decode()
-            except BaseException as exc:  # pragma: no cover - decode() catches what decoding raises
-                outcome = Failed(Failure("error", f"the job's outcome could not be decoded: {type(exc).__name__}"))
-            del undecoded
-            core.decoded(entry, outcome)
-            del entry, outcome  # the job's objects are the records' now, not this frame's
+                task()
+            except BaseException:  # pragma: no cover - every task catches what decoding raises
+                traceback.print_exc()
+            del task  # the job's objects are the records' now, not this frame's
+
+    def _settle(self, entry: Entry, undecoded: Undecoded) -> None:
+        core = self._core
+        if not core.decoding(entry):
+            return  # cancelled meanwhile: its outcome is not needed
+        try:
+            outcome = undecoded.decode()
+        except BaseException as exc:  # pragma: no cover - decode() catches what decoding raises
+            outcome = Failed(Failure("error", f"the job's outcome could not be decoded: {type(exc).__name__}"))
+        del undecoded
+        core.decoded(entry, outcome)
+
+
+def _then(decode: Callable[[], Any], done: Callable[[Any], None]) -> None:
+    done(decode())
