@@ -59,22 +59,9 @@ from procq._timers import Timers
 from procq._values import Completed, Failed, Failure, QueueStats, State
 
 __all__ = [
-    "BLOCKED",
-    "CANCELLED",
-    "FULL",
-    "QUEUED",
-    "SCHEDULED",
-    "STOPPED",
-    "Claim",
-    "Core",
-    "Ended",
-    "Entry",
-    "LaneState",
-    "Offer",
-    "WorkerLife",
-    "WorkerSlot",
-    "run_wakeups",
-]
+    "BLOCKED", "CANCELLED", "FULL", "QUEUED", "SCHEDULED", "STOPPED",
+    "Claim", "Core", "Ended", "Entry", "LaneState", "Offer", "WorkerLife", "WorkerSlot", "run_wakeups",
+]  # fmt: skip
 
 Wakeup = Callable[[], None]
 
@@ -322,21 +309,17 @@ class Core:
             return (life is WorkerLife.DEAD or life is WorkerLife.RETIRED) and worker.sending == 0
 
     def jobs_done(
-        self,
-        worker: WorkerSlot,
-        reports: list[Report],
-        wakeups: list[Wakeup] | None = None,
+        self, worker: WorkerSlot, reports: list[Report], wakeups: list[Wakeup] | None = None,
         undecoded: list[tuple[Entry, Undecoded]] | None = None,
-    ) -> tuple[list[Entry], Reported, int]:
+    ) -> tuple[list[Entry], Reported, int]:  # fmt: skip
         """A worker's reports, settled in one critical section (see
         ``Dispatch.reports``). Given ``wakeups``, the jobs' wake-ups go there
         for the caller to run (after it has sent the worker its next jobs,
         once for all the reports it read at once); else they run here. Jobs
-        whose outcome is still ``Undecoded`` go in ``undecoded``, for the
-        caller to hand to a decode thread (which calls ``decoded``)."""
+        still ``Undecoded`` go in ``undecoded``, for a decode thread."""
         woken: list[Wakeup] = []
-        later: list[tuple[Entry, Undecoded]] = [] if undecoded is None else undecoded
         with self.lock:
+            later = [] if undecoded is None else undecoded
             batch, status, taken = self.dispatch.reports(worker, reports, self.clock(), woken, later)
         if wakeups is None:
             run_wakeups(woken)
@@ -345,29 +328,23 @@ class Core:
         return batch, status, taken
 
     def decoding(self, entry: Entry) -> bool:
-        """Is ``entry``'s outcome still awaited from a decode thread? (A hint,
-        read without the lock: a job cancelled meanwhile need not be decoded.)"""
-        return entry in self.dispatch.decoding
+        """Is ``entry``'s outcome still awaited? (A hint, read without the lock.)"""
+        return entry in self.dispatch.decoding.entries
 
     def decoded(self, entry: Entry, outcome: Completed[Any] | Failed) -> None:
-        """A decode thread's outcome for ``entry`` (see ``Dispatch.decoded``);
-        dropped if the job ended meanwhile."""
+        """A decode thread's outcome for ``entry`` (see ``Decoding.give``)."""
         wakeups: list[Wakeup] = []
         with self.lock:
-            taken = self.dispatch.decoded(entry, outcome, self.clock(), wakeups)
+            taken = self.dispatch.decoding.give(entry, outcome, self.clock(), wakeups)
             retried = taken and entry.timed  # back to its timer, for a retry's backoff
         run_wakeups(wakeups)
         if retried:
             self.on_new_deadline()
 
     def worker_died(
-        self,
-        worker: WorkerSlot,
-        crash: Callable[[Entry], Failure],
-        exitcode: int | None = None,
-        signal: str | None = None,
-        restart: bool = False,
-    ) -> tuple[bool, list[Wakeup]]:
+        self, worker: WorkerSlot, crash: Callable[[Entry], Failure], exitcode: int | None = None,
+        signal: str | None = None, restart: bool = False,
+    ) -> tuple[bool, list[Wakeup]]:  # fmt: skip
         """A worker's death was seen (see ``Dispatch.died``): must the caller
         close its pipe now, and the wake-ups for the caller to run."""
         wakeups: list[Wakeup] = []
@@ -409,11 +386,8 @@ class Core:
         wakeups: list[Wakeup] = []
         with self.lock:
             entry = self.keys.live.get(key)
-            if entry is not None and entry in self.dispatch.decoding:  # it ran; its outcome is being decoded
-                failure = Failure("cancelled", f"job {key!r} was cancelled by q.cancel() while its outcome was decoded")
-                self.dispatch.cancel_decoding(entry, failure, self.clock(), wakeups)
-                answer: tuple[bool, tuple[WorkerSlot, Entry] | None, tuple[WorkerSlot, int] | None]
-                answer = (True, None, None)
+            if entry is not None and self.dispatch.decoding.cancel(entry, self.clock(), wakeups):
+                answer: tuple[bool, tuple[WorkerSlot, Entry] | None, tuple[WorkerSlot, int] | None] = (True, None, None)
             else:
                 answer = self.stopping.cancel(key, self.clock(), wakeups)
         run_wakeups(wakeups)
@@ -435,9 +409,7 @@ class Core:
         with self.lock:
             now = self.clock()
             doomed = self.stopping.cancel_all(why, now, wakeups)
-            # Outcomes being decoded are not waited for: a decode may take as
-            # long as the job's classes like.
-            self.dispatch.end_decoding(lambda entry: Failure("cancelled", f"job {entry.key!r} {why}"), now, wakeups)
+            self.dispatch.decoding.end_all(why, now, wakeups)  # (a decode may take as long as it likes)
         run_wakeups(wakeups)
         return doomed
 
@@ -456,18 +428,12 @@ class Core:
                 self.drained.set()
 
     def break_down(self, cause: BaseException) -> None:
-        """The supervisor's I/O thread died of ``cause``: the queue takes no
-        more pushes, and says why (see ``StateMap.claim``)."""
+        """The I/O thread died of ``cause``: no more pushes, saying why (``StateMap.claim``)."""
         with self.lock:
             self.keys.broken = cause
             self.keys.closing = True
             if not self.keys.live:
                 self.drained.set()
-
-    @property
-    def broken(self) -> BaseException | None:
-        """Why the supervisor's I/O thread died (None: it did not)."""
-        return self.keys.broken
 
     # --- waiting on an entry ----------------------------------------------------
 

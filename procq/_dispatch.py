@@ -28,11 +28,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from procq._decoding import Decoding
 from procq._entries import PENDING, PROCESSING, Entry, LaneState, WorkerLife, WorkerSlot
 from procq._job import Job, Lane
 from procq._protocol import Report, Undecoded
 from procq._statemap import StateMap
-from procq._values import Completed, Failed, Failure, LaneStats
+from procq._values import Failed, Failure, LaneStats
 
 __all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch", "Offer", "Offered", "Reported", "Unblocked"]
 
@@ -88,10 +89,8 @@ class Dispatch:
         self.keys = keys
         # Jobs given to idle workers while the I/O thread handled a death (see take_handoffs).
         self._handoffs: list[tuple[WorkerSlot, Entry]] = []
-        # Jobs that ended on their worker and whose outcome a decode thread is
-        # decoding (see ``reports``): PROCESSING, on no worker, no deadline.
-        # They count in their lane's ``running`` until ``decoded`` settles them.
-        self.decoding: set[Entry] = set()
+        # Jobs whose outcome a decode thread is decoding (see ``reports``).
+        self.decoding = Decoding(keys)
 
     def lane_for(self, job: Job[Any]) -> LaneState:
         if job.lane is None:
@@ -263,9 +262,8 @@ class Dispatch:
         must be replaced after it; ``crashed``: count it as a crash). The
         worker's next job is the first of its queue, if it has one: it has
         already started it. A job whose outcome is ``Undecoded`` leaves its
-        worker all the same, but stays PROCESSING (in ``decoding``) until a
-        decode thread gives its outcome (``decoded``): it goes in
-        ``undecoded`` for the caller to hand over.
+        worker all the same, but is held in ``decoding`` (still PROCESSING)
+        and put in ``undecoded`` for the caller to hand to a decode thread.
 
         Returns the jobs the caller must now send to the same worker (in one
         frame; empty: none; the caller holds one right to send for them), what
@@ -294,9 +292,7 @@ class Dispatch:
             elif crashed:
                 lane.crashes += 1
             if isinstance(outcome, Undecoded):
-                entry.worker = None
-                entry.deadline = None  # it has stopped running: its time limit is over
-                self.decoding.add(entry)
+                self.decoding.hold(entry)
                 undecoded.append((entry, outcome))
             else:
                 wakeups += keys.finish(entry, outcome, now)
@@ -316,31 +312,6 @@ class Dispatch:
         if status is Reported.DONE:
             self.feed(worker, batch, now, wakeups)
         return batch, status, taken
-
-    def decoded(self, entry: Entry, outcome: Completed[Any] | Failed, now: float, wakeups: list[Wakeup]) -> bool:
-        """A decode thread gives the outcome of a job in ``decoding``: it ends
-        (or, failed with a Retry left, goes back to its timer). False, and
-        nothing done, if the job was ended meanwhile (cancelled)."""
-        if entry not in self.decoding:
-            return False
-        self.decoding.discard(entry)
-        wakeups += self.keys.finish(entry, outcome, now)
-        return True
-
-    def end_decoding(self, failure: Callable[[Entry], Failure], now: float, wakeups: list[Wakeup]) -> None:
-        """End every job in ``decoding`` with ``failure`` (closing without
-        waiting); a decode still running is dropped when it ends."""
-        for entry in self.decoding:
-            wakeups += self.keys.settle(entry, Failed(failure(entry)), now)
-        self.decoding.clear()
-
-    def cancel_decoding(self, entry: Entry, failure: Failure, now: float, wakeups: list[Wakeup]) -> bool:
-        """End ``entry`` with ``failure`` if it is in ``decoding`` (``q.cancel``)."""
-        if entry not in self.decoding:
-            return False
-        self.decoding.discard(entry)
-        wakeups += self.keys.settle(entry, Failed(failure), now)
-        return True
 
     def _retire(self, worker: WorkerSlot) -> None:
         """Take an idle worker out of its lane and reserve its replacement.
@@ -491,10 +462,7 @@ class Dispatch:
             assert not lane.idle or not (lane.ready or lane.overdue), lane.name
             assert len(lane.workers) + lane.starting <= lane.spec.workers
             busy = [w for w in lane.workers if w.entry is not None]
-            decoding = [e for e in self.decoding if e.lane is lane]
-            assert len(busy) + len(decoding) == lane.running
-            for e in decoding:
-                assert e.status is PROCESSING and e.worker is None and live.get(e.key) is e
+            assert len(busy) + self.decoding.check(lane, live) == lane.running
             for w in lane.idle:
                 assert w.entry is None and w in lane.workers
             for w in busy:

@@ -298,11 +298,10 @@ class Retry:
     def delay(self, attempt: int, rand: float) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based), for a
         ``rand`` drawn uniformly from [0, 1)."""
-        try:
-            grown = self.backoff * float(self.factor) ** (attempt - 1) if self.backoff else 0.0
-        except OverflowError:  # a float power past 1.8e308: the cap applies
-            grown = math.inf
-        base = min(self.max_backoff, grown)
+        try:  # (a float power past 1.8e308 overflows: the cap applies)
+            base = min(self.max_backoff, self.backoff * float(self.factor) ** (attempt - 1) if self.backoff else 0.0)
+        except OverflowError:
+            base = self.max_backoff
         return max(0.0, base * (1.0 + self.jitter * (2.0 * rand - 1.0)))
 
 
@@ -391,10 +390,9 @@ class Lane:
     - ``max_result_bytes``: a larger result fails its job (kind ``"protocol"``)
       without the supervisor reading it. Default: no limit for trusted lanes,
       ``DEFAULT_UNTRUSTED_RESULT_BYTES`` (16 MiB) for untrusted ones.
-    - ``max_result_values`` (untrusted lanes): a result whose JSON text may
-      hold more values than this fails its job (kind ``"protocol"``) before
-      it is decoded; counted from the text's commas, colons, brackets and
-      braces, so it errs high. Default ``DEFAULT_RESULT_VALUES`` (1,000,000).
+    - ``max_result_values`` (untrusted lanes): an answer whose JSON may hold more
+      values than this (counted before decoding; it errs high) fails its job
+      (kind ``"protocol"``) undecoded. Default ``DEFAULT_RESULT_VALUES`` (1,000,000).
     - ``rlimits``: ``{"cpu": seconds per job, "fsize": bytes, "nofile": n,
       "nproc": n}``, set in each worker before it takes a job (untrusted
       lanes: in each job's process).

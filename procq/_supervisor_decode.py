@@ -37,9 +37,41 @@ from procq._values import Failed, Failure
 
 if TYPE_CHECKING:
     from procq._core import Core
-    from procq._entries import Entry
+    from procq._entries import Entry, LaneState, WorkerSlot
 
-__all__ = ["Decoder"]
+
+class Decoders:
+    """A queue's decode threads, one per lane that needed one, and what they
+    hand back to the I/O thread (``decoded``: a channel's messages decoded for
+    it, put from any thread, each put waking the I/O thread)."""
+
+    def __init__(self, core: Core, name: str, wake: Callable[[], None]) -> None:
+        self._core = core
+        self._name = name
+        self._wake = wake
+        self._lanes: dict[str, Decoder] = {}
+        self.decoded: deque[tuple[WorkerSlot, Any]] = deque()  # (a deque's append and popleft are atomic)
+
+    def lane(self, lane: LaneState) -> Decoder:
+        """The lane's decode thread, started the first time."""
+        decoder = self._lanes.get(lane.name)
+        if decoder is None:
+            decoder = self._lanes[lane.name] = Decoder(self._core, f"procq-decode-{self._name}-{lane.name}")
+        return decoder
+
+    def message(self, worker: WorkerSlot, decode: Callable[[], Any]) -> None:
+        """Decode a message of ``worker``'s on its lane's thread, then hand it back in ``decoded``."""
+        self.lane(worker.lane).message(decode, partial(self._put, worker))
+
+    def _put(self, worker: WorkerSlot, decoded: Any) -> None:
+        self.decoded.append((worker, decoded))
+        self._wake()
+
+    def close(self) -> None:
+        for decoder in self._lanes.values():
+            decoder.close()  # (not joined: a decode may never return)
+
+__all__ = ["Decoder", "Decoders"]
 
 
 class Decoder:

@@ -36,7 +36,6 @@ from procq._protocol import (
     CANCEL,
     ERROR,
     OK,
-    PROTOCOL,
     READY,
     RUN,
     RUN_MANY,
@@ -312,7 +311,7 @@ def run_until_eof(serve: Callable[[], None]) -> None:
 
 
 class _Codec:
-    """How a worker writes its messages: pickles for trusted lanes, JSON for untrusted."""
+    """How a worker writes its messages: pickles, then a trailer, for trusted lanes; JSON for untrusted."""
 
     def ready(self) -> bytes:
         raise NotImplementedError
@@ -325,27 +324,18 @@ class _Codec:
 
 
 class _Pickled(_Codec):
-    """A payload, then the trailer saying which job it is about (see ``_protocol``)."""
-
-    _pack = TRAILER.pack
-
     def ready(self) -> bytes:
-        return self._pack(0, READY)
+        return TRAILER.pack(0, READY)
 
     def ok(self, job_id: int, result: Any) -> bytes:
-        return dumps(result) + self._pack(job_id, OK)
+        return dumps(result) + TRAILER.pack(job_id, OK)
 
     def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
         exc_bytes = None
         if pickle_it:
             exc_bytes, why = _pickle_exception(exc)
             note = note or why
-        # Plain data (the exception travels pickled apart): the supervisor decodes it without running code.
-        fields = pickle.dumps((*_error_fields(exc, exc_bytes, note), kind), PROTOCOL)
-        return fields + self._pack(job_id, ERROR)
-
-    def skipped(self, job_id: int) -> bytes:
-        return self._pack(job_id, SKIPPED)
+        return dumps((*_error_fields(exc, exc_bytes, note), kind)) + TRAILER.pack(job_id, ERROR)
 
 
 class _Json(_Codec):
@@ -360,7 +350,7 @@ class _Json(_Codec):
         return json_dumps(["error", job_id, kind, exc_type, message, tb])
 
 
-def _serve(conn: Connection, config: dict[str, Any], codec: _Pickled) -> None:
+def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
     recv, send = conn.recv_bytes, conn.send_bytes
     waiting = select.poll()  # (Connection.poll builds a selector per call)
     waiting.register(conn.fileno(), select.POLLIN)
@@ -382,7 +372,7 @@ def _serve(conn: Connection, config: dict[str, Any], codec: _Pickled) -> None:
             if job[0] in skip:
                 skip.discard(job[0])
                 run.skip(*job)
-                send(codec.skipped(job[0]))
+                send(TRAILER.pack(job[0], SKIPPED))
                 continue
             run(*job)
     except (EOFError, OSError):
