@@ -58,7 +58,7 @@ The supervisor's I/O side (its one thread per queue):
   reaches a worker; ``_channel_trusted`` and ``_channel_untrusted`` are its two
   kinds. ``_processes``: processes, their trees, memory and exits.
 - ``_protocol``: what travels on a worker's pipe, framed, and the typed events
-  it decodes to.
+  it decodes to. ``_plain``: which pickles unpickle without running code.
 
 The worker processes: ``_worker`` (a trusted worker's loop, and what both
 kinds share) and ``_worker_untrusted`` (a clean worker that forks a process

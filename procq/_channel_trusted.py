@@ -6,37 +6,48 @@ read (a large one read whole at once). Each message's trailer says which job
 it is about (see ``_protocol``), so a payload that fails to decode fails that
 job alone. Unpickling a payload may run code of the job's classes
 (``__reduce__``, ``__setstate__``: it may raise ``SystemExit``, hang, ...), so
-the I/O thread unpickles only what provably runs none:
+the I/O thread unpickles only what runs none:
 
-- a payload with no opcode that names a class or function (``GLOBAL``,
-  ``STACK_GLOBAL``, ``INST``, ``EXT1/2/4``) runs nothing when unpickled,
-  since every opcode that calls something (``REDUCE``, ``BUILD``,
-  ``NEWOBJ``, ...) needs one of those first. A byte scan finds none in most
-  plain data (a hit may be a false one, inside a string or a number); then
-  ``pickle.loads`` runs as before;
-- otherwise ``_DataOnly``, an unpickler that refuses to name any class or
-  function (``_BuiltinExceptions``, for an exception: only the built-in
-  exception types, whose construction runs no Python code), decodes it or
-  gives up.
+- a result whose pickle names no class or function (``_plain.names_nothing``: no
+  ``GLOBAL``, ``STACK_GLOBAL``, ``INST`` or ``EXT1/2/4`` opcode, without
+  which no opcode that calls something can run). The worker that made the
+  pickle scans it (at C speed, in parallel with the supervisor, on the
+  pickle alone) and tags the result ``OK``; ``pickle.loads`` then runs as
+  before. A result tagged ``OK_OBJECTS`` is never unpickled here;
+- an error's fields (plain data) and a built-in exception type, decoded by
+  ``_plain.DataOnly``, an unpickler that refuses to name any class or function
+  (``BuiltinExceptions``: only the built-in exception types, made and set up
+  by C code alone), after the same scan.
 
-What it gives up on, and any payload larger than ``INLINE_DECODE_BYTES``, is
-left ``Undecoded`` for the lane's decode thread, which unpickles it with
-plain ``pickle`` (see ``_supervisor_decode``). The reports decoded here are
-settled together in one ``Core.jobs_done``, as before.
+The rest, and any payload larger than ``INLINE_DECODE_BYTES``, is left
+``Undecoded`` for the lane's decode thread, which unpickles it with plain
+``pickle`` (see ``_supervisor_decode``). The reports decoded here are settled
+together in one ``Core.jobs_done``, as before.
 """
 
 from __future__ import annotations
 
-import builtins
-import io
 import pickle
-import re
 from typing import TYPE_CHECKING, Any
 
 from procq._channel import Launch, ProcessChannel
 from procq._errors import _RemoteTraceback
+from procq._plain import BuiltinExceptions, NeedsCode, load_data
 from procq._processes import pidfd, worker_config
-from procq._protocol import ERROR, OK, READY, SKIPPED, TRAILER, Event, FrameReader, Ready, Report, Undecoded, Violation
+from procq._protocol import (
+    ERROR,
+    OK,
+    OK_OBJECTS,
+    READY,
+    SKIPPED,
+    TRAILER,
+    Event,
+    FrameReader,
+    Ready,
+    Report,
+    Undecoded,
+    Violation,
+)
 from procq._values import Completed, Failed, Failure, FailureKind
 from procq._worker import worker_main
 
@@ -51,44 +62,8 @@ TRUSTED_LIMIT = 1 << 62
 #: even plain data takes long to unpickle when there is much of it.
 INLINE_DECODE_BYTES = 1 << 18
 
-#: Pickle opcodes that name a class or function: GLOBAL, INST, EXT1, EXT2,
-#: EXT4, STACK_GLOBAL. Without one, unpickling calls nothing.
-_NAMING_OPCODES = re.compile(rb"[ci\x82\x83\x84\x93]")
-
 _READY = Ready()
 _TRAILER_SIZE = TRAILER.size
-
-
-class _NeedsCode(Exception):
-    """Decoding this payload would call something: it is left to the decode thread."""
-
-
-class _DataOnly(pickle.Unpickler):
-    """Unpickles plain data only: naming any class or function is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise _NeedsCode
-
-
-class _BuiltinExceptions(pickle.Unpickler):
-    """Unpickles plain data and the built-in exception types (made and set
-    up by C code alone: ``BaseException.__new__`` and ``__setstate__``)."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "builtins":
-            found = getattr(builtins, name, None)
-            if isinstance(found, type) and issubclass(found, BaseException):
-                return found
-        raise _NeedsCode
-
-
-def _load_data(data: bytes | bytearray, unpickler: type[pickle.Unpickler] = _DataOnly) -> Any:
-    """Unpickle ``data`` (a pickle, maybe followed by a trailer) if that runs
-    no code; raises ``_NeedsCode`` if it would. (The trailer is scanned too:
-    a pickle cut short would read on into it.)"""
-    if _NAMING_OPCODES.search(data) is None:
-        return pickle.loads(data)
-    return unpickler(io.BytesIO(data)).load()
 
 
 def describe_error(exc: BaseException) -> str:
@@ -205,6 +180,8 @@ class TrustedChannel(ProcessChannel):
             job_id, tag = unpack(frame, end)
             if tag == OK:
                 events.append(new(Report, (job_id, self._result(frame, end), False, False)))
+            elif tag == OK_OBJECTS:
+                events.append(new(Report, (job_id, PickledResult(frame, self.pid), False, False)))
             elif tag == READY:
                 events.append(_READY)
             elif tag == ERROR:
@@ -220,15 +197,15 @@ class TrustedChannel(ProcessChannel):
         return events
 
     def _result(self, frame: bytes | bytearray, end: int) -> Completed[Any] | Failed | Undecoded:
-        """An OK message's result: decoded here if that runs no code, else left to the decode thread."""
-        if end <= INLINE_DECODE_BYTES:
-            try:
-                return Completed(_load_data(frame))
-            except _NeedsCode:
-                pass
-            except Exception as exc:  # a broken pickle: decoding it ran nothing, and failed
-                return _result_failure(exc, self.pid)
-        return PickledResult(frame, self.pid)
+        """An OK message's result, which names no class or function (the
+        worker checked the pickle it made: ``_plain.result_frame``): decoded here,
+        unless it is large."""
+        if end > INLINE_DECODE_BYTES:
+            return PickledResult(frame, self.pid)
+        try:
+            return Completed(pickle.loads(frame))
+        except Exception as exc:  # a broken pickle: decoding it ran nothing, and failed
+            return _result_failure(exc, self.pid)
 
     def _error(self, job_id: int, frame: bytes | bytearray, end: int) -> Report:
         """An ERROR message. Kind "protocol" here: the worker refused to send
@@ -238,7 +215,7 @@ class TrustedChannel(ProcessChannel):
         Its fields are plain data, decoded here; the exception is decoded here
         only if it is a built-in one."""
         try:
-            exc_bytes, exc_type, text, tb, kind = _load_data(frame)
+            exc_bytes, exc_type, text, tb, kind = load_data(frame)
         except Exception as exc:  # our own worker wrote it: only a broken pipe does this
             failure = Failure("error", f"the job's error could not be decoded in the supervisor: {exc!r}", pid=self.pid)
             return Report(job_id, Failed(failure), False, False)
@@ -250,8 +227,8 @@ class TrustedChannel(ProcessChannel):
             outcome = PickledError(exc_bytes, raised)
             if len(exc_bytes) <= INLINE_DECODE_BYTES:
                 try:
-                    outcome = raised.with_exception(_load_data(exc_bytes, _BuiltinExceptions))
-                except _NeedsCode:
+                    outcome = raised.with_exception(load_data(exc_bytes, BuiltinExceptions))
+                except NeedsCode:
                     pass
                 except Exception as exc:
                     outcome = raised.unloadable(exc)

@@ -24,7 +24,9 @@ Worker -> supervisor, trusted lanes: a payload, then a fixed 9-byte trailer
 (``TRAILER``: the job id, a little-endian int64, and a tag byte)::
 
     b""                                + (0, READY)       once, when it is set up and takes jobs
-    pickle(result)                     + (job_id, OK)     the result pickled once
+    pickle(result)                     + (job_id, OK)     the result pickled once; it names no
+                                                          class or function (``_plain``)
+    pickle(result)                     + (job_id, OK_OBJECTS)  one that does
     pickle((exc_bytes | None, exc_type, message, traceback_text, kind))
                                        + (job_id, ERROR)  exc_bytes: the exception, pickled apart
     b""                                + (job_id, SKIPPED) a CANCEL came before the job started
@@ -33,9 +35,10 @@ The trailer is read without unpickling anything, so the supervisor always
 knows which job a report is for, and a payload that fails to unpickle fails
 that job alone. (``pickle.loads`` ignores the bytes after a pickle's end, so
 a payload is unpickled in place, with its trailer.) Unpickling may run code
-of the result's classes; the I/O thread only unpickles what provably cannot
-(no opcode that names a class or function; see ``_channel_trusted``) and
-leaves the rest ``Undecoded`` for the lane's decode thread.
+of the result's classes; the I/O thread only unpickles what cannot (no opcode
+that names a class or function: the worker checks the pickle it made, in
+parallel with the supervisor, and says so in the tag; see ``_plain``) and
+leaves the rest ``Undecoded`` for the lane's decode thread (see ``_channel_trusted``).
 
 A trusted worker reports its jobs in the order it was sent them, one message
 each, so the supervisor always knows which one it is running: the first it
@@ -102,6 +105,7 @@ __all__ = [
     "FROM_JOB",
     "FROM_WORKER",
     "OK",
+    "OK_OBJECTS",
     "READY",
     "RUN",
     "RUN_MANY",
@@ -132,7 +136,7 @@ RUN = 0
 OK = 1
 ERROR = 2
 READY = 3
-# (4 is free.)
+OK_OBJECTS = 4  # an OK whose pickle names a class or function: unpickling it may run code
 RUN_MANY = 5
 CANCEL = 6
 SKIPPED = 7
@@ -150,7 +154,6 @@ FN_CACHE_SIZE = 128
 TRAILER = struct.Struct("<qB")
 
 PROTOCOL = pickle.HIGHEST_PROTOCOL
-
 
 # --- what a worker channel reads ----------------------------------------------
 

@@ -32,19 +32,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from procq._job import format_size
-from procq._protocol import (
-    CANCEL,
-    ERROR,
-    OK,
-    READY,
-    RUN,
-    RUN_MANY,
-    SKIPPED,
-    TRAILER,
-    FnMirror,
-    dumps,
-    json_dumps,
-)
+from procq._plain import result_frame
+from procq._protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 
 __all__ = ["worker_main"]
 
@@ -328,7 +317,7 @@ class _Pickled(_Codec):
         return TRAILER.pack(0, READY)
 
     def ok(self, job_id: int, result: Any) -> bytes:
-        return dumps(result) + TRAILER.pack(job_id, OK)
+        return result_frame(job_id, result)
 
     def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
         exc_bytes = None
