@@ -43,6 +43,7 @@ The core (I/O-free; every change under ``Core.lock``):
 - ``_dispatch``: the lanes: jobs handed to workers, jobs sent ahead, a worker's
   reports and death. ``_stopping``: ending jobs from outside (time and memory
   limits, cancel, closing without waiting). ``_timers``: deadlines and due times.
+  ``_decoding``: jobs that ended and whose outcome a decode thread decodes.
 - ``_entries``: the bookkeeping objects: ``Entry`` (one claim of a key),
   ``WorkerSlot`` and its ``WorkerLife``, ``LaneState``.
 
@@ -50,13 +51,14 @@ The supervisor's I/O side (its one thread per queue):
 
 - ``_supervisor``: the I/O thread's loop, with a diagram of who owns what and
   what each pipe carries. ``_supervisor_wait``: what it waits on (one
-  selector) and its timers. ``_supervisor_failures``: how it words the
+  selector), its timers and its last wait for workers. ``_supervisor_decode``:
+  the lanes' decode threads. ``_supervisor_failures``: how it words the
   failures it gives jobs.
 - ``_channel``: the ``WorkerChannel`` interface through which the supervisor
   reaches a worker; ``_channel_trusted`` and ``_channel_untrusted`` are its two
   kinds. ``_processes``: processes, their trees, memory and exits.
 - ``_protocol``: what travels on a worker's pipe, framed, and the typed events
-  it decodes to.
+  it decodes to. ``_plain``: which pickles unpickle without running code.
 
 The worker processes: ``_worker`` (a trusted worker's loop, and what both
 kinds share) and ``_worker_untrusted`` (a clean worker that forks a process
@@ -76,11 +78,15 @@ the I/O thread          the same under ``Core.lock``; alone: the selector, every
                         processes, closing a pipe once no thread may send on it
 any thread, no lock     a completed key's record, when no retention is set (a dict
                         read is atomic and records never change in place)
+a lane's decode thread  what its lane's reports left undecoded, with no lock held (it
+                        may run the job's classes' code); then ``Core.decoded``, or
+                        the I/O thread's inbox of decoded messages
 a worker process        nothing of the supervisor's: only its own pipe
 ======================  ==========================================================
 
 Lock order: ``Core.lock`` is the only lock the core has; a worker's write lock
-(``ProcessChannel.write_lock``) is taken with no other lock held. No lock is
+(``ProcessChannel.write_lock``) and a decode thread's queue lock are taken
+with no other lock held. No lock is
 held across user code, pickling, a pipe send or an await.
 """
 

@@ -86,6 +86,12 @@ class WorkerChannel(ABC):
         up to and including the first violation. Raises ``EOFError`` once the
         worker's end is closed."""
 
+    def resume(self, worker: WorkerSlot, decoded: Any) -> list[Event]:
+        """What a ``DecodeLater`` this channel gave decoded to (on the I/O
+        thread): the events that follow, as ``read`` gives them. Only a kind
+        that gives ``DecodeLater`` events is ever called."""
+        raise NotImplementedError
+
     @abstractmethod
     def rss(self) -> int:
         """The worker's resident memory in bytes (0 once it is gone)."""

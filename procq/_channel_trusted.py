@@ -2,31 +2,146 @@
 that runs each job itself and answers in pickles.
 
 Its answers are read in bulk: every frame that has arrived is taken in one
-read (a large one read whole at once), and each decodes straight to ``Ready``
-or a ``Report``, so the supervisor settles them all in one ``Core.jobs_done``.
+read (a large one read whole at once). Each message's trailer says which job
+it is about (see ``_protocol``), so a payload that fails to decode fails that
+job alone. Unpickling a payload may run code of the job's classes
+(``__reduce__``, ``__setstate__``: it may raise ``SystemExit``, hang, ...), so
+the I/O thread unpickles only what runs none:
+
+- a result whose pickle names no class or function (``_plain.names_nothing``: no
+  ``GLOBAL``, ``STACK_GLOBAL``, ``INST`` or ``EXT1/2/4`` opcode, without
+  which no opcode that calls something can run). The worker that made the
+  pickle scans it (at C speed, in parallel with the supervisor, on the
+  pickle alone) and tags the result ``OK``; ``pickle.loads`` then runs as
+  before. A result tagged ``OK_OBJECTS`` is never unpickled here;
+- an error's fields (plain data) and a built-in exception type, decoded by
+  ``_plain.DataOnly``, an unpickler that refuses to name any class or function
+  (``BuiltinExceptions``: only the built-in exception types, made and set up
+  by C code alone), after the same scan.
+
+The rest, and any payload larger than ``INLINE_DECODE_BYTES``, is left
+``Undecoded`` for the lane's decode thread, which unpickles it with plain
+``pickle`` (see ``_supervisor_decode``). The reports decoded here are settled
+together in one ``Core.jobs_done``, as before.
 """
 
 from __future__ import annotations
 
 import pickle
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from procq._channel import Launch, ProcessChannel
 from procq._errors import _RemoteTraceback
+from procq._plain import BuiltinExceptions, NeedsCode, load_data
 from procq._processes import pidfd, worker_config
-from procq._protocol import OK, READY, SKIPPED, Event, FrameReader, Ready, Report
+from procq._protocol import (
+    ERROR,
+    OK,
+    OK_OBJECTS,
+    READY,
+    SKIPPED,
+    TRAILER,
+    Event,
+    FrameReader,
+    Ready,
+    Report,
+    Undecoded,
+    Violation,
+)
 from procq._values import Completed, Failed, Failure, FailureKind
 from procq._worker import worker_main
 
 if TYPE_CHECKING:
-    from procq._entries import Entry, LaneState, WorkerSlot
+    from procq._entries import LaneState, WorkerSlot
 
-__all__ = ["TrustedChannel"]
+__all__ = ["INLINE_DECODE_BYTES", "TrustedChannel", "describe_error"]
 
 #: A trusted worker's messages have no size limit but the format's.
 TRUSTED_LIMIT = 1 << 62
+#: Payloads larger than this are always decoded by the lane's decode thread:
+#: even plain data takes long to unpickle when there is much of it.
+INLINE_DECODE_BYTES = 1 << 18
 
 _READY = Ready()
+_TRAILER_SIZE = TRAILER.size
+
+
+def describe_error(exc: BaseException) -> str:
+    """``exc`` for a message, even when its own ``__repr__`` fails."""
+    try:
+        return repr(exc)
+    except BaseException:
+        return f"<{type(exc).__qualname__}>"
+
+
+def _result_failure(exc: BaseException, pid: int) -> Failed:
+    return Failed(
+        Failure(
+            "error",
+            f"the job's result could not be unpickled in the supervisor: {describe_error(exc)}",
+            exc_type=type(exc).__qualname__,
+            pid=pid,
+        )
+    )
+
+
+class PickledResult(Undecoded):
+    """A result to unpickle on the lane's decode thread."""
+
+    __slots__ = ("data", "pid")
+
+    def __init__(self, data: bytes | bytearray, pid: int) -> None:
+        self.data = data
+        self.pid = pid
+
+    def decode(self) -> Completed[Any] | Failed:
+        try:
+            return Completed(pickle.loads(self.data))
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt: the job's alone
+            return _result_failure(exc, self.pid)
+
+
+class _Raised:
+    """What an ERROR message says of a job's exception, but the exception itself."""
+
+    __slots__ = ("exc_type", "kind", "pid", "tb", "text")
+
+    def __init__(self, kind: FailureKind, exc_type: str, text: str, tb: str, pid: int) -> None:
+        self.kind = kind
+        self.exc_type = exc_type
+        self.text = text
+        self.tb = tb
+        self.pid = pid
+
+    def failed(self, exception: BaseException | None = None, note: str = "") -> Failed:
+        text = f"{self.text} {note}" if note else self.text
+        return Failed(Failure(self.kind, text, self.exc_type, self.tb, pid=self.pid, exception=exception))
+
+    def with_exception(self, exception: Any) -> Failed:
+        if not isinstance(exception, BaseException):
+            return self.failed(note="(the exception came back as something else)")
+        exception.__cause__ = _RemoteTraceback(self.tb)
+        return self.failed(exception)
+
+    def unloadable(self, exc: BaseException) -> Failed:
+        return self.failed(note=f"(the exception could not be unpickled in the supervisor: {describe_error(exc)})")
+
+
+class PickledError(Undecoded):
+    """A job's exception to unpickle on the lane's decode thread."""
+
+    __slots__ = ("data", "raised")
+
+    def __init__(self, data: bytes, raised: _Raised) -> None:
+        self.data = data
+        self.raised = raised
+
+    def decode(self) -> Completed[Any] | Failed:
+        try:
+            exception = pickle.loads(self.data)
+            return self.raised.with_exception(exception)
+        except BaseException as exc:
+            return self.raised.unloadable(exc)
 
 
 class TrustedChannel(ProcessChannel):
@@ -56,62 +171,65 @@ class TrustedChannel(ProcessChannel):
         frames = self._reader.read()
         events: list[Event] = []
         new = tuple.__new__  # Report(...) without its Python-level __new__: this is per job
+        unpack = TRAILER.unpack_from
         for frame in frames:
-            try:
-                message = pickle.loads(frame)
-            except Exception as exc:
-                events.append(self._unreadable(worker, exc, events))
-                continue
-            job_id, tag = message[0], message[1]
+            end = len(frame) - _TRAILER_SIZE
+            if end < 0:
+                events.append(Violation(f"a message of {len(frame)} bytes, too short to say which job it is about"))
+                break
+            job_id, tag = unpack(frame, end)
             if tag == OK:
-                events.append(new(Report, (job_id, Completed(message[2]), False, False)))
+                events.append(new(Report, (job_id, self._result(frame, end), False, False)))
+            elif tag == OK_OBJECTS:
+                events.append(new(Report, (job_id, PickledResult(frame, self.pid), False, False)))
             elif tag == READY:
                 events.append(_READY)
+            elif tag == ERROR:
+                events.append(self._error(job_id, frame, end))
             elif tag == SKIPPED:
                 # q.cancel() gave the job its failure already (Core.jobs_done uses it);
                 # this one only stands in should that ever not be so.
                 failure = Failure("cancelled", f"job id {job_id} was skipped by its worker")
                 events.append(Report(job_id, Failed(failure), False, False))
             else:
-                events.append(self._error(job_id, *message[2:7]))
+                events.append(Violation(f"a message with an unknown tag {tag}"))
+                break
         return events
 
-    def _error(
-        self, job_id: int, exc_bytes: bytes | None, exc_type: str, text: str, tb: str, kind: FailureKind
-    ) -> Report:
+    def _result(self, frame: bytes | bytearray, end: int) -> Completed[Any] | Failed | Undecoded:
+        """An OK message's result, which names no class or function (the
+        worker checked the pickle it made: ``_plain.result_frame``): decoded here,
+        unless it is large."""
+        if end > INLINE_DECODE_BYTES:
+            return PickledResult(frame, self.pid)
+        try:
+            return Completed(pickle.loads(frame))
+        except Exception as exc:  # a broken pickle: decoding it ran nothing, and failed
+            return _result_failure(exc, self.pid)
+
+    def _error(self, job_id: int, frame: bytes | bytearray, end: int) -> Report:
         """An ERROR message. Kind "protocol" here: the worker refused to send
         a result over max_result_bytes; it broke nothing and stays. Kind
         "memory": the job went over its memory limit, which leaves a worker
-        that may be bloated or half broken (and maybe children): it is replaced."""
-        exception = None
-        if exc_bytes is not None:
-            try:
-                exception = pickle.loads(exc_bytes)
-                exception.__cause__ = _RemoteTraceback(tb)
-            except Exception as exc:
-                text = f"{text} (the exception could not be unpickled in the supervisor: {exc!r})"
-                exception = None
-        failure = Failure(kind, text, exc_type, tb, pid=self.pid, exception=exception)
-        return Report(job_id, Failed(failure), kind == "memory", False)
-
-    def _unreadable(self, worker: WorkerSlot, exc: Exception, earlier: list[Event]) -> Report:
-        """A message that did not unpickle. A result travels pickled once, in
-        its message (no pickle inside a pickle: a large output is copied once
-        on each side, as the pipe forces), so the message cannot say which job
-        it was for: it is the next job the worker was running, since a worker
-        reports its jobs in order and reports nothing else while it runs one."""
-        failure = Failure(
-            "error",
-            f"the job's result could not be unpickled in the supervisor: {exc!r}",
-            exc_type=type(exc).__qualname__,
-            pid=self.pid,
-        )
-        ran = sum(1 for event in earlier if type(event) is Report)  # jobs reported before it in this read
-        held: Entry | None = worker.entry
-        if ran and held is not None:
-            try:
-                held = worker.queue[ran - 1]  # (one index: no iteration over a deque another thread may change)
-            except IndexError:
-                held = None
-        job_id = -1 if held is None else held.job_id
-        return Report(job_id, Failed(failure), False, False)
+        that may be bloated or half broken (and maybe children): it is replaced.
+        Its fields are plain data, decoded here; the exception is decoded here
+        only if it is a built-in one."""
+        try:
+            exc_bytes, exc_type, text, tb, kind = load_data(frame)
+        except Exception as exc:  # our own worker wrote it: only a broken pipe does this
+            failure = Failure("error", f"the job's error could not be decoded in the supervisor: {exc!r}", pid=self.pid)
+            return Report(job_id, Failed(failure), False, False)
+        raised = _Raised(kind, exc_type, text, tb, self.pid)
+        outcome: Completed[Any] | Failed | Undecoded
+        if exc_bytes is None:
+            outcome = raised.failed()
+        else:
+            outcome = PickledError(exc_bytes, raised)
+            if len(exc_bytes) <= INLINE_DECODE_BYTES:
+                try:
+                    outcome = raised.with_exception(load_data(exc_bytes, BuiltinExceptions))
+                except NeedsCode:
+                    pass
+                except Exception as exc:
+                    outcome = raised.unloadable(exc)
+        return Report(job_id, outcome, kind == "memory", False)

@@ -15,7 +15,8 @@ import json
 import os
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from procq._channel import Launch, ProcessChannel
 from procq._processes import ExecProcess, describe_exit, import_path, tree_rss, worker_config
@@ -23,6 +24,7 @@ from procq._protocol import (
     CUT_SHORT,
     FROM_JOB,
     FROM_WORKER,
+    DecodeLater,
     Event,
     FrameReader,
     JobError,
@@ -39,13 +41,63 @@ from procq._values import Completed, Failed, Failure
 if TYPE_CHECKING:
     from procq._entries import Entry, LaneState, WorkerSlot
 
-__all__ = ["MESSAGE_SLACK", "UntrustedChannel"]
+__all__ = ["INLINE_JSON_BYTES", "MESSAGE_SLACK", "UntrustedChannel", "decode_job_message", "json_values"]
 
 #: Room an untrusted worker's message may take beyond ``max_result_bytes``:
 #: an error's traceback text, the JSON around a result.
 MESSAGE_SLACK = 1 << 20
+#: A job's message longer than this is counted and decoded by the lane's
+#: decode thread, not the I/O thread (even counting 16 MiB takes tens of ms,
+#: and decoding it far more).
+INLINE_JSON_BYTES = 1 << 16
 
 _WHAT = {Ready: "a READY message", JobExit: "an exit message", JobOutput: "a result", JobError: "an error message"}
+
+
+def json_values(frame: bytes, end: int) -> int:
+    """At least as many values as the JSON text ``frame[:end]`` can decode
+    to, counted without decoding it: every value but the first follows a
+    comma, a colon or an opening bracket or brace. (Those inside strings
+    count too: it errs high, never low.) ``bytes.count`` runs at C speed."""
+    return 1 + frame.count(b",", 0, end) + frame.count(b":", 0, end) + frame.count(b"[", 0, end) + frame.count(
+        b"{", 0, end
+    )
+
+
+def _too_many(key: str, lane: str, values: int, limit: int, pid: int) -> Failed:
+    return Failed(
+        Failure(
+            "protocol",
+            f"the answer of job {key!r} may hold about {values:,} JSON values (counted before decoding it), more "
+            f"than lane {lane!r}'s max_result_values of {limit:,}; it was not decoded",
+            pid=pid,
+        )
+    )
+
+
+class TooMany(NamedTuple):
+    """A job's message that may hold more JSON values than its lane allows (not decoded)."""
+
+    values: int
+
+
+#: What decoding a job's message came to: the message, a breach of the protocol, or too many values.
+Decoded = Ready | JobOutput | JobError | JobExit | ProtocolError | TooMany
+
+
+def decode_job_message(frame: bytes, max_values: int) -> tuple[int, Decoded]:
+    """Count, then decode, a frame from a job's process (on the lane's decode
+    thread for a large one): its body's size, and what it decodes to. Never raises."""
+    end = len(frame) - 1
+    values = json_values(frame, end)
+    if values > max_values:
+        return end, TooMany(values)
+    try:
+        return end, decode_untrusted(frame[:end])
+    except ProtocolError as exc:
+        return end, exc
+    except BaseException as exc:  # pragma: no cover - decode_untrusted catches what json raises
+        return end, ProtocolError(f"a message that could not be decoded ({type(exc).__name__})")
 
 
 class UntrustedChannel(ProcessChannel):
@@ -53,12 +105,16 @@ class UntrustedChannel(ProcessChannel):
     #: that stops reading its pipe can then stall nothing else.
     inline_limit = 1 << 16
 
-    def __init__(self, process: Any, conn: Any, reader: FrameReader, max_result: int | None) -> None:
+    def __init__(self, process: Any, conn: Any, reader: FrameReader, max_result: int | None, max_values: int) -> None:
         super().__init__(process, conn, process.sentinel, reader)
         self._max_result = max_result
+        self._max_values = max_values
         # The answer the running job's process sent, kept until the worker
         # reports that process's exit (an answer counts only then).
         self._answer: Completed[Any] | Failed | None = None
+        # While a message is decoded on the decode thread (see DecodeLater):
+        # what was read after it, checked once it is back. None otherwise.
+        self._later: list[bytes | bytearray | Violation] | None = None
 
     @classmethod
     def start(cls, lane: LaneState, launch: Launch) -> UntrustedChannel:
@@ -97,7 +153,7 @@ class UntrustedChannel(ProcessChannel):
         limit = (spec.max_result or 0) + MESSAGE_SLACK
         what = f"the lane's max_result_bytes of {spec.max_result}"
         reader = FrameReader(parent_conn.fileno(), limit, what, trailer=len(FROM_WORKER))
-        return cls(process, parent_conn, reader, spec.max_result)
+        return cls(process, parent_conn, reader, spec.max_result, spec.max_result_values)
 
     def job_memory(self, entry: Entry, children: dict[int, list[int]]) -> int:
         # The job runs in a copy of its worker, which starts with (roughly)
@@ -105,40 +161,88 @@ class UntrustedChannel(ProcessChannel):
         return tree_rss(self.pid, children) - 2 * entry.rss_base
 
     def read(self, worker: WorkerSlot) -> list[Event]:
+        frames: list[bytes | bytearray | Violation]
         try:
-            frames = self._reader.read()
+            frames = list(self._reader.read())
         except ProtocolError as exc:
-            return [Violation(str(exc))]
+            frames = [Violation(str(exc))]
+        if self._later is not None:  # a message is being decoded: these wait for it
+            self._later += frames
+            return []
+        return self._events(worker, frames)
+
+    def resume(self, worker: WorkerSlot, decoded: Any) -> list[Event]:
+        """A job's large message is decoded (``decode_job_message``): check
+        it, then what was read after it."""
+        later, self._later = self._later or [], None
+        size, message = decoded
+        event = self._checked(worker, message, True, size)
+        if event is None:
+            return self._events(worker, later)
+        if type(event) is Violation:
+            return [event]
+        return [event, *self._events(worker, later)]
+
+    def _events(self, worker: WorkerSlot, frames: list[bytes | bytearray | Violation]) -> list[Event]:
         events: list[Event] = []
-        for frame in frames:
-            event = self._check(worker, frame)
-            if event is not None:
-                events.append(event)
-                if type(event) is Violation:
-                    break
+        for i, frame in enumerate(frames):
+            event = frame if type(frame) is Violation else self._check(worker, frame)  # type: ignore[arg-type]
+            if event is None:
+                continue
+            events.append(event)
+            if type(event) is Violation:
+                break
+            if type(event) is DecodeLater:
+                self._later = frames[i + 1 :]
+                break
         return events
 
     def _check(self, worker: WorkerSlot, frame: bytes | bytearray) -> Event | None:
         """Check one frame. Its last byte says who wrote it: the worker (READY,
-        a job's exit) or the job's process (its answer; see ``_protocol``). A
-        job ends (a ``Report``) when the worker reports its process's exit,
-        with the answer it gave, or as a crash if none; an answer is kept
-        until then (None)."""
-        body, origin = memoryview(frame)[:-1], frame[-1:]
+        a job's exit) or the job's process (its answer; see ``_protocol``).
+        What a job's process sends may be built to cost far more decoded than
+        sent: its JSON values are counted first (``json_values``), and a large
+        message is counted and decoded on the lane's decode thread
+        (``DecodeLater``)."""
+        origin = frame[-1:]
+        if origin == CUT_SHORT:
+            return Violation("a message cut short (the job's process ended partway through writing it)")
+        if origin not in (FROM_WORKER, FROM_JOB):
+            return Violation(f"a message of unknown origin {origin!r}")
+        size = len(frame) - 1
+        from_job = origin == FROM_JOB
+        if from_job:
+            if size > INLINE_JSON_BYTES:
+                return DecodeLater(partial(decode_job_message, bytes(frame), self._max_values))
+            values = json_values(bytes(frame), size)
+            if values > self._max_values:
+                return self._checked(worker, TooMany(values), True, size)
         try:
-            if origin == CUT_SHORT:
-                raise ProtocolError("a message cut short (the job's process ended partway through writing it)")
-            if origin not in (FROM_WORKER, FROM_JOB):
-                raise ProtocolError(f"a message of unknown origin {origin!r}")
-            message = decode_untrusted(bytes(body))
+            message = decode_untrusted(bytes(memoryview(frame)[:-1]))
         except ProtocolError as exc:
             return Violation(str(exc))
-        from_job = origin == FROM_JOB
+        return self._checked(worker, message, from_job, size)
+
+    def _checked(self, worker: WorkerSlot, message: Decoded, from_job: bool, size: int) -> Event | None:
+        """Act on one decoded message (of ``size`` bytes). A job ends (a
+        ``Report``) when the worker reports its process's exit, with the
+        answer it gave, or as a crash if none; an answer is kept until then
+        (None)."""
+        if type(message) is ProtocolError:
+            return Violation(str(message))
+        held = worker.entry
+        if type(message) is TooMany:
+            if held is None:
+                return Violation("a message from a job's process while it held no job")
+            if self._answer is not None:
+                return Violation(f"a second answer for job {held.key!r}")
+            self._answer = _too_many(held.key, worker.lane.name, message.values, self._max_values, self.pid)
+            return None
         if from_job != (type(message) is JobOutput or type(message) is JobError):
             return Violation(f"{_WHAT[type(message)]} written by {'the job' if from_job else 'the worker itself'}")
         if isinstance(message, Ready):
             return message
-        held = worker.entry
+        assert not isinstance(message, (ProtocolError, TooMany))
         if held is None or held.job_id != message.job_id:
             what = "while it held no job" if held is None else f"while it held job {held.key!r}"
             return Violation(f"a message about job id {message.job_id} {what}")
@@ -148,8 +252,8 @@ class UntrustedChannel(ProcessChannel):
             return Violation(f"a second answer for job {held.key!r}")
         if type(message) is JobOutput:
             limit = self._max_result
-            if limit is not None and len(body) > limit:
-                return Violation(f"a result of {len(body)} bytes, more than the lane's max_result_bytes of {limit}")
+            if limit is not None and size > limit:
+                return Violation(f"a result of {size} bytes, more than the lane's max_result_bytes of {limit}")
             self._answer = Completed(message.output)
         else:
             assert type(message) is JobError

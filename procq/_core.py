@@ -50,31 +50,18 @@ from typing import Any
 from procq._dispatch import Dispatch, Offer, Offered, Reported, Unblocked
 from procq._entries import ABANDONED, PENDING, Ended, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
 from procq._job import Job, Lane, Retention
-from procq._protocol import Report
+from procq._protocol import Report, Undecoded
 from procq._records import KeyRecords, MemoryRecords
 from procq._retention import Done
 from procq._statemap import CACHED, Claim, ClaimKind, StateMap, conflict, new_claim
 from procq._stopping import Stopping
 from procq._timers import Timers
-from procq._values import Failed, Failure, QueueStats, State
+from procq._values import Completed, Failed, Failure, QueueStats, State
 
 __all__ = [
-    "BLOCKED",
-    "CANCELLED",
-    "FULL",
-    "QUEUED",
-    "SCHEDULED",
-    "STOPPED",
-    "Claim",
-    "Core",
-    "Ended",
-    "Entry",
-    "LaneState",
-    "Offer",
-    "WorkerLife",
-    "WorkerSlot",
-    "run_wakeups",
-]
+    "BLOCKED", "CANCELLED", "FULL", "QUEUED", "SCHEDULED", "STOPPED",
+    "Claim", "Core", "Ended", "Entry", "LaneState", "Offer", "WorkerLife", "WorkerSlot", "run_wakeups",
+]  # fmt: skip
 
 Wakeup = Callable[[], None]
 
@@ -322,32 +309,42 @@ class Core:
             return (life is WorkerLife.DEAD or life is WorkerLife.RETIRED) and worker.sending == 0
 
     def jobs_done(
-        self,
-        worker: WorkerSlot,
-        reports: list[Report],
-        wakeups: list[Wakeup] | None = None,
-    ) -> tuple[list[Entry], Reported, int]:
+        self, worker: WorkerSlot, reports: list[Report], wakeups: list[Wakeup] | None = None,
+        undecoded: list[tuple[Entry, Undecoded]] | None = None,
+    ) -> tuple[list[Entry], Reported, int]:  # fmt: skip
         """A worker's reports, settled in one critical section (see
         ``Dispatch.reports``). Given ``wakeups``, the jobs' wake-ups go there
         for the caller to run (after it has sent the worker its next jobs,
-        once for all the reports it read at once); else they run here."""
+        once for all the reports it read at once); else they run here. Jobs
+        still ``Undecoded`` go in ``undecoded``, for a decode thread."""
         woken: list[Wakeup] = []
         with self.lock:
-            batch, status, taken = self.dispatch.reports(worker, reports, self.clock(), woken)
+            later = [] if undecoded is None else undecoded
+            batch, status, taken = self.dispatch.reports(worker, reports, self.clock(), woken, later)
         if wakeups is None:
             run_wakeups(woken)
         else:
             wakeups += woken
         return batch, status, taken
 
+    def decoding(self, entry: Entry) -> bool:
+        """Is ``entry``'s outcome still awaited? (A hint, read without the lock.)"""
+        return entry in self.dispatch.decoding.entries
+
+    def decoded(self, entry: Entry, outcome: Completed[Any] | Failed) -> None:
+        """A decode thread's outcome for ``entry`` (see ``Decoding.give``)."""
+        wakeups: list[Wakeup] = []
+        with self.lock:
+            taken = self.dispatch.decoding.give(entry, outcome, self.clock(), wakeups)
+            retried = taken and entry.timed  # back to its timer, for a retry's backoff
+        run_wakeups(wakeups)
+        if retried:
+            self.on_new_deadline()
+
     def worker_died(
-        self,
-        worker: WorkerSlot,
-        crash: Callable[[Entry], Failure],
-        exitcode: int | None = None,
-        signal: str | None = None,
-        restart: bool = False,
-    ) -> tuple[bool, list[Wakeup]]:
+        self, worker: WorkerSlot, crash: Callable[[Entry], Failure], exitcode: int | None = None,
+        signal: str | None = None, restart: bool = False,
+    ) -> tuple[bool, list[Wakeup]]:  # fmt: skip
         """A worker's death was seen (see ``Dispatch.died``): must the caller
         close its pipe now, and the wake-ups for the caller to run."""
         wakeups: list[Wakeup] = []
@@ -388,7 +385,11 @@ class Core:
         """Cancel the live job of ``key`` (see ``Stopping.cancel``)."""
         wakeups: list[Wakeup] = []
         with self.lock:
-            answer = self.stopping.cancel(key, self.clock(), wakeups)
+            entry = self.keys.live.get(key)
+            if entry is not None and self.dispatch.decoding.cancel(entry, self.clock(), wakeups):
+                answer: tuple[bool, tuple[WorkerSlot, Entry] | None, tuple[WorkerSlot, int] | None] = (True, None, None)
+            else:
+                answer = self.stopping.cancel(key, self.clock(), wakeups)
         run_wakeups(wakeups)
         return answer
 
@@ -406,7 +407,9 @@ class Core:
         """Fail every waiting job as cancelled; returns the busy workers, doomed, to kill."""
         wakeups: list[Wakeup] = []
         with self.lock:
-            doomed = self.stopping.cancel_all(why, self.clock(), wakeups)
+            now = self.clock()
+            doomed = self.stopping.cancel_all(why, now, wakeups)
+            self.dispatch.decoding.end_all(why, now, wakeups)  # (a decode may take as long as it likes)
         run_wakeups(wakeups)
         return doomed
 
@@ -420,6 +423,14 @@ class Core:
 
     def start_closing(self) -> None:
         with self.lock:
+            self.keys.closing = True
+            if not self.keys.live:
+                self.drained.set()
+
+    def break_down(self, cause: BaseException) -> None:
+        """The I/O thread died of ``cause``: no more pushes, saying why (``StateMap.claim``)."""
+        with self.lock:
+            self.keys.broken = cause
             self.keys.closing = True
             if not self.keys.live:
                 self.drained.set()

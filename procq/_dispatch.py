@@ -28,9 +28,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from procq._decoding import Decoding
 from procq._entries import PENDING, PROCESSING, Entry, LaneState, WorkerLife, WorkerSlot
 from procq._job import Job, Lane
-from procq._protocol import Report
+from procq._protocol import Report, Undecoded
 from procq._statemap import StateMap
 from procq._values import Failed, Failure, LaneStats
 
@@ -80,7 +81,7 @@ class Unblocked(str, enum.Enum):
 class Dispatch:
     """The lanes and their workers (see the module docstring)."""
 
-    __slots__ = ("_handoffs", "default_lane", "keys", "lanes")
+    __slots__ = ("_handoffs", "decoding", "default_lane", "keys", "lanes")
 
     def __init__(self, lanes: dict[str, Lane], keys: StateMap) -> None:
         self.lanes = {name: LaneState(name, spec) for name, spec in lanes.items()}
@@ -88,6 +89,8 @@ class Dispatch:
         self.keys = keys
         # Jobs given to idle workers while the I/O thread handled a death (see take_handoffs).
         self._handoffs: list[tuple[WorkerSlot, Entry]] = []
+        # Jobs whose outcome a decode thread is decoding (see ``reports``).
+        self.decoding = Decoding(keys)
 
     def lane_for(self, job: Job[Any]) -> LaneState:
         if job.lane is None:
@@ -252,12 +255,15 @@ class Dispatch:
         reports: list[Report],
         now: float,
         wakeups: list[Wakeup],
+        undecoded: list[tuple[Entry, Undecoded]],
     ) -> tuple[list[Entry], Reported, int]:
         """Settle a worker's reports, in the order it ran them:
         a ``Report`` each (``retire``: the worker
         must be replaced after it; ``crashed``: count it as a crash). The
         worker's next job is the first of its queue, if it has one: it has
-        already started it.
+        already started it. A job whose outcome is ``Undecoded`` leaves its
+        worker all the same, but is held in ``decoding`` (still PROCESSING)
+        and put in ``undecoded`` for the caller to hand to a decode thread.
 
         Returns the jobs the caller must now send to the same worker (in one
         frame; empty: none; the caller holds one right to send for them), what
@@ -285,7 +291,11 @@ class Dispatch:
                 outcome = Failed(entry.kill_reason)
             elif crashed:
                 lane.crashes += 1
-            wakeups += keys.finish(entry, outcome, now)
+            if isinstance(outcome, Undecoded):
+                self.decoding.hold(entry)
+                undecoded.append((entry, outcome))
+            else:
+                wakeups += keys.finish(entry, outcome, now)
             if worker.queue:
                 if retire:
                     worker.retire_requested = True  # once its queue has run
@@ -452,7 +462,7 @@ class Dispatch:
             assert not lane.idle or not (lane.ready or lane.overdue), lane.name
             assert len(lane.workers) + lane.starting <= lane.spec.workers
             busy = [w for w in lane.workers if w.entry is not None]
-            assert len(busy) == lane.running
+            assert len(busy) + self.decoding.check(lane, live) == lane.running
             for w in lane.idle:
                 assert w.entry is None and w in lane.workers
             for w in busy:

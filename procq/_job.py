@@ -11,6 +11,7 @@ import datetime
 import math
 import os
 import re
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -19,6 +20,7 @@ from procq._values import RETRYABLE_KINDS, FailureKind
 
 __all__ = [
     "DEFAULT_CAPACITY",
+    "DEFAULT_RESULT_VALUES",
     "DEFAULT_UNTRUSTED_RESULT_BYTES",
     "REUSE_POLICIES",
     "RLIMITS",
@@ -39,6 +41,8 @@ DEFAULT_CAPACITY = 1024
 
 #: The largest result an untrusted lane accepts when its ``max_result_bytes`` is not given.
 DEFAULT_UNTRUSTED_RESULT_BYTES = 16 * 1024 * 1024
+#: How many JSON values an untrusted lane's result may hold by default (see ``Lane``).
+DEFAULT_RESULT_VALUES = 1_000_000
 
 #: Resource limits a lane may set on its workers: name -> what the value counts.
 RLIMITS = {
@@ -106,7 +110,8 @@ def check_wait(value: float | None) -> float | None:
         raise TypeError(f"timeout must be a number of seconds or None, got {type(value).__name__}: {value!r}")
     if math.isnan(value) or value < 0:
         raise ValueError(f"timeout must be None or a number of seconds >= 0, got {value!r}")
-    return None if math.isinf(value) else float(value)
+    # Past what a lock's wait can take (about 292 years) a wait is as good as endless.
+    return None if value >= threading.TIMEOUT_MAX else float(value)
 
 
 @dataclass(frozen=True, init=False)
@@ -293,7 +298,10 @@ class Retry:
     def delay(self, attempt: int, rand: float) -> float:
         """Seconds to wait after failed attempt ``attempt`` (1-based), for a
         ``rand`` drawn uniformly from [0, 1)."""
-        base = min(self.max_backoff, self.backoff * self.factor ** (attempt - 1))
+        try:  # (a float power past 1.8e308 overflows: the cap applies)
+            base = min(self.max_backoff, self.backoff * float(self.factor) ** (attempt - 1) if self.backoff else 0.0)
+        except OverflowError:
+            base = self.max_backoff
         return max(0.0, base * (1.0 + self.jitter * (2.0 * rand - 1.0)))
 
 
@@ -382,6 +390,9 @@ class Lane:
     - ``max_result_bytes``: a larger result fails its job (kind ``"protocol"``)
       without the supervisor reading it. Default: no limit for trusted lanes,
       ``DEFAULT_UNTRUSTED_RESULT_BYTES`` (16 MiB) for untrusted ones.
+    - ``max_result_values`` (untrusted lanes): an answer whose JSON may hold more
+      values than this (counted before decoding; it errs high) fails its job
+      (kind ``"protocol"``) undecoded. Default ``DEFAULT_RESULT_VALUES`` (1,000,000).
     - ``rlimits``: ``{"cpu": seconds per job, "fsize": bytes, "nofile": n,
       "nproc": n}``, set in each worker before it takes a job (untrusted
       lanes: in each job's process).
@@ -404,6 +415,7 @@ class Lane:
     inherit_env: bool | None = None
     cwd: str | os.PathLike[str] | None = None
     kill_grace: float = 0.05
+    max_result_values: int = DEFAULT_RESULT_VALUES
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int):
@@ -427,6 +439,9 @@ class Lane:
         if limit is None and not self.trusted:
             limit = DEFAULT_UNTRUSTED_RESULT_BYTES
         _set(self, "max_result_bytes", limit)
+        values = self.max_result_values
+        if isinstance(values, bool) or not isinstance(values, int) or values < 1:
+            raise ValueError(f"lane max_result_values must be an int of at least 1, got {values!r}")
         _set(self, "rlimits", _check_rlimits(self.rlimits))
         if self.env is not None:
             if not isinstance(self.env, Mapping):

@@ -20,17 +20,30 @@ per worker (:class:`FnMirror`), so both sides always agree on what the worker
 holds without ever asking. Because the id is the content, a closure whose
 captured values changed since its last push is simply a new function.
 
-Worker -> supervisor, trusted lanes (pickles)::
+Worker -> supervisor, trusted lanes: a payload, then a fixed 9-byte trailer
+(``TRAILER``: the job id, a little-endian int64, and a tag byte)::
 
-    (0, READY)                         once, when it is set up and takes jobs
-    (job_id, OK, result)               the result pickled once, in the message
-    (job_id, ERROR, exc_bytes | None, exc_type, message, traceback_text, kind)
-    (job_id, SKIPPED)                  a CANCEL came before the job started
+    b""                                + (0, READY)       once, when it is set up and takes jobs
+    pickle(result)                     + (job_id, OK)     the result pickled once; it names no
+                                                          class or function (``_plain``)
+    pickle(result)                     + (job_id, OK_OBJECTS)  one that does
+    pickle((exc_bytes | None, exc_type, message, traceback_text, kind))
+                                       + (job_id, ERROR)  exc_bytes: the exception, pickled apart
+    b""                                + (job_id, SKIPPED) a CANCEL came before the job started
+
+The trailer is read without unpickling anything, so the supervisor always
+knows which job a report is for, and a payload that fails to unpickle fails
+that job alone. (``pickle.loads`` ignores the bytes after a pickle's end, so
+a payload is unpickled in place, with its trailer.) Unpickling may run code
+of the result's classes; the I/O thread only unpickles what cannot (no opcode
+that names a class or function: the worker checks the pickle it made, in
+parallel with the supervisor, and says so in the tag; see ``_plain``) and
+leaves the rest ``Undecoded`` for the lane's decode thread (see ``_channel_trusted``).
 
 A trusted worker reports its jobs in the order it was sent them, one message
 each, so the supervisor always knows which one it is running: the first it
-has sent and not heard back about. Each decodes straight to ``Ready`` or a
-``Report`` (see ``_channel_trusted``).
+has sent and not heard back about. Each becomes ``Ready`` or a ``Report``
+(see ``_channel_trusted``).
 
 Worker -> supervisor, untrusted lanes (UTF-8 JSON arrays, never unpickled).
 An untrusted lane's worker runs no job code: it forks a process for each job
@@ -64,7 +77,9 @@ process sentinel, and knows which job it held because it gave it that job.
 
 What a worker channel reads comes out as events (``Event``): ``Ready``, a
 ``Report`` of a job's end (settled by ``Core.jobs_done``, which answers with
-a ``Reported``), or a ``Violation`` of the protocol.
+a ``Reported``), or a ``Violation`` of the protocol. A report's outcome may be
+``Undecoded``: the job has ended and its worker moves on, and the lane's
+decode thread turns it into the job's outcome (``Core.decoded``).
 """
 
 from __future__ import annotations
@@ -77,6 +92,7 @@ import socket
 import struct
 import sys
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from procq._values import Completed, Failed, FailureKind
@@ -89,10 +105,13 @@ __all__ = [
     "FROM_JOB",
     "FROM_WORKER",
     "OK",
+    "OK_OBJECTS",
     "READY",
     "RUN",
     "RUN_MANY",
     "SKIPPED",
+    "TRAILER",
+    "DecodeLater",
     "Event",
     "FnMirror",
     "FrameReader",
@@ -102,6 +121,7 @@ __all__ = [
     "ProtocolError",
     "Ready",
     "Report",
+    "Undecoded",
     "Violation",
     "decode_untrusted",
     "digest",
@@ -116,7 +136,7 @@ RUN = 0
 OK = 1
 ERROR = 2
 READY = 3
-# (4 is free.)
+OK_OBJECTS = 4  # an OK whose pickle names a class or function: unpickling it may run code
 RUN_MANY = 5
 CANCEL = 6
 SKIPPED = 7
@@ -130,8 +150,10 @@ CUT_SHORT = b"t"
 #: How many distinct functions a worker keeps unpickled.
 FN_CACHE_SIZE = 128
 
-PROTOCOL = pickle.HIGHEST_PROTOCOL
+#: What ends every trusted worker's message: the job id and the tag.
+TRAILER = struct.Struct("<qB")
 
+PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 # --- what a worker channel reads ----------------------------------------------
 
@@ -140,11 +162,23 @@ class Ready(NamedTuple):
     """The worker is set up and takes jobs (its first message, sent once)."""
 
 
+class Undecoded:
+    """A job's outcome the I/O thread leaves as it came: decoding it may run
+    code of the job's own classes (unpickling), or cost more than the I/O
+    thread may spend while other lanes wait. A lane's decode thread calls
+    ``decode``, which never raises: what fails to decode fails the job."""
+
+    __slots__ = ()
+
+    def decode(self) -> Completed[Any] | Failed:
+        raise NotImplementedError
+
+
 class Report(NamedTuple):
     """The end of a job as its worker reported it, for ``Core.jobs_done``."""
 
     job_id: int
-    outcome: Completed[Any] | Failed
+    outcome: Completed[Any] | Failed | Undecoded
     retire: bool  # the worker must be replaced after this job
     crashed: bool  # the outcome is a crash of the job's own process (counted in the lane's stats)
 
@@ -155,7 +189,17 @@ class Violation(NamedTuple):
     what: str
 
 
-Event = Ready | Report | Violation
+class DecodeLater(NamedTuple):
+    """A message the channel will not decode on the I/O thread (it may cost
+    much). ``decode`` runs on the lane's decode thread and never raises; what
+    it returns goes back to the channel on the I/O thread
+    (``WorkerChannel.resume``), which reads nothing more of that worker's
+    messages until then, so they are still checked in order."""
+
+    decode: Callable[[], Any]
+
+
+Event = Ready | Report | Violation | DecodeLater
 
 
 def dumps(obj: Any) -> bytes:

@@ -314,7 +314,8 @@ class ProcQueue:
 
     @property
     def closed(self) -> bool:
-        return self._life is not _Life.OPEN
+        # (The core closes by itself if the supervisor's thread dies.)
+        return self._life is not _Life.OPEN or self._core.closing
 
     def __enter__(self) -> ProcQueue:
         return self

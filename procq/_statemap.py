@@ -27,9 +27,9 @@ are answered from their record and which run again is the reuse policy
 (``Job.reuse``).
 
 The map also holds the queue's door: ``closing`` (no claim is taken),
-``stopped`` and ``cancelled`` (nothing enters a lane or is retried), and
-``drained``. Everything here runs under ``Core.lock``; times are given, read
-from ``Core.clock``.
+``stopped`` and ``cancelled`` (nothing enters a lane or is retried),
+``broken`` (why the I/O thread died, if it did) and ``drained``. Everything
+here runs under ``Core.lock``; times are given, read from ``Core.clock``.
 """
 
 from __future__ import annotations
@@ -97,6 +97,7 @@ class StateMap:
     __slots__ = (
         "_ids",
         "_random",
+        "broken",
         "cancelled",
         "check_payload",
         "closing",
@@ -129,6 +130,9 @@ class StateMap:
         self.closing = False  # no claim is taken
         self.stopped = False  # the supervisor stopped: nothing enters a lane
         self.cancelled = False  # close(wait=False) began: nothing enters a lane
+        # Why the supervisor's I/O thread died, if it did: the queue then takes
+        # no claim (closing is set) and says why.
+        self.broken: BaseException | None = None
         self.drained = threading.Event()  # set while closing and nothing is live
 
     # --- claiming ---------------------------------------------------------------
@@ -137,6 +141,11 @@ class StateMap:
         """Check and claim ``job.key``: join its live entry, answer from its
         record, or make a new PENDING entry, in no lane yet."""
         if self.closing:
+            if self.broken is not None:
+                raise QueueClosed(
+                    f"the queue is closed: its supervisor thread died ({_describe(self.broken)}); "
+                    f"cannot push job {job.key!r}"
+                ) from self.broken
             raise QueueClosed(f"the queue is closed; cannot push job {job.key!r}")
         key = job.key
         entry = self.live.get(key)
@@ -337,6 +346,12 @@ class StateMap:
         assert (processing, memory) == (self.processing, self.memory_jobs), (processing, memory)
         self.records.check()
         self.timers.check(self.live)
+
+
+def _describe(exc: BaseException) -> str:
+    """``exc`` in a message: its type and text."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _summarize(history: list[Failure], last: Failure) -> Failure:

@@ -17,7 +17,13 @@ Who owns what, and what each pipe carries::
        to that worker, from here)      │  │                 (Core.jobs_done); then one frame of next
                                        │  │                 jobs (several ahead while the lane's jobs
                                        │  │                 are short and wait), or retire the worker
-                                       │  │                 and start another; then wake-ups
+                                       │  │                 and start another; then wake-ups. An
+                                       │  │                 Undecoded outcome (its unpickling may run
+                                       │  │                 code, or it is large) frees the worker; the
+                                       │  │                 job stays Processing until the lane's decode
+                                       │  │                 thread settles it (Core.decoded)
+                                       │  │      DecodeLater: a large untrusted message, decoded on
+                                       │  │                 that thread, back here to be checked in order
                                        │  │      Violation: fail the job ("protocol"), kill the worker
                                        │  │    on a death:   Core.worker_died -> SIGKILL its group,
                                        │  │                  wake the dead job's waiters, its jobs sent
@@ -31,7 +37,8 @@ Who owns what, and what each pipe carries::
                                        v  v                  the lane's kill_grace
                        WorkerChannel, one per worker (``_channel``): its pipe, process, sentinel
                          TrustedChannel:   multiprocessing child (``_worker``), pickled answers
-                                           read in bulk
+                                           read in bulk, each naming its job in a trailer;
+                                           unpickled here only where that runs no code
                          UntrustedChannel: fresh `python -I` (``_worker_untrusted``) that forks
                                            a process per job and relays its JSON answer, then
                                            its exit; read by a non-blocking FrameReader and
@@ -67,10 +74,12 @@ as the child lived. Why an untrusted worker is never read with
 a frame and stopped would stall this thread and every lane with it.
 
 Beside this module: ``_supervisor_wait`` (``Watcher``: the selector and the
-wake-up pipe; ``Timers``: when this thread must next act on its own),
+wake-up pipe; ``Timers``: when this thread must next act on its own; the
+last wait for workers), ``_supervisor_decode`` (the lanes' decode threads),
 ``_supervisor_failures`` (the failures it gives jobs), ``_channel`` and its
 kinds (a worker's pipe and process) and ``_processes`` (a worker's death,
-memory and process tree).
+memory and process tree). Should this thread die of an exception, the queue
+closes itself at once, saying why (``Core.break_down``).
 """
 
 from __future__ import annotations
@@ -78,10 +87,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 import traceback
 from collections.abc import Callable
-from multiprocessing.connection import wait
 from typing import Any
 
 from procq._channel import Launch, WorkerChannel
@@ -90,20 +97,13 @@ from procq._channel_untrusted import UntrustedChannel
 from procq._core import Core, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
 from procq._dispatch import Reported
 from procq._processes import children_map
-from procq._protocol import Ready, Report, Violation
-from procq._supervisor_failures import (
-    crash_failure,
-    memory_failure,
-    protocol_failure,
-    start_failure,
-    stopped_failure,
-)
-from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, Timers, Watcher
+from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
+from procq._supervisor_decode import Decoders
+from procq._supervisor_failures import crash_failure, memory_failure, protocol_failure, start_failure
+from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, STOP_GRACE, Timers, Watcher, stop_workers
 
 __all__ = ["Supervisor"]
 
-#: How long stopping workers get to exit on their own before they are killed.
-STOP_GRACE = 3.0
 #: How long to wait before trying again to start a worker that failed to start.
 RESTART_BACKOFF = 1.0
 #: How long a worker whose pipe reached EOF may live on before it is killed.
@@ -138,6 +138,9 @@ class Supervisor:
         self._watcher = Watcher()
         self.wake = self._watcher.wake  # from any thread
         self._timers = Timers()
+        # Decode threads, for what this thread must not decode itself (see _supervisor_decode).
+        self._decoders = Decoders(core, name, self.wake)
+        self._undecoded: list[tuple[Entry, Undecoded]] = []  # (reused: filled by Core.jobs_done)
         # Workers whose running job q.cancel() ended, to be killed by the I/O thread.
         self._pending_terminations: list[tuple[WorkerSlot, Entry]] = []
         self._stop = False
@@ -212,10 +215,13 @@ class Supervisor:
         self._started.set()
         try:
             self._loop()
-        except BaseException:  # pragma: no cover - a bug here must not hang waiters
+        except BaseException as exc:
+            # A bug, or what the loop cannot survive: the queue says so at once (closed,
+            # pushes refused with this as their cause); no handle hangs, no worker outlives it.
             traceback.print_exc()
-            self.core.start_closing()
-            self._kill_all(self.core.cancel_all("was cancelled: procq's supervisor thread failed"))
+            self.core.break_down(exc)
+            why = f"was cancelled: procq's supervisor thread died ({type(exc).__name__}: {exc})"
+            self._kill_all(self.core.cancel_all(why))
         finally:
             self._shutdown()
 
@@ -233,6 +239,10 @@ class Supervisor:
                     self._read(worker)
                 else:
                     self._on_death(worker)
+            while self._decoders.decoded:
+                worker, decoded = self._decoders.decoded.popleft()
+                if watcher.watched(worker):  # (else it broke, closed or died: nothing more of it counts)
+                    self._act(worker, worker.channel.resume(worker, decoded))
             now = self.clock()
             for worker in core.expired(now):
                 self._terminate(worker)
@@ -293,6 +303,11 @@ class Supervisor:
         except EOFError:
             self._on_eof(worker)
             return False
+        return self._act(worker, events) and bool(events)
+
+    def _act(self, worker: WorkerSlot, events: list[Event]) -> bool:
+        """Act on a worker's events, in order (see ``_read``). False once
+        nothing more must be read from it (it broke the protocol)."""
         wakeups: list[Wakeup] = []
         reports: list[Report] = []
         going = True
@@ -307,6 +322,8 @@ class Supervisor:
                 break
             if type(event) is Ready:
                 going = self._on_ready(worker)
+            elif type(event) is DecodeLater:  # (always the last event of a read)
+                self._decoders.message(worker, event.decode)
             else:
                 assert type(event) is Violation
                 self._violation(worker, event.what)
@@ -314,7 +331,7 @@ class Supervisor:
         if reports:
             going = self._settle(worker, reports, wakeups)
         run_wakeups(wakeups)
-        return going and bool(events)
+        return going
 
     def _settle(self, worker: WorkerSlot, reports: list[Report], wakeups: list[Wakeup]) -> bool:
         """Settle the reports read at once, then send the worker its next jobs
@@ -322,7 +339,11 @@ class Supervisor:
         limit = worker.lane.spec.max_worker_rss_bytes
         if limit is not None and worker.channel.rss() > limit:
             reports[-1] = reports[-1]._replace(retire=True)
-        batch, status, taken = self.core.jobs_done(worker, reports, wakeups)
+        undecoded = self._undecoded
+        batch, status, taken = self.core.jobs_done(worker, reports, wakeups, undecoded)
+        if undecoded:
+            self._decoders.lane(worker.lane).outcomes(undecoded)
+            undecoded.clear()
         if batch:  # (only ever with Reported.DONE)
             worker.channel.send_jobs(self.core, worker, batch)
         elif status is Reported.RETIRE:
@@ -463,38 +484,12 @@ class Supervisor:
             worker.channel.kill()
 
     def _shutdown(self) -> None:
-        """Stop every worker: EOF first, SIGKILL after a grace; reap them all."""
+        """Stop every worker and reap it (``stop_workers``), then close what this thread owns."""
         self.core.stop()
         if self.core.live_count():  # only if the loop failed: nothing may hang
             self._kill_all(self.core.cancel_all("was cancelled: the queue's supervisor stopped"))
-        for _, worker, descendants in self._timers.take_kills():  # a grace cut short: nothing outlives the queue
-            worker.channel.kill(descendants)
-        workers = [w for w in self._watcher.workers() if w.life is not WorkerLife.DEAD]
-        with self.core.lock:
-            for w in workers:
-                w.doom()
-            closable = [w for w in workers if w.sending == 0]
-        for w in closable:
-            w.channel.close()
-        # Real time, not the core's clock: this waits for processes to exit.
-        deadline = time.monotonic() + STOP_GRACE
-        alive: dict[Any, WorkerSlot] = {w.channel.sentinel: w for w in workers}
-        while alive:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            for sentinel in wait(list(alive), remaining):
-                del alive[sentinel]
-        for w in alive.values():
-            w.channel.kill()
-        for w in workers:
-            w.channel.kill_group()  # jobs' leftovers
-            w.channel.reap()
-            # A worker still holding a job here means the loop itself failed:
-            # the job must still end, so no handle hangs.
-            run_wakeups(self.core.worker_died(w, stopped_failure)[1])
-            w.channel.release()
-        self.core.handoffs()  # (nothing is sent any more)
+        stop_workers(self.core, self._watcher, self._timers)
+        self._decoders.close()
         self._watcher.close()
         os.close(self._alive_r)
         os.close(self._alive_w)

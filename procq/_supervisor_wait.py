@@ -1,4 +1,5 @@
-"""What the supervisor's I/O thread waits on, and for how long.
+"""What the supervisor's I/O thread waits on, and for how long; and its last
+wait, for every worker to exit when the queue stops (``stop_workers``).
 
 ``Watcher`` is its one epoll selector: every worker channel's pipe and death
 sentinel, and the wake-up pipe other threads write to (close, cancel, a new
@@ -15,15 +16,28 @@ import contextlib
 import os
 import selectors
 import threading
+import time
 from collections.abc import Iterator
-from typing import Any
+from multiprocessing.connection import wait
+from typing import TYPE_CHECKING, Any
 
-from procq._entries import WorkerLife, WorkerSlot
+from procq._entries import WorkerLife, WorkerSlot, run_wakeups
+from procq._supervisor_failures import stopped_failure
 
-__all__ = ["MEMORY_CHECK_INTERVAL", "Timers", "Watcher"]
+if TYPE_CHECKING:
+    from procq._core import Core
 
+__all__ = ["MAX_SLEEP", "MEMORY_CHECK_INTERVAL", "STOP_GRACE", "Timers", "Watcher", "stop_workers"]
+
+#: How long stopping workers get to exit on their own before they are killed.
+STOP_GRACE = 3.0
 #: How often the memory of running jobs with a memory limit is sampled.
 MEMORY_CHECK_INTERVAL = 0.05
+#: The longest the selector sleeps at once. epoll takes its timeout in
+#: milliseconds in a C int (about 24.8 days), and a due time may be as far off
+#: as a ``datetime`` can say: the thread wakes at least this often and simply
+#: sleeps again towards whatever is still ahead.
+MAX_SLEEP = 86400.0
 
 
 class Watcher:
@@ -115,7 +129,8 @@ class Timers:
 
     def timeout(self, deadline: float | None, sampling: bool, now: float) -> float | None:
         """How long the selector may sleep: until the soonest of these times,
-        the core's next ``deadline`` and (``sampling``) the next memory sample."""
+        the core's next ``deadline`` and (``sampling``) the next memory sample,
+        and never longer than ``MAX_SLEEP``."""
         times = [t for ts in self._retry_at.values() for t in ts]
         times.extend(self.kill_at.values())
         if self._kills:
@@ -127,7 +142,7 @@ class Timers:
         when = min(times, default=None)
         if when is None:
             return None
-        return max(0.0, when - now)
+        return min(max(0.0, when - now), MAX_SLEEP)
 
     def sample_due(self, now: float) -> bool:
         return now >= self.next_sample
@@ -170,3 +185,36 @@ class Timers:
         """Every SIGKILL still waiting, taken off the list (the queue stops)."""
         kills, self._kills = self._kills, []
         return kills
+
+
+def stop_workers(core: Core, watcher: Watcher, timers: Timers) -> None:
+    """Stop every worker the I/O thread watches: EOF first, SIGKILL after
+    ``STOP_GRACE``; reap them all. (The queue is stopping: no job is sent.)"""
+    for _, worker, descendants in timers.take_kills():  # a grace cut short: nothing outlives the queue
+        worker.channel.kill(descendants)
+    workers = [w for w in watcher.workers() if w.life is not WorkerLife.DEAD]
+    with core.lock:
+        for w in workers:
+            w.doom()
+        closable = [w for w in workers if w.sending == 0]
+    for w in closable:
+        w.channel.close()
+    # Real time, not the core's clock: this waits for processes to exit.
+    deadline = time.monotonic() + STOP_GRACE
+    alive: dict[Any, WorkerSlot] = {w.channel.sentinel: w for w in workers}
+    while alive:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        for sentinel in wait(list(alive), remaining):
+            del alive[sentinel]
+    for w in alive.values():
+        w.channel.kill()
+    for w in workers:
+        w.channel.kill_group()  # jobs' leftovers
+        w.channel.reap()
+        # A worker still holding a job here means the loop itself failed:
+        # the job must still end, so no handle hangs.
+        run_wakeups(core.worker_died(w, stopped_failure)[1])
+        w.channel.release()
+    core.handoffs()  # (nothing is sent any more)

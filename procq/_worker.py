@@ -32,18 +32,8 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from procq._job import format_size
-from procq._protocol import (
-    CANCEL,
-    ERROR,
-    OK,
-    READY,
-    RUN,
-    RUN_MANY,
-    SKIPPED,
-    FnMirror,
-    dumps,
-    json_dumps,
-)
+from procq._plain import result_frame
+from procq._protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 
 __all__ = ["worker_main"]
 
@@ -310,7 +300,7 @@ def run_until_eof(serve: Callable[[], None]) -> None:
 
 
 class _Codec:
-    """How a worker writes its messages: pickles for trusted lanes, JSON for untrusted."""
+    """How a worker writes its messages: pickles, then a trailer, for trusted lanes; JSON for untrusted."""
 
     def ready(self) -> bytes:
         raise NotImplementedError
@@ -324,18 +314,17 @@ class _Codec:
 
 class _Pickled(_Codec):
     def ready(self) -> bytes:
-        return dumps((0, READY))
+        return TRAILER.pack(0, READY)
 
     def ok(self, job_id: int, result: Any) -> bytes:
-        # Pickled once, in its message: a large output is copied once here.
-        return dumps((job_id, OK, result))
+        return result_frame(job_id, result)
 
     def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
         exc_bytes = None
         if pickle_it:
             exc_bytes, why = _pickle_exception(exc)
             note = note or why
-        return dumps((job_id, ERROR, *_error_fields(exc, exc_bytes, note), kind))
+        return dumps((*_error_fields(exc, exc_bytes, note), kind)) + TRAILER.pack(job_id, ERROR)
 
 
 class _Json(_Codec):
@@ -372,7 +361,7 @@ def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
             if job[0] in skip:
                 skip.discard(job[0])
                 run.skip(*job)
-                send(dumps((job[0], SKIPPED)))
+                send(TRAILER.pack(job[0], SKIPPED))
                 continue
             run(*job)
     except (EOFError, OSError):

@@ -9,7 +9,7 @@ from typing import Any
 
 import jobs
 import pytest
-from core_support import open_queue
+from core_support import failure_of, open_queue
 
 from procq import Failed, Job, Lane, Pending, Retry
 
@@ -91,3 +91,70 @@ def test_pushing_with_a_far_timeout_for_room(seconds: float) -> None:
     with open_queue({"one": Lane(workers=1, capacity=1)}) as q:
         outcome = q.push(Job("room", jobs.square, args=(8,)), timeout=seconds)
         assert outcome.handle.result(timeout=30) == 64
+
+
+EDGE_DATETIMES = [
+    datetime.datetime.max,  # naive: local time
+    datetime.datetime.max.replace(tzinfo=datetime.timezone(datetime.timedelta(hours=-23, minutes=-59))),
+    datetime.datetime.max.replace(tzinfo=datetime.timezone(datetime.timedelta(hours=23, minutes=59))),
+]
+
+
+@pytest.mark.parametrize("when", EDGE_DATETIMES, ids=["naive-max", "max-utc-minus-23:59", "max-utc-plus-23:59"])
+def test_the_latest_datetimes_in_any_zone_wait(when: datetime.datetime) -> None:
+    with open_queue(1) as q:
+        q.push(Job("later", jobs.square, args=(2,), not_before=when))
+        assert_still_serving(q)
+        assert q.state("later") == Pending()
+
+
+@pytest.mark.parametrize(
+    "when",
+    [datetime.datetime.min, datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)],
+    ids=["naive-min", "min-utc"],
+)
+def test_the_earliest_datetimes_run_at_once(when: datetime.datetime) -> None:
+    with open_queue(1) as q:
+        assert q.push_and_wait(Job("past", jobs.square, args=(3,), not_before=when), timeout=30) == 9
+
+
+def test_a_far_kill_grace_still_ends_a_timed_out_job() -> None:
+    # SIGTERM ends the job at its timeout; the SIGKILL a grace later is never needed.
+    with open_queue({"graceful": Lane(workers=1, timeout=0.2, kill_grace=1e300)}) as q:
+        failure_of(q.push(Job("slow", jobs.sleep, args=(60,))).handle, "timeout", timeout=30)
+        assert_still_serving(q)
+
+
+@pytest.mark.parametrize(
+    "retry",
+    [
+        Retry(attempts=3, backoff=1e300, factor=1e300, max_backoff=1.7e308, jitter=1.0),
+        Retry(attempts=10**9, backoff=1.0, factor=10, max_backoff=1e300, jitter=0.0),
+    ],
+    ids=["huge-backoff-and-jitter", "huge-factor-power"],
+)
+def test_a_retry_backoff_past_what_a_float_holds_keeps_the_key_pending(retry: Retry) -> None:
+    with open_queue(1) as q:
+        q.push(Job("flaky", jobs.boom, retry=retry))
+        assert_still_serving(q)
+        assert q.state("flaky") == Pending(attempt=2)
+        assert q.cancel("flaky")
+
+
+def test_a_retry_deep_into_a_huge_factor_is_capped() -> None:
+    retry = Retry(attempts=10**9, backoff=1.0, factor=10, max_backoff=7.0, jitter=0.0)
+    assert retry.delay(10**8, 0.5) == 7.0
+    assert Retry(backoff=0.0, factor=1e300, jitter=0.0).delay(5000, 0.5) == 0.0
+
+
+@pytest.mark.parametrize("seconds", [1e10, 1e300])
+def test_awaiting_with_a_far_timeout(seconds: float) -> None:
+    import asyncio
+
+    async def main(q: Any) -> None:
+        assert await q.apush_and_wait(Job("a", jobs.square, args=(2,)), timeout=seconds) == 4
+        outcome = await q.apush(Job("b", jobs.square, args=(3,)), timeout=seconds)
+        assert await asyncio.wait_for(outcome.handle, 30) == 9
+
+    with open_queue(1) as q:
+        asyncio.run(main(q))

@@ -101,15 +101,22 @@ def test_a_slow_unpickle_does_not_stall_another_lane(tmp_path: Path) -> None:
 
 def test_a_slow_unpickle_in_one_lane_does_not_block_close_without_waiting(tmp_path: Path) -> None:
     gate = jobs.fifo(tmp_path, "unpickle-gate")
-    q = open_queue({"slow": 1}).__enter__()
+    # (The context manager is kept: were it collected, its generator would close the queue at once.)
+    context = open_queue({"slow": 1})
+    q = context.__enter__()
     handle = q.push(Job("slow-result", hj.result_blocking_on_unpickle, args=(gate, "late"))).handle
+    # The lane's only worker has reported that result, and is free again, once a later job has run.
+    assert q.push_and_wait(Job("after", jobs.square, args=(2,)), timeout=20) == 4
+    assert not handle.done()
     closer = threading.Thread(target=q.close, kwargs={"wait": False})
     try:
         closer.start()
         closer.join(timeout=20)
         assert not closer.is_alive(), "close(wait=False) waited for a result's unpickling"
         assert handle.done()
+        assert failure_of(handle, "cancelled", timeout=0)
     finally:
         fd = jobs.release(gate)
         closer.join(timeout=20)
         os.close(fd)
+        context.__exit__(None, None, None)

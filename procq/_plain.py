@@ -1,0 +1,94 @@
+"""What unpickles without running code, and how to tell.
+
+Unpickling calls something (a class, a function: its ``__reduce__``,
+``__setstate__``, ``__new__``) only through an opcode that names it first:
+``GLOBAL``, ``INST``, ``STACK_GLOBAL`` or ``EXT1/2/4``. A pickle without one
+is plain data, and unpickling it runs no code of anyone's. ``names_nothing``
+tells from the bytes alone (erring on the safe side); ``DataOnly`` is an
+unpickler that refuses to name anything, so it decodes plain data and gives
+up (``NeedsCode``) on the rest. A trusted worker checks each result it
+pickles (``result_frame``), so the supervisor's I/O thread unpickles results
+tagged plain, and leaves the others to a decode thread (``_channel_trusted``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import pickle
+import re
+from typing import Any
+
+from procq._protocol import OK, OK_OBJECTS, TRAILER, dumps
+
+__all__ = ["BuiltinExceptions", "DataOnly", "NeedsCode", "load_data", "names_nothing", "result_frame"]
+
+#: Results larger than this are not checked in the worker: the supervisor
+#: leaves them to a decode thread anyway (``_channel_trusted.INLINE_DECODE_BYTES``).
+CHECKED_BYTES = 1 << 18
+
+#: Pickle opcodes that name a class or function: EXT1, EXT2, EXT4 and
+#: STACK_GLOBAL, and the text ones, GLOBAL and INST, which read the names that
+#: follow them as two lines (so in data with fewer than two newlines they fail
+#: before naming anything). Every opcode that calls something (REDUCE, BUILD,
+#: NEWOBJ, ...) needs a class or function named first.
+_NAMING_OPCODES = re.compile(rb"[\x82\x83\x84\x93]")
+_TEXT_NAMING_OPCODES = re.compile(rb"[ci]")
+
+
+def names_nothing(data: bytes | bytearray) -> bool:
+    """True when unpickling ``data`` cannot call anything: none of the bytes of
+    an opcode that names a class or function are in it. (It errs on the safe
+    side: such a byte inside a string or a number counts too.) C speed."""
+    if _NAMING_OPCODES.search(data) is not None:
+        return False
+    return data.count(b"\n") < 2 or _TEXT_NAMING_OPCODES.search(data) is None
+
+
+class NeedsCode(Exception):
+    """Unpickling this would call something."""
+
+
+class DataOnly(pickle.Unpickler):
+    """Unpickles plain data only: naming any class or function is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise NeedsCode
+
+
+class BuiltinExceptions(pickle.Unpickler):
+    """Unpickles plain data and the built-in exception types (made and set up
+    by C code alone: ``BaseException.__new__`` and ``__setstate__``)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "builtins":
+            found = getattr(builtins, name, None)
+            if isinstance(found, type) and issubclass(found, BaseException):
+                return found
+        raise NeedsCode
+
+
+def load_data(data: bytes | bytearray, unpickler: type[pickle.Unpickler] = DataOnly) -> Any:
+    """Unpickle ``data`` (a pickle, maybe followed by a trailer) if that runs
+    no code; raises ``NeedsCode`` if it would. (The trailer is checked too:
+    a pickle cut short would read on into it.)"""
+    if names_nothing(data):
+        return pickle.loads(data)
+    return unpickler(io.BytesIO(data)).load()
+
+
+def result_frame(job_id: int, result: Any) -> bytes:
+    """A trusted worker's OK message: the result pickled once, then the
+    trailer, whose tag says whether unpickling it may run code (``OK_OBJECTS``).
+    A pickle the byte scan cannot clear (a number or a string may hold such a
+    byte) is tried with ``DataOnly`` here, in the worker, so plain data is
+    never sent to a decode thread for nothing."""
+    data = dumps(result)
+    plain = names_nothing(data)
+    if not plain and len(data) <= CHECKED_BYTES:
+        try:
+            DataOnly(io.BytesIO(data)).load()
+            plain = True
+        except Exception:  # NeedsCode, or anything else: the supervisor's decode thread will see
+            pass
+    return data + TRAILER.pack(job_id, OK if plain else OK_OBJECTS)
