@@ -97,6 +97,7 @@ _SOURCES = {
     "LaneFull": "procq._errors",
     "ProcQueueError": "procq._errors",
     "QueueClosed": "procq._errors",
+    "WrongProcess": "procq._errors",
     "JobHandle": "procq._handle",
     "ProcQueue": "procq._queue",
     "Job": "procq._job",
@@ -125,6 +126,7 @@ if TYPE_CHECKING:
         LaneFull,
         ProcQueueError,
         QueueClosed,
+        WrongProcess,
     )
     from procq._handle import JobHandle
     from procq._job import Job, Lane, Retention, Retry
@@ -186,4 +188,5 @@ __all__ = [
     "Queued",
     "Retention",
     "Retry",
+    "WrongProcess",
 ]

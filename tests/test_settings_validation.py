@@ -43,10 +43,7 @@ def test_an_rlimit_above_what_the_system_allows_is_refused(name: str) -> None:
     which = {"nofile": resource.RLIMIT_NOFILE, "nproc": resource.RLIMIT_NPROC,
              "fsize": resource.RLIMIT_FSIZE, "cpu": resource.RLIMIT_CPU}[name]
     _, hard = resource.getrlimit(which)
-    if hard == resource.RLIM_INFINITY:
-        too_big = 2**63  # past what any rlimit can hold
-    else:
-        too_big = hard + 1
+    too_big = 2**63 if hard == resource.RLIM_INFINITY else hard + 1  # 2**63: past what any rlimit can hold
     with pytest.raises(ValueError, match=rf"rlimits\[{name!r}\]"):
         Lane(workers=1, rlimits={name: too_big})
 
