@@ -27,8 +27,9 @@ Values and configuration (no state, no threads):
 
 The faces (caller threads and event loops):
 
-- ``_queue``: ``ProcQueue``, its life (open, closing, closed) and every public
-  method. ``_push``: the one push routine behind ``push``/``apush``,
+- ``_queue``: ``ProcQueue``, its life (open, closing, closed; foreign in a
+  child made by fork, where every method raises ``WrongProcess``) and every
+  public method. ``_push``: the one push routine behind ``push``/``apush``,
   ``push_all``/``apush_all`` and ``map``, differing only in how a push waits
   for room. ``_map``: ``q.map``. ``_handle``: ``JobHandle``.
 
@@ -77,6 +78,8 @@ the I/O thread          the same under ``Core.lock``; alone: the selector, every
 any thread, no lock     a completed key's record, when no retention is set (a dict
                         read is atomic and records never change in place)
 a worker process        nothing of the supervisor's: only its own pipe
+a child made by fork    nothing of its parent's queue: the fork marks its copy
+                        foreign (``WrongProcess``), and it closes nothing at exit
 ======================  ==========================================================
 
 Lock order: ``Core.lock`` is the only lock the core has; a worker's write lock
