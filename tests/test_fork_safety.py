@@ -156,3 +156,21 @@ def test_a_forked_child_that_ends_leaves_its_parents_queue_alone(mode: str) -> N
         [sys.executable, str(here / "fork_probe.py"), mode], capture_output=True, text=True, timeout=60, env=env
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
+
+
+def test_the_child_can_open_a_queue_of_its_own() -> None:
+    """What the error advises works: a queue the child opens starts workers
+    (and a forkserver) of its own, and the parent's carries on."""
+
+    def own_queue() -> object:
+        from procq import ProcQueue
+
+        with ProcQueue(1) as mine:
+            return mine.push_and_wait(Job("child", jobs.square, args=(4,)), timeout=WAIT)
+
+    with open_queue(1) as q:
+        assert q.push_and_wait(Job("before", jobs.square, args=(2,))) == 4
+        pids = q._worker_pids()
+        assert _in_forked_child(own_queue) == "returned 16"
+        assert q.push_and_wait(Job("after", jobs.square, args=(5,))) == 25
+        assert q._worker_pids() == pids and q.state("child") is None
