@@ -17,8 +17,9 @@ The public names below are re-exported from private modules, one role each.
 
 Values and configuration (no state, no threads):
 
-- ``_job``: ``Job``, ``Lane``, ``Retry``, ``Retention`` and the checks and size
-  parsing behind their arguments.
+- ``_job``: ``Job``, ``Lane``, ``Retry``, ``Retention`` and the checks behind
+  their arguments. ``_settings``: byte sizes, and a lane's worker settings
+  (env, rlimits, cwd, worker counts against the descriptor limit).
 - ``_values``: where a key is (``Pending`` ... ``Failed``, ``Failure``,
   ``FailureKind``), push outcomes, stats.
 - ``_errors``: the exception tree; ``_fingerprint``: what a claim remembers of

@@ -35,8 +35,9 @@ from procq._config import check_policies, parse_lanes, worker_context
 from procq._core import Core
 from procq._errors import WrongProcess
 from procq._handle import JobHandle
-from procq._job import Job, Lane, Retention, Reuse, check_descriptors, check_wait
+from procq._job import Job, Lane, Retention, Reuse, check_wait
 from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
+from procq._settings import check_descriptors
 from procq._supervisor import Supervisor
 from procq._values import Cached, Completed, Failed, Pending, Processing, PushOutcome, QueueStats, State
 
