@@ -17,8 +17,9 @@ The public names below are re-exported from private modules, one role each.
 
 Values and configuration (no state, no threads):
 
-- ``_job``: ``Job``, ``Lane``, ``Retry``, ``Retention`` and the checks and size
-  parsing behind their arguments.
+- ``_job``: ``Job``, ``Lane``, ``Retry``, ``Retention`` and the checks behind
+  their arguments. ``_settings``: byte sizes, and a lane's worker settings
+  (env, rlimits, cwd, worker counts against the descriptor limit).
 - ``_values``: where a key is (``Pending`` ... ``Failed``, ``Failure``,
   ``FailureKind``), push outcomes, stats.
 - ``_errors``: the exception tree; ``_fingerprint``: what a claim remembers of
@@ -27,8 +28,9 @@ Values and configuration (no state, no threads):
 
 The faces (caller threads and event loops):
 
-- ``_queue``: ``ProcQueue``, its life (open, closing, closed) and every public
-  method. ``_push``: the one push routine behind ``push``/``apush``,
+- ``_queue``: ``ProcQueue``, its life (open, closing, closed; foreign in a
+  child made by fork, where every method raises ``WrongProcess``) and every
+  public method. ``_push``: the one push routine behind ``push``/``apush``,
   ``push_all``/``apush_all`` and ``map``, differing only in how a push waits
   for room. ``_map``: ``q.map``. ``_handle``: ``JobHandle``.
 
@@ -82,6 +84,8 @@ a lane's decode thread  what its lane's reports left undecoded, with no lock hel
                         may run the job's classes' code); then ``Core.decoded``, or
                         the I/O thread's inbox of decoded messages
 a worker process        nothing of the supervisor's: only its own pipe
+a child made by fork    nothing of its parent's queue: the fork marks its copy
+                        foreign (``WrongProcess``), and it closes nothing at exit
 ======================  ==========================================================
 
 Lock order: ``Core.lock`` is the only lock the core has; a worker's write lock
@@ -103,6 +107,7 @@ _SOURCES = {
     "LaneFull": "procq._errors",
     "ProcQueueError": "procq._errors",
     "QueueClosed": "procq._errors",
+    "WrongProcess": "procq._errors",
     "JobHandle": "procq._handle",
     "ProcQueue": "procq._queue",
     "Job": "procq._job",
@@ -131,6 +136,7 @@ if TYPE_CHECKING:
         LaneFull,
         ProcQueueError,
         QueueClosed,
+        WrongProcess,
     )
     from procq._handle import JobHandle
     from procq._job import Job, Lane, Retention, Retry
@@ -192,4 +198,5 @@ __all__ = [
     "Queued",
     "Retention",
     "Retry",
+    "WrongProcess",
 ]

@@ -6,7 +6,8 @@ The tree is small on purpose, and keeps "you closed it" apart from "it broke"::
     ├── ProcQueueError            base of everything procq raises about the queue itself
     │   ├── KeyConflict           (also a ValueError) a push's payload differs from the key's job
     │   ├── LaneFull              (also a TimeoutError) a push waited for room past its timeout
-    │   └── QueueClosed           a push after close(): you closed it, nothing broke
+    │   ├── QueueClosed           a push after close(): you closed it, nothing broke
+    │   └── WrongProcess          the queue was used from a process that did not open it (after os.fork())
     ├── JobFailed                 a job ended in Failed; .key and .failure say which and why
     ├── TypeError, pickle.PicklingError
     │   └── JobPicklingError      a push's function or arguments cannot be pickled
@@ -40,6 +41,7 @@ __all__ = [
     "LaneFull",
     "ProcQueueError",
     "QueueClosed",
+    "WrongProcess",
 ]
 
 
@@ -80,6 +82,30 @@ class QueueClosed(ProcQueueError):
     """The queue is closed (or closing) and takes no new pushes."""
 
 
+class WrongProcess(ProcQueueError):
+    """The queue was used from a process other than the one that opened it.
+
+    A child made with ``os.fork()`` (or a ``multiprocessing`` fork) holds a
+    copy of its parent's queue: copies of the parent's pipes to its workers,
+    and a copy of the state map that no thread keeps up to date. Using it would
+    write into the parent's workers, so every method that would touch them,
+    or the state map, raises this instead; the parent's queue is untouched.
+    ``owner_pid`` is the process that opened the queue, ``pid`` this one.
+    """
+
+    def __init__(self, owner_pid: int, pid: int) -> None:
+        super().__init__(
+            f"this ProcQueue belongs to process {owner_pid}, which opened it; process {pid} is a copy made "
+            f"by fork and cannot use it (its workers, pipes and keys are the parent's): open a new ProcQueue "
+            f"in the child"
+        )
+        self.owner_pid = owner_pid
+        self.pid = pid
+
+    def __reduce__(self) -> tuple[type[WrongProcess], tuple[int, int]]:
+        return (type(self), (self.owner_pid, self.pid))
+
+
 class JobPicklingError(TypeError, pickle.PicklingError):
     """A job's function or arguments could not be pickled to send to a worker.
 
@@ -109,15 +135,21 @@ class JobFailed(Exception):
     abandoned before it ran), ``"memory"`` (it went over its memory limit) or
     ``"protocol"`` (its worker broke procq's protocol); ``Failure`` says more
     about each.
+
+    ``item`` says, for a job of ``q.map``, which of the map's items it ran
+    (``"item 2 ('boom')"``, or for a chunk ``"items 10-19 (...)"``), and
+    starts the message; else it is None.
     """
 
-    def __init__(self, key: str, failure: Failure) -> None:
+    def __init__(self, key: str, failure: Failure, item: str | None = None) -> None:
         super().__init__(key, failure)
         self.key = key
         self.failure = failure
+        self.item = item
 
     def __str__(self) -> str:
-        return f"job {self.key!r} failed: {self.failure}"
+        text = f"job {self.key!r} failed: {self.failure}"
+        return text if self.item is None else f"map {self.item}: {text}"
 
-    def __reduce__(self) -> tuple[type[JobFailed], tuple[str, Failure]]:
-        return (type(self), (self.key, self.failure))
+    def __reduce__(self) -> tuple[type[JobFailed], tuple[str, Failure, str | None]]:
+        return (type(self), (self.key, self.failure, self.item))

@@ -20,6 +20,13 @@ an object of your own class, a very large argument) is not read: such a job's
 fingerprint is its function alone. Reading is exact on types: ``1``, ``1.0``
 and ``True`` are different arguments.
 
+Reading is exact on values too, and the same for the same values built
+again: every float is read as its shortest repr, so any NaN reads ``nan``
+(``nan != nan``, and ``hash(nan)`` follows the object, so a NaN rebuilt
+would otherwise conflict with itself) and ``-0.0`` differs from ``0.0``; ints
+are read whole, never through ``hash()`` (where ``-1`` and ``-2``, or ``x``
+and ``x + 2**61 - 1``, are one value).
+
 Why not hash the pickle the push makes anyway: a push that joins a live key or
 answers from the store never pickles (that is most of its speed), and pickles
 of equal dicts differ with their insertion order.
@@ -30,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import marshal
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -41,8 +49,7 @@ MAX_NODES = 10_000
 #: Beyond this much str / bytes data, arguments are not read.
 MAX_BYTES = 1 << 20
 
-_SCALARS = (type(None), bool, int, float, complex)
-_FLAT_TAG = "procq-flat"
+_SCALARS = (type(None), bool, float, complex)
 _NO_ARGS = b"\x00" * 8
 
 
@@ -96,8 +103,9 @@ def _head(fn: Callable[..., Any]) -> bytes:
 
 
 _FunctionType = type(_digest)
-#: Argument types read by the fast path of ``fingerprint``: flat and hashable.
+#: Argument types read by the fast path of ``fingerprint``: flat, immutable, written exactly by marshal.
 _FLAT = frozenset({type(None), bool, int, float, str, bytes})
+_marshal = marshal.dumps
 
 
 def job_fingerprint(job: Any) -> bytes:
@@ -122,14 +130,19 @@ def fingerprint(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> b
         fn = fn.func
     head = _head(fn)
     if not kwargs and type(args) is tuple:
-        # The common case, at every push: a few flat values, hashed with
-        # their types beside them (1, 1.0 and True differ). str and bytes
-        # cache their hash, so long text costs once.
+        # The common case, at every push: a few flat values. marshal (format
+        # 0) writes them exactly and in C: a tag per type (1, 1.0 and True
+        # differ), ints whole, floats as their repr (every NaN the same),
+        # text whole and never as "interned" or as a back-reference, so equal
+        # arguments always give equal bytes. Not hash(args): it is not exact
+        # (hash(-1) == hash(-2)) and a NaN's hash is its address.
         if not args:
             return head + _NO_ARGS
-        types = tuple(map(type, args))
-        if _FLAT.issuperset(types):
-            return head + hash((_FLAT_TAG, types, args)).to_bytes(8, "little", signed=True)
+        if _FLAT.issuperset(map(type, args)):
+            data = _marshal(args, 0)
+            if len(data) > MAX_BYTES:  # too large to compare: the function alone
+                return head
+            return head + hash(data).to_bytes(8, "little", signed=True)
     parts: list[str] = []
     budget = [MAX_NODES, MAX_BYTES]
     try:
@@ -165,7 +178,15 @@ def _encode(value: Any, out: list[str], budget: list[int]) -> None:
     if budget[0] < 0:
         raise _TooCostly
     t = type(value)
-    if t in _SCALARS:
+    if t is int:
+        # In hex: exact, linear in its size, and never refused (decimal is
+        # past 4,300 digits); a huge int counts against the text budget.
+        if value.bit_length() > 64:
+            budget[1] -= value.bit_length() >> 3
+            if budget[1] < 0:
+                raise _TooCostly
+        out.append(f"i{value:x};")
+    elif t in _SCALARS:
         out.append(f"{t.__name__[0]}{value!r};")
     elif t is str or t is bytes:
         budget[1] -= len(value)

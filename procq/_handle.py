@@ -13,6 +13,7 @@ from procq._values import Completed, State
 if TYPE_CHECKING:
     from procq._core import Core
     from procq._entries import Ended, Entry
+    from procq._queue import ProcQueue
 
 __all__ = ["JobHandle"]
 
@@ -29,7 +30,7 @@ class JobHandle(Generic[T]):
 
     __slots__ = ("_core", "_entry", "_owner")
 
-    def __init__(self, core: Core, entry: Entry | Ended, owner: object = None) -> None:
+    def __init__(self, core: Core, entry: Entry | Ended, owner: ProcQueue | None = None) -> None:
         self._core = core
         self._entry = entry
         # The queue, kept alive while a handle on one of its jobs exists.
@@ -56,6 +57,8 @@ class JobHandle(Generic[T]):
         """
         entry = self._entry
         if entry.outcome is None:
+            if self._owner is not None:
+                self._owner._here()  # a forked child's copy: no thread there would ever end the job
             timeout = check_wait(timeout)
             event = self._core.wait_event(entry)
             if event is not None and not event.wait(timeout):
@@ -66,6 +69,8 @@ class JobHandle(Generic[T]):
     def __await__(self) -> Generator[Any, None, T]:
         entry = self._entry
         if entry.outcome is None:
+            if self._owner is not None:
+                self._owner._here()
             loop = asyncio.get_running_loop()
             future: asyncio.Future[None] = loop.create_future()
 

@@ -1,8 +1,9 @@
 """What a job is and the policies it runs under: Job, Lane, Retry, Retention.
 
-Also the byte sizes they take (``"512M"``) and the checks on time limits. All
-of them are frozen dataclasses, checked when made: they are handed across
-threads and event loops and never change once made.
+Also the checks on time limits; byte sizes (``"512M"``) and a lane's worker
+settings are checked in ``_settings`` (re-exported here). All of them are
+frozen dataclasses, checked when made: they are handed across threads and
+event loops and never change once made.
 """
 
 from __future__ import annotations
@@ -10,18 +11,27 @@ from __future__ import annotations
 import datetime
 import math
 import os
-import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
+from procq._settings import (
+    MAX_WORKERS,
+    RLIMITS,
+    check_cwd,
+    check_env,
+    check_rlimits,
+    format_size,
+    parse_size,
+)
 from procq._values import RETRYABLE_KINDS, FailureKind
 
 __all__ = [
     "DEFAULT_CAPACITY",
     "DEFAULT_RESULT_VALUES",
     "DEFAULT_UNTRUSTED_RESULT_BYTES",
+    "MAX_WORKERS",
     "REUSE_POLICIES",
     "RLIMITS",
     "Job",
@@ -43,49 +53,6 @@ DEFAULT_CAPACITY = 1024
 DEFAULT_UNTRUSTED_RESULT_BYTES = 16 * 1024 * 1024
 #: How many JSON values an untrusted lane's result may hold by default (see ``Lane``).
 DEFAULT_RESULT_VALUES = 1_000_000
-
-#: Resource limits a lane may set on its workers: name -> what the value counts.
-RLIMITS = {
-    "cpu": "seconds of CPU time per job",
-    "fsize": "bytes: the largest file a job may write",
-    "nofile": "open file descriptors",
-    "nproc": "processes of the user (the kernel does not apply it to root)",
-}
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def format_size(n: int) -> str:
-    """``52428800`` -> ``"50 MiB"``; exact, so a limit reads as it was given."""
-    for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            value = n / size
-            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit} ({n} bytes)"
-    return f"{n} bytes"
-
-
-def parse_size(what: str, value: int | str | None) -> int | None:
-    """Bytes from an int or a string such as ``"512M"``, ``"2G"``, ``"1.5GiB"``.
-
-    Units are powers of 1024 (K, M, G, T; a trailing ``B`` or ``iB`` is
-    allowed), as ``ulimit`` and container runtimes read them.
-    """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise TypeError(f"{what} must be a number of bytes or a string such as '512M', got {type(value).__name__}")
-    given = value
-    if isinstance(value, str):
-        match = _SIZE.match(value)
-        if match is None:
-            raise ValueError(f"{what} must be a number of bytes or a string such as '512M' or '2G', got {value!r}")
-        number, unit, _ = match.groups()
-        value = int(float(number) * _UNITS[unit.lower()])
-    if value < 1:
-        raise ValueError(f"{what} must be at least 1 byte, got {given!r}")
-    return value
-
 
 #: How a terminal key answers a new push (see ``Job.reuse``).
 Reuse = Literal["failed", "always", "never"]
@@ -424,6 +391,10 @@ class Lane:
             raise TypeError(f"lane capacity must be an int, got {type(self.capacity).__name__}")
         if self.workers < 1:
             raise ValueError(f"a lane needs at least 1 worker, got {self.workers}")
+        if self.workers > MAX_WORKERS:
+            raise ValueError(
+                f"lane workers must be at most {MAX_WORKERS} (each is a process of its own), got {self.workers}"
+            )
         if self.capacity < 0:
             raise ValueError(f"a lane's capacity must be 0 or more, got {self.capacity}")
         _set = object.__setattr__
@@ -442,14 +413,9 @@ class Lane:
         values = self.max_result_values
         if isinstance(values, bool) or not isinstance(values, int) or values < 1:
             raise ValueError(f"lane max_result_values must be an int of at least 1, got {values!r}")
-        _set(self, "rlimits", _check_rlimits(self.rlimits))
+        _set(self, "rlimits", check_rlimits(self.rlimits))
         if self.env is not None:
-            if not isinstance(self.env, Mapping):
-                raise TypeError(f"lane env must be a mapping of str to str, got {type(self.env).__name__}")
-            bad = [(k, v) for k, v in self.env.items() if not isinstance(k, str) or not isinstance(v, str)]
-            if bad:
-                raise TypeError(f"lane env must map str to str, got {bad[0][0]!r}: {bad[0][1]!r}")
-            _set(self, "env", dict(self.env))
+            _set(self, "env", check_env(self.env))
         if self.inherit_env is None:
             _set(self, "inherit_env", self.trusted)
         elif not isinstance(self.inherit_env, bool):
@@ -457,10 +423,7 @@ class Lane:
         if self.cwd is not None:
             if not isinstance(self.cwd, (str, os.PathLike)):
                 raise TypeError(f"lane cwd must be a path, got {type(self.cwd).__name__}")
-            cwd = os.fspath(self.cwd)
-            if not os.path.isdir(cwd):
-                raise ValueError(f"lane cwd {cwd!r} is not a directory")
-            _set(self, "cwd", cwd)
+            _set(self, "cwd", check_cwd(self.cwd))
         grace = self.kill_grace
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
             raise ValueError(f"lane kill_grace must be a number of seconds >= 0, got {grace!r}")
@@ -478,25 +441,3 @@ class Lane:
     @property
     def max_result(self) -> int | None:
         return self.max_result_bytes  # type: ignore[return-value]
-
-
-def _check_rlimits(rlimits: Mapping[str, int | str] | None) -> dict[str, int] | None:
-    if rlimits is None:
-        return None
-    if not isinstance(rlimits, Mapping):
-        raise TypeError(f"lane rlimits must be a mapping such as {{'cpu': 10}}, got {type(rlimits).__name__}")
-    checked: dict[str, int] = {}
-    for name, value in rlimits.items():
-        if name not in RLIMITS:
-            known = ", ".join(repr(k) for k in RLIMITS)
-            raise ValueError(f"unknown rlimit {name!r}; procq sets {known}")
-        if name == "fsize":
-            size = parse_size("rlimit 'fsize'", value)
-            assert size is not None
-            checked[name] = size
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"rlimit {name!r} must be an int of at least 1 ({RLIMITS[name]}), got {value!r}")
-        checked[name] = value
-    return checked
-

@@ -16,6 +16,7 @@ never while a job is pickled or a push waits for room.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 import types
@@ -23,17 +24,20 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from procq._core import BLOCKED, CANCELLED, FULL, STOPPED, Core, Ended, Entry, LaneState, Offer, WorkerSlot
-from procq._errors import JobPicklingError, KeyConflict, KeyConflictWarning, LaneFull, QueueClosed
+from procq._errors import JobPicklingError, KeyConflict, KeyConflictWarning, LaneFull, QueueClosed, WrongProcess
 from procq._fingerprint import fn_name, job_fingerprint
 from procq._handle import JobHandle
 from procq._job import Job
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
 from procq._values import Cached, Failed, InFlight, PushOutcome, Queued
 
-__all__ = ["Batch", "Pusher", "Room", "TaskRoom", "ThreadRoom"]
+if TYPE_CHECKING:
+    from procq._queue import ProcQueue
+
+__all__ = ["Batch", "ForeignPusher", "Pusher", "Room", "TaskRoom", "ThreadRoom"]
 
 R = TypeVar("R", bound="Room")
 #: What a push is given to make its room, should its lane be full: ``ThreadRoom`` or ``TaskRoom``.
@@ -129,7 +133,7 @@ class Pusher:
         self._fns: weakref.WeakKeyDictionary[Callable[..., Any], tuple[bytes, bytes]] = weakref.WeakKeyDictionary()
 
     def push(
-        self, job: Job[Any], timeout: float | None, wake: bool, room: MakeRoom[R], owner: object
+        self, job: Job[Any], timeout: float | None, wake: bool, room: MakeRoom[R], owner: ProcQueue
     ) -> tuple[PushOutcome, R | None]:
         """Claim ``job.key``; for a fresh claim, pickle the job (releasing the
         claim if that fails) and offer it to its lane. Returns the outcome and
@@ -150,7 +154,7 @@ class Pusher:
             self.wake_all([(value, job)])
         return self._answer(job, kind, value, owner), None
 
-    def claim_all(self, jobs: Iterable[Job[Any]], wake: bool, owner: object) -> Batch:
+    def claim_all(self, jobs: Iterable[Job[Any]], wake: bool, owner: ProcQueue) -> Batch:
         """Claim a batch's keys in one critical section and pickle its fresh
         jobs; if any job cannot be pickled (or conflicts with its key's holder,
         under ``on_mismatch="raise"``), release every claim and raise."""
@@ -221,7 +225,7 @@ class Pusher:
         fp = job_fingerprint(job) if core.check_payload else None
         return job, lane, fp, None if job.not_before is None else job.due(time.monotonic())
 
-    def _answer(self, job: Job[Any], kind: str, value: Any, owner: object) -> PushOutcome:
+    def _answer(self, job: Job[Any], kind: str, value: Any, owner: ProcQueue) -> PushOutcome:
         """The outcome of a claim that started nothing."""
         if kind == "cached":
             return Cached(value)
@@ -284,6 +288,30 @@ class Pusher:
         elif offered is STOPPED:
             core.abandon(entry, "the queue stopped")
             raise QueueClosed(f"the queue stopped before job {entry.key!r} could run")
+
+
+class ForeignPusher(Pusher):
+    """The pusher of a queue copied into a child by ``os.fork()``: every push raises ``WrongProcess``.
+
+    The child's at-fork hook puts it in the copied queue's place of its
+    ``Pusher`` (see ``ProcQueue._disown``), so the push path itself checks
+    nothing: it reads the pusher it reads anyway, and no ``os.getpid()`` runs
+    per push.
+    """
+
+    __slots__ = ("_owner_pid",)
+
+    def __init__(self, core: Core, owner_pid: int) -> None:
+        super().__init__(core)
+        self._owner_pid = owner_pid
+
+    def push(
+        self, job: Job[Any], timeout: float | None, wake: bool, room: MakeRoom[R], owner: ProcQueue
+    ) -> NoReturn:
+        raise WrongProcess(self._owner_pid, os.getpid())
+
+    def claim_all(self, jobs: Iterable[Job[Any]], wake: bool, owner: ProcQueue) -> NoReturn:
+        raise WrongProcess(self._owner_pid, os.getpid())
 
 
 class Batch:

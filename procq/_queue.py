@@ -4,13 +4,27 @@ Every push goes through one ``Pusher`` (``_push``); the blocking and asyncio
 methods differ only in the room they wait in when a lane is full (a
 ``ThreadRoom`` or a ``TaskRoom``), and in how they wait for a handle (see
 ``_handle``). The constructor's arguments are checked in ``_config``.
+
+A queue belongs to the process that opened it. A child made with ``os.fork()``
+gets a copy of it: copies of the pipes to the parent's workers, a state map no
+thread of its own keeps up to date, locks perhaps held by threads it does not
+have. So the child's at-fork hook (``_after_fork_in_child``) disowns every
+copied queue: its life becomes ``FOREIGN`` (every method that would touch the
+workers or the state map raises ``WrongProcess``), its pusher a
+``ForeignPusher`` (the push path checks nothing of its own) and its finalizer
+is detached, so the child's exit or garbage collection closes nothing of the
+parent's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
+import multiprocessing.process
+import os
+import sys
 import threading
 import time
 import weakref
@@ -19,9 +33,11 @@ from typing import Any, TypeVar
 
 from procq._config import check_policies, parse_lanes, worker_context
 from procq._core import Core
+from procq._errors import WrongProcess
 from procq._handle import JobHandle
 from procq._job import Job, Lane, Retention, Reuse, check_wait
-from procq._push import Pusher, TaskRoom, ThreadRoom
+from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
+from procq._settings import check_descriptors
 from procq._supervisor import Supervisor
 from procq._values import Cached, Completed, Failed, Pending, Processing, PushOutcome, QueueStats, State
 
@@ -40,6 +56,7 @@ class _Life(enum.Enum):
     OPEN = "open"  # takes pushes
     CLOSING = "closing"  # close() began: no new pushes; waiting and running jobs finish
     CLOSED = "closed"  # every worker stopped and reaped; the supervisor thread ended
+    FOREIGN = "foreign"  # a copy in a child made by fork: it belongs to another process (WrongProcess)
 
 
 class ProcQueue:
@@ -78,6 +95,7 @@ class ProcQueue:
         on_mismatch: str = "raise",
     ) -> None:
         parsed = parse_lanes(lanes)
+        check_descriptors(parsed)
         check_policies(retention, reuse, on_mismatch)
         self.start_method, context = worker_context(start_method)
         self._core = Core(
@@ -87,14 +105,16 @@ class ProcQueue:
             check_payload=on_mismatch != "ignore",
             strict_payload=on_mismatch == "raise",
         )
-        self._pusher = Pusher(self._core)
+        self._pusher: Pusher = Pusher(self._core)
         self._life = _Life.OPEN
+        self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
         self._supervisor = Supervisor(self._core, context, str(next(_names)))
         self._supervisor.start()
         # An unclosed queue is closed without waiting when it is garbage
         # collected or at interpreter exit, so no worker outlives it.
         self._finalizer = weakref.finalize(self, _close_now, self._core, self._supervisor)
+        _queues.add(self)
 
     # --- pushing ------------------------------------------------------------
 
@@ -202,6 +222,7 @@ class ProcQueue:
         as it is. A job already sent ahead to a busy worker is skipped by that
         worker (it is told before this returns), unless it had started.
         """
+        self._here()
         _check_key(key)
         return self._supervisor.cancel(key)
 
@@ -238,6 +259,7 @@ class ProcQueue:
         """
         from procq._map import map_jobs
 
+        self._here()
         return map_jobs(self, fn, iterable, key, lane, ordered, return_failures, chunksize, keep)
 
     def forget(self, key: str) -> bool:
@@ -246,6 +268,7 @@ class ProcQueue:
         Returns False for a key the queue does not hold. A live key (pending
         or running) cannot be forgotten: ``ValueError``.
         """
+        self._here()
         _check_key(key)
         return self._core.forget(key)
 
@@ -253,6 +276,7 @@ class ProcQueue:
         """Every key the queue holds, sorted; only those starting with
         ``prefix`` and, given ``state`` (a state class such as ``Completed``,
         or a tuple of them), only those in that state."""
+        self._here()
         return [e.key for e in self._core.snapshot(*_filters(prefix, state))]
 
     def handles(self, prefix: str | None = None, state: Any = None) -> list[JobHandle[Any]]:
@@ -260,6 +284,7 @@ class ProcQueue:
         sorted by key: ``handle.key`` and ``handle.state`` answer "where is
         each key now?", and a live key's handle waits like any other. A
         snapshot: keys pushed later are not in it."""
+        self._here()
         core = self._core
         return [JobHandle(core, e, self) for e in core.snapshot(*_filters(prefix, state))]
 
@@ -269,12 +294,14 @@ class ProcQueue:
         """The key's state: ``Pending()``, ``Processing()``, ``Completed(output)``,
         ``Failed(failure)``, or ``None`` for a key this queue does not hold
         (never pushed, forgotten, or dropped by its retention)."""
+        self._here()
         _check_key(key)
         return self._core.state(key)
 
     def stats(self) -> QueueStats:
         """Counts of keys per state, and per lane: waiting, running, workers
         alive, crashes and worker restarts."""
+        self._here()
         return self._core.stats()
 
     @property
@@ -291,8 +318,12 @@ class ProcQueue:
         are killed, and all of them end ``Failed(kind="cancelled")``. Either
         way, when ``close`` returns no worker process is left alive or
         unreaped. Calling it again does nothing; a ``KeyboardInterrupt`` while
-        it waits turns it into ``close(wait=False)``.
+        it waits turns it into ``close(wait=False)``. ``wait`` must be a bool
+        (``TypeError``): a string such as ``"no"`` would read as true.
         """
+        if type(wait) is not bool:
+            raise TypeError(f"close(): wait must be True or False, got {type(wait).__name__}: {wait!r}")
+        self._here()  # (before the lock: a forked child's copy of it may be held by a thread it does not have)
         with self._close_lock:
             if self._life is _Life.CLOSED:
                 return
@@ -314,18 +345,38 @@ class ProcQueue:
 
     @property
     def closed(self) -> bool:
-        # (The core closes by itself if the supervisor's thread dies.)
+        """True once ``close()`` began, or the core closed itself (its supervisor
+        thread died), and in a forked child's copy (it takes no pushes there)."""
         return self._life is not _Life.OPEN or self._core.closing
 
     def __enter__(self) -> ProcQueue:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *_: Any) -> None:
+        if self._life is _Life.FOREIGN:
+            # A forked child leaving the parent's ``with`` block as it unwinds:
+            # the queue is the parent's to close, and nothing of the child's runs in it.
+            return
         self.close(wait=not (exc_type is not None and issubclass(exc_type, KeyboardInterrupt)))
 
     def __repr__(self) -> str:
         lanes = ", ".join(f"{n}={lane.spec.workers}" for n, lane in self._core.lanes.items())
         return f"<ProcQueue {self._life.value} lanes({lanes})>"
+
+    # --- the owning process ----------------------------------------------------
+
+    def _here(self) -> None:
+        """Raise ``WrongProcess`` in a forked child's copy of the queue."""
+        if self._life is _Life.FOREIGN:
+            raise WrongProcess(self._owner_pid, os.getpid())
+
+    def _disown(self) -> None:
+        """In a child made by fork, right after the fork: make this copy unusable
+        and harmless (see the module docstring). No lock is taken: the child
+        has only the forking thread, and a copied lock may be held forever."""
+        self._life = _Life.FOREIGN
+        self._pusher = ForeignPusher(self._core, self._owner_pid)
+        self._finalizer.detach()
 
     # --- for tests ------------------------------------------------------------
 
@@ -366,6 +417,52 @@ def _unfinished(job: Job[Any], timeout: float | None) -> TimeoutError:
 
 async def _await(handle: JobHandle[T]) -> T:
     return await handle
+
+
+#: How a trusted worker's process is named (``_channel_trusted``).
+_WORKER_NAME = "procq-worker-"
+#: Every queue of this process, for the at-fork hook below.
+_queues: weakref.WeakSet[ProcQueue] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for q in list(_queues):
+        q._disown()
+    _forget_parents_forkserver()
+    # multiprocessing's exit handler joins every process in its list of
+    # children (and terminates the daemonic ones); the child's copy of that
+    # list names the parent's trusted workers, and reading their sentinels
+    # from here could take an exit status the parent waits for.
+    children: set[Any] = multiprocessing.process._children  # type: ignore[attr-defined]
+    for process in list(children):
+        if process.name.startswith(_WORKER_NAME):
+            children.discard(process)
+
+
+def _forget_parents_forkserver() -> None:
+    """A forked child inherits its parent's record of multiprocessing's
+    forkserver, a process that is not the child's own child: a queue opened in
+    the child would fail to start workers through it (``os.waitpid`` of a
+    process that is not its child), or hang on a lock a thread of the parent
+    held at the fork. Forget it (closing only the child's copy of the
+    descriptor that keeps it alive), so the child starts a forkserver of its own."""
+    module = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(module, "_forkserver", None)
+    if getattr(server, "_forkserver_pid", None) is None:
+        return
+    try:  # private: no public way to do this
+        alive = server._forkserver_alive_fd  # type: ignore[union-attr]
+        server._lock = threading.Lock()  # type: ignore[union-attr]
+        server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None  # type: ignore[union-attr]
+    except AttributeError:  # pragma: no cover - the stdlib's internals changed
+        return
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _close_now(core: Core, supervisor: Supervisor) -> None:

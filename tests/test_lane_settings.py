@@ -17,25 +17,33 @@ MIB = 1 << 20
 @pytest.mark.parametrize(
     ("rlimits", "error", "match"),
     [
-        ({"stack": 10}, ValueError, r"^unknown rlimit 'stack'; procq sets 'cpu', 'fsize', 'nofile', 'nproc'$"),
-        ({"cpu": 0}, ValueError, r"^rlimit 'cpu' must be an int of at least 1 \(seconds of CPU time per job\), got 0$"),
+        (
+            {"stack": 10},
+            ValueError,
+            r"^lane rlimits: unknown rlimit 'stack'; procq sets 'cpu', 'fsize', 'nofile', 'nproc'$",
+        ),
+        (
+            {"cpu": 0},
+            ValueError,
+            r"^lane rlimits\['cpu'\] must be an int of at least 1 \(seconds of CPU time per job\), got 0$",
+        ),
         (
             {"nofile": "64"},
             ValueError,
-            r"^rlimit 'nofile' must be an int of at least 1 \(open file descriptors\), got '64'$",
+            r"^lane rlimits\['nofile'\] must be an int of at least 1 \(open file descriptors\), got '64'$",
         ),
-        ({"nproc": True}, ValueError, r"^rlimit 'nproc' must be an int of at least 1 .*, got True$"),
-        ({"nproc": -3}, ValueError, r"^rlimit 'nproc' must be an int of at least 1 .*, got -3$"),
+        ({"nproc": True}, ValueError, r"^lane rlimits\['nproc'\] must be an int of at least 1 .*, got True$"),
+        ({"nproc": -3}, ValueError, r"^lane rlimits\['nproc'\] must be an int of at least 1 .*, got -3$"),
         (
             {"fsize": "lots"},
             ValueError,
-            r"^rlimit 'fsize' must be a number of bytes or a string such as '512M' or '2G', got 'lots'$",
+            r"^lane rlimits\['fsize'\] must be a number of bytes or a string such as '512M' or '2G', got 'lots'$",
         ),
-        ({"fsize": 0}, ValueError, r"^rlimit 'fsize' must be at least 1 byte, got 0$"),
+        ({"fsize": 0}, ValueError, r"^lane rlimits\['fsize'\] must be at least 1 byte, got 0$"),
         (
             {"fsize": 1.5},
             TypeError,
-            r"^rlimit 'fsize' must be a number of bytes or a string such as '512M', got float$",
+            r"^lane rlimits\['fsize'\] must be a number of bytes or a string such as '512M', got float$",
         ),
         ([("cpu", 1)], TypeError, r"^lane rlimits must be a mapping such as \{'cpu': 10\}, got list$"),
     ],
@@ -129,9 +137,9 @@ def test_bad_timeouts_are_refused(timeout: Any, error: type[Exception], match: s
         ({"kill_grace": float("inf")}, ValueError, r"^lane kill_grace must be a number of seconds >= 0, got inf$"),
         ({"trusted": "no"}, TypeError, r"^lane trusted must be a bool, got str$"),
         ({"inherit_env": 1}, TypeError, r"^lane inherit_env must be a bool or None, got int$"),
-        ({"env": {"A": 1}}, TypeError, r"^lane env must map str to str, got 'A': 1$"),
+        ({"env": {"A": 1}}, TypeError, r"^lane env\['A'\] must be a str, got int: 1$"),
         ({"env": ["A=1"]}, TypeError, r"^lane env must be a mapping of str to str, got list$"),
-        ({"cwd": "/no/such/directory"}, ValueError, r"^lane cwd '/no/such/directory' is not a directory$"),
+        ({"cwd": "/no/such/directory"}, ValueError, r"^lane cwd '/no/such/directory' does not exist$"),
         ({"cwd": 3}, TypeError, r"^lane cwd must be a path, got int$"),
     ],
 )
