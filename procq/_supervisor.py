@@ -99,6 +99,7 @@ from procq._supervisor_failures import (
     stopped_failure,
 )
 from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, Timers, Watcher
+from procq._undertaker import Undertaker
 
 __all__ = ["Supervisor"]
 
@@ -135,6 +136,8 @@ class Supervisor:
         # process dies, since only this process holds the write end.
         self._alive_r, self._alive_w = os.pipe()
         self._launch = Launch(context, name, self._alive_r)
+        # Kills the workers' process groups should this process die (see _undertaker).
+        self._undertaker = Undertaker()
         self._watcher = Watcher()
         self.wake = self._watcher.wake  # from any thread
         self._timers = Timers()
@@ -211,6 +214,8 @@ class Supervisor:
             return
         self._started.set()
         try:
+            # Before the loop, which takes the workers' READY: so before any job can run.
+            self._undertaker.start()
             self._loop()
         except BaseException:  # pragma: no cover - a bug here must not hang waiters
             traceback.print_exc()
@@ -276,6 +281,7 @@ class Supervisor:
             self.core.add_worker(None, lane, reserved)
             self._timers.retry_start(lane.name, self.clock() + RESTART_BACKOFF)
             return
+        self._undertaker.watch(channel.pid)
         worker = WorkerSlot(lane, channel)
         self._watcher.watch(worker)
         self.core.add_worker(worker, lane, reserved)
@@ -416,6 +422,7 @@ class Supervisor:
         # A result written just before the death still counts.
         self._drain(worker)
         self._timers.kill_at.pop(worker, None)  # (after the drain, which may see EOF and set it)
+        self._undertaker.forget(channel.pid)  # (before the reap: then its group id may be reused)
         exitcode = channel.reap()
         crash, sig, how = crash_failure(worker, exitcode)
         lane = worker.lane
@@ -489,6 +496,7 @@ class Supervisor:
             w.channel.kill()
         for w in workers:
             w.channel.kill_group()  # jobs' leftovers
+            self._undertaker.forget(w.channel.pid)
             w.channel.reap()
             # A worker still holding a job here means the loop itself failed:
             # the job must still end, so no handle hangs.
@@ -496,5 +504,6 @@ class Supervisor:
             w.channel.release()
         self.core.handoffs()  # (nothing is sent any more)
         self._watcher.close()
+        self._undertaker.stop()
         os.close(self._alive_r)
         os.close(self._alive_w)

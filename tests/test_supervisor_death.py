@@ -28,7 +28,9 @@ from procq import Job, Lane, ProcQueue
 
 def main():
     method, directory = sys.argv[1:3]
-    q = ProcQueue({{"trusted": 1, "untrusted": Lane(workers=1, trusted=False)}}, start_method=method)
+    # An untrusted lane's workers inherit no environment: the tag the test finds processes by is given to them.
+    tag = {{"PROCQ_TEST_TAG": os.environ["PROCQ_TEST_TAG"]}}
+    q = ProcQueue({{"trusted": 1, "untrusted": Lane(workers=1, trusted=False, env=tag)}}, start_method=method)
     files = [os.path.join(directory, name) for name in ("trusted.pid", "untrusted.pid")]
     q.push(Job("trusted", jobs_hardening.start_sleeper, args=(files[0],), lane="trusted"))
     q.push(Job("untrusted", jobs_hardening.start_sleeper, args=(files[1],), lane="untrusted"))
