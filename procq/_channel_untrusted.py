@@ -18,7 +18,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from procq._channel import Launch, ProcessChannel
-from procq._processes import ExecProcess, describe_exit, import_path, tree_rss, worker_config
+from procq._processes import ExecProcess, describe_exit, import_path, worker_config
 from procq._protocol import (
     CUT_SHORT,
     FROM_JOB,
@@ -98,11 +98,6 @@ class UntrustedChannel(ProcessChannel):
         what = f"the lane's max_result_bytes of {spec.max_result}"
         reader = FrameReader(parent_conn.fileno(), limit, what, trailer=len(FROM_WORKER))
         return cls(process, parent_conn, reader, spec.max_result)
-
-    def job_memory(self, entry: Entry, children: dict[int, list[int]]) -> int:
-        # The job runs in a copy of its worker, which starts with (roughly)
-        # the worker's resident pages as its own.
-        return tree_rss(self.pid, children) - 2 * entry.rss_base
 
     def read(self, worker: WorkerSlot) -> list[Event]:
         try:

@@ -293,6 +293,11 @@ class ProcQueue:
         unreaped. Calling it again does nothing; a ``KeyboardInterrupt`` while
         it waits turns it into ``close(wait=False)``.
         """
+        if not wait and self._life is not _Life.CLOSED:
+            # Before the lock, which a close() waiting for its jobs on another
+            # thread holds: this one ends them, and so that one, at once.
+            self._core.start_closing()
+            self._supervisor.cancel_all()
         with self._close_lock:
             if self._life is _Life.CLOSED:
                 return

@@ -78,10 +78,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 import traceback
 from collections.abc import Callable
-from multiprocessing.connection import wait
 from typing import Any
 
 from procq._channel import Launch, WorkerChannel
@@ -89,7 +87,7 @@ from procq._channel_trusted import TrustedChannel
 from procq._channel_untrusted import UntrustedChannel
 from procq._core import Core, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
 from procq._dispatch import Reported
-from procq._processes import children_map
+from procq._processes import children_map, wait_for_exits
 from procq._protocol import Ready, Report, Violation
 from procq._supervisor_failures import (
     crash_failure,
@@ -105,6 +103,9 @@ __all__ = ["Supervisor"]
 
 #: How long stopping workers get to exit on their own before they are killed.
 STOP_GRACE = 3.0
+#: The same when the queue closes without waiting (it must end everything at
+#: once; an idle worker exits on EOF in milliseconds).
+CANCEL_GRACE = 0.2
 #: How long to wait before trying again to start a worker that failed to start.
 RESTART_BACKOFF = 1.0
 #: How long a worker whose pipe reached EOF may live on before it is killed.
@@ -244,8 +245,13 @@ class Supervisor:
             for worker, entry in core.due(now):
                 worker.channel.send_job(core, worker, entry)
             if core.memory_jobs and timers.sample_due(now):
+                began = self.clock()
                 self._check_memory()
-                timers.next_sample = self.clock() + MEMORY_CHECK_INTERVAL
+                ended = self.clock()
+                # A costly sample (a large tree, read by proportional sizes: see
+                # _processes.tree_memory) is followed by a longer pause, so that
+                # sampling never takes more than a fifth of this thread's time.
+                timers.next_sample = ended + max(MEMORY_CHECK_INTERVAL, 4 * (ended - began))
             for worker in timers.overdue(now):
                 self._eof_overdue(worker)
             for worker, descendants in timers.kills_due(now):
@@ -465,6 +471,10 @@ class Supervisor:
         descendants = worker.channel.terminate()
         self._timers.kill_later(self.clock() + grace, worker, descendants)
 
+    def _hurried(self) -> bool:
+        """Is the queue closing without waiting?"""
+        return self._cancel or self.core.cancelled
+
     def _kill_all(self, workers: list[WorkerSlot]) -> None:
         for worker in workers:
             worker.channel.kill()
@@ -484,16 +494,11 @@ class Supervisor:
         for w in closable:
             w.channel.close()
         # Real time, not the core's clock: this waits for processes to exit.
-        deadline = time.monotonic() + STOP_GRACE
-        alive: dict[Any, WorkerSlot] = {w.channel.sentinel: w for w in workers}
-        while alive:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            for sentinel in wait(list(alive), remaining):
-                del alive[sentinel]
-        for w in alive.values():
-            w.channel.kill()
+        # A stopped worker is not waited for; a close(wait=False) meanwhile cuts the wait short.
+        by_sentinel = {w.channel.sentinel: w for w in workers}
+        pids = {sentinel: w.channel.pid for sentinel, w in by_sentinel.items()}
+        for sentinel in wait_for_exits(pids, STOP_GRACE, self._watcher.wake_fd, self._hurried, CANCEL_GRACE):
+            by_sentinel[sentinel].channel.kill()
         for w in workers:
             w.channel.kill_group()  # jobs' leftovers
             self._undertaker.forget(w.channel.pid)

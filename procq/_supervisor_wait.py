@@ -49,6 +49,11 @@ class Watcher:
             with contextlib.suppress(BlockingIOError):  # the pipe is full: a wake-up is pending anyway
                 os.write(self._wake_w, b"\0")
 
+    @property
+    def wake_fd(self) -> int:
+        """The wake-up pipe's read end (non-blocking), for a wait of the I/O thread's own."""
+        return self._wake_r
+
     def watch(self, worker: WorkerSlot) -> None:
         """Wait on the worker channel's messages and death."""
         channel = worker.channel

@@ -28,8 +28,8 @@ def _close_in_thread(q: object, wait: bool) -> threading.Thread:
 @pytest.mark.timeout(60)
 def test_close_without_waiting_ends_a_stopped_worker_while_close_waits(tmp_path: Path) -> None:
     started, go = jobs.fifo(tmp_path, "started"), jobs.fifo(tmp_path, "go")
-    q = open_queue({"one": Lane(workers=1)}).__enter__()
-    try:
+    # (The queue is held by a with block: open_queue's generator, dropped, would close it at once.)
+    with open_queue({"one": Lane(workers=1)}) as q:
         handle = q.push(Job("stopped", jobs.signal_and_wait, args=(started, go))).handle
         worker = int(jobs.wait_signal(started, timeout=WAIT))
         os.kill(worker, signal.SIGSTOP)
@@ -43,33 +43,29 @@ def test_close_without_waiting_ends_a_stopped_worker_while_close_waits(tmp_path:
         assert not waiting.is_alive()
         failure_of(handle, "cancelled", timeout=1)
         assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
-    finally:
-        q.close(wait=False)
 
 
 @pytest.mark.timeout(60)
 def test_a_job_that_stops_its_worker_after_answering_does_not_hang_close(tmp_path: Path) -> None:
     go = jobs.fifo(tmp_path, "go")
-    q = open_queue({"one": Lane(workers=1)}).__enter__()
     fd = None
-    try:
-        assert q.push_and_wait(Job("stops", hj.stop_self_after, args=(go,))) == "answered"
-        fd = jobs.release(go)  # the worker now stops itself
-        closer = _close_in_thread(q, wait=True)
-        closer.join(timeout=30)
-        assert not closer.is_alive(), "close() hung on a stopped idle worker"
-        assert q.state("stops") == Completed("answered")
-    finally:
-        q.close(wait=False)
-        if fd is not None:
-            os.close(fd)
+    with open_queue({"one": Lane(workers=1)}) as q:
+        try:
+            assert q.push_and_wait(Job("stops", hj.stop_self_after, args=(go,))) == "answered"
+            fd = jobs.release(go)  # the worker now stops itself
+            closer = _close_in_thread(q, wait=True)
+            closer.join(timeout=30)
+            assert not closer.is_alive(), "close() hung on a stopped idle worker"
+            assert q.state("stops") == Completed("answered")
+        finally:
+            if fd is not None:
+                os.close(fd)
 
 
 @pytest.mark.timeout(60)
 def test_close_without_waiting_ends_a_stopped_untrusted_job(tmp_path: Path) -> None:
     started, go = jobs.fifo(tmp_path, "started"), jobs.fifo(tmp_path, "go")
-    q = open_queue({"sandbox": Lane(workers=1, trusted=False)}).__enter__()
-    try:
+    with open_queue({"sandbox": Lane(workers=1, trusted=False)}) as q:
         handle = q.push(Job("stopped", jobs.signal_and_wait, args=(started, go))).handle
         jobs.wait_signal(started, timeout=WAIT)
         for child in psutil.Process(int(q._worker_pids()[0])).children():
@@ -78,5 +74,3 @@ def test_close_without_waiting_ends_a_stopped_untrusted_job(tmp_path: Path) -> N
         closer.join(timeout=10)
         assert not closer.is_alive()
         failure_of(handle, "cancelled", timeout=1)
-    finally:
-        q.close(wait=False)
