@@ -31,6 +31,7 @@ __all__ = [
     "find_descendants",
     "import_path",
     "is_stopped",
+    "next_sample",
     "pidfd",
     "process_pss",
     "process_rss",
@@ -151,6 +152,16 @@ def process_pss(pid: int | None) -> int:
         return process_rss(pid)
 
 
+def next_sample(began: float, ended: float, interval: float) -> float:
+    """When to take the next memory sample, after one that ran from about
+    ``began`` (when the I/O thread's turn that took it began) to ``ended``:
+    ``interval`` later, or, after a costly sample (a large tree
+    read by proportional sizes, see ``tree_memory``), a pause four times as
+    long as it took, so that sampling never takes more than a fifth of the
+    I/O thread's time."""
+    return ended + max(interval, 4 * (ended - began))
+
+
 def tree_memory(pid: int, children: dict[int, list[int]], base: int, limit: int | None) -> int:
     """What the tree below (and with) ``pid`` uses beyond ``base`` (the
     worker's ``process_pss`` when its job started), in bytes: the sum of its
@@ -260,19 +271,21 @@ def is_stopped(pid: int | None) -> bool:
 
 
 def wait_for_exits(
-    sentinels: dict[Any, int | None], grace: float, wake_fd: int, hurry: Callable[[], bool], hurried_grace: float
+    channels: list[Any], grace: float, wake_fd: int, hurry: Callable[[], bool], hurried_grace: float
 ) -> list[Any]:
-    """Wait up to ``grace`` seconds for processes to exit on their own;
-    ``sentinels``: each one's death sentinel -> its pid. Returns the sentinels
-    of those that did not: the caller kills them.
+    """Wait up to ``grace`` seconds for workers to exit on their own (each a
+    channel, with the ``sentinel`` and ``pid`` of its process). Returns those
+    that did not: the caller kills them.
 
-    A stopped process is not waited for (it cannot exit; it is returned at
+    In real time, not the core's clock: this waits for processes to exit. A
+    stopped process is not waited for (it cannot exit; it is returned at
     once, with the rest). A wake-up on ``wake_fd`` after which ``hurry()`` is
     true (``close(wait=False)`` from another thread) cuts what is left of the
     wait to ``hurried_grace``.
     """
-    left = [s for s, pid in sentinels.items() if is_stopped(pid)]
-    alive = {s for s in sentinels if s not in left}
+    by_sentinel = {channel.sentinel: channel for channel in channels}
+    left = [channel for channel in channels if is_stopped(channel.pid)]
+    alive = {channel.sentinel for channel in channels if channel not in left}
     deadline = time.monotonic() + (hurried_grace if hurry() else grace)
     while alive:
         remaining = deadline - time.monotonic()
@@ -287,4 +300,4 @@ def wait_for_exits(
                     deadline = min(deadline, time.monotonic() + hurried_grace)
             else:
                 alive.discard(ready)
-    return [*left, *alive]
+    return [*left, *(by_sentinel[sentinel] for sentinel in alive)]

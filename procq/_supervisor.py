@@ -87,7 +87,7 @@ from procq._channel_trusted import TrustedChannel
 from procq._channel_untrusted import UntrustedChannel
 from procq._core import Core, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
 from procq._dispatch import Reported
-from procq._processes import children_map, wait_for_exits
+from procq._processes import children_map, next_sample, wait_for_exits
 from procq._protocol import Ready, Report, Violation
 from procq._supervisor_failures import (
     crash_failure,
@@ -103,8 +103,7 @@ __all__ = ["Supervisor"]
 
 #: How long stopping workers get to exit on their own before they are killed.
 STOP_GRACE = 3.0
-#: The same when the queue closes without waiting (it must end everything at
-#: once; an idle worker exits on EOF in milliseconds).
+#: The same when the queue closes without waiting (an idle worker exits on EOF in milliseconds).
 CANCEL_GRACE = 0.2
 #: How long to wait before trying again to start a worker that failed to start.
 RESTART_BACKOFF = 1.0
@@ -137,8 +136,7 @@ class Supervisor:
         # process dies, since only this process holds the write end.
         self._alive_r, self._alive_w = os.pipe()
         self._launch = Launch(context, name, self._alive_r)
-        # Kills the workers' process groups should this process die (see _undertaker).
-        self._undertaker = Undertaker()
+        self._undertaker = Undertaker()  # kills the workers' groups should this process die
         self._watcher = Watcher()
         self.wake = self._watcher.wake  # from any thread
         self._timers = Timers()
@@ -215,8 +213,7 @@ class Supervisor:
             return
         self._started.set()
         try:
-            # Before the loop, which takes the workers' READY: so before any job can run.
-            self._undertaker.start()
+            self._undertaker.start()  # before the loop takes the workers' READY: before any job runs
             self._loop()
         except BaseException:  # pragma: no cover - a bug here must not hang waiters
             traceback.print_exc()
@@ -245,13 +242,8 @@ class Supervisor:
             for worker, entry in core.due(now):
                 worker.channel.send_job(core, worker, entry)
             if core.memory_jobs and timers.sample_due(now):
-                began = self.clock()
                 self._check_memory()
-                ended = self.clock()
-                # A costly sample (a large tree, read by proportional sizes: see
-                # _processes.tree_memory) is followed by a longer pause, so that
-                # sampling never takes more than a fifth of this thread's time.
-                timers.next_sample = ended + max(MEMORY_CHECK_INTERVAL, 4 * (ended - began))
+                timers.next_sample = next_sample(now, self.clock(), MEMORY_CHECK_INTERVAL)
             for worker in timers.overdue(now):
                 self._eof_overdue(worker)
             for worker, descendants in timers.kills_due(now):
@@ -471,10 +463,6 @@ class Supervisor:
         descendants = worker.channel.terminate()
         self._timers.kill_later(self.clock() + grace, worker, descendants)
 
-    def _hurried(self) -> bool:
-        """Is the queue closing without waiting?"""
-        return self._cancel or self.core.cancelled
-
     def _kill_all(self, workers: list[WorkerSlot]) -> None:
         for worker in workers:
             worker.channel.kill()
@@ -493,12 +481,9 @@ class Supervisor:
             closable = [w for w in workers if w.sending == 0]
         for w in closable:
             w.channel.close()
-        # Real time, not the core's clock: this waits for processes to exit.
-        # A stopped worker is not waited for; a close(wait=False) meanwhile cuts the wait short.
-        by_sentinel = {w.channel.sentinel: w for w in workers}
-        pids = {sentinel: w.channel.pid for sentinel, w in by_sentinel.items()}
-        for sentinel in wait_for_exits(pids, STOP_GRACE, self._watcher.wake_fd, self._hurried, CANCEL_GRACE):
-            by_sentinel[sentinel].channel.kill()
+        channels, hurried = [w.channel for w in workers], lambda: self._cancel or self.core.cancelled
+        for channel in wait_for_exits(channels, STOP_GRACE, self._watcher.wake_fd, hurried, CANCEL_GRACE):
+            channel.kill()
         for w in workers:
             w.channel.kill_group()  # jobs' leftovers
             self._undertaker.forget(w.channel.pid)

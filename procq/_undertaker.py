@@ -109,7 +109,12 @@ class Undertaker:
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _PROGRAM, str(os.getpid()), str(self._read_fd)],
+                # Not the supervisor's stdout and stderr: a program that reads
+                # them to their end (the supervisor's parent, say) must not
+                # wait on this process too.
                 stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
                 pass_fds=(self._read_fd,),
                 start_new_session=True,
                 cwd="/",
