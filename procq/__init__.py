@@ -59,6 +59,8 @@ The supervisor's I/O side (its one thread per queue):
 - ``_channel``: the ``WorkerChannel`` interface through which the supervisor
   reaches a worker; ``_channel_trusted`` and ``_channel_untrusted`` are its two
   kinds. ``_processes``: processes, their trees, memory and exits.
+  ``_undertaker``: the small process per queue that kills the workers'
+  process groups should the supervisor's process die.
 - ``_protocol``: what travels on a worker's pipe, framed, and the typed events
   it decodes to. ``_plain``: which pickles unpickle without running code.
 

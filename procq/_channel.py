@@ -30,7 +30,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from procq._processes import ExecProcess, find_descendants, process_rss, signal_group, tree_rss
+from procq._processes import ExecProcess, find_descendants, process_pss, process_rss, signal_group, tree_memory
 from procq._protocol import CANCEL, RUN, RUN_MANY, Event, FnMirror, FrameReader
 
 if TYPE_CHECKING:
@@ -157,7 +157,7 @@ class ProcessChannel(WorkerChannel):
             if self.fns.touch(entry.fn_id):
                 fn_bytes = None
             if entry.memory_limit is not None:
-                entry.rss_base = process_rss(self.pid)
+                entry.rss_base = process_pss(self.pid)  # measured as job_memory measures the tree
             frame = pickle.dumps((RUN, entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes, entry.memory_limit), -1)
             if len(frame) > self.inline_limit:
                 thread = threading.Thread(target=self._send, args=(core, worker, frame), name="procq-send", daemon=True)
@@ -205,7 +205,11 @@ class ProcessChannel(WorkerChannel):
         return process_rss(self.pid)
 
     def job_memory(self, entry: Entry, children: dict[int, list[int]]) -> int:
-        return tree_rss(self.pid, children) - entry.rss_base
+        # Proportional set sizes: pages shared after a fork count once. (An
+        # untrusted job's process, a copy of its worker, adds only what it
+        # changes or allocates: the pages it shares with the worker are split
+        # between the two.)
+        return tree_memory(self.pid, children, entry.rss_base, entry.memory_limit)
 
     def terminate(self) -> list[Any]:
         descendants = find_descendants(self.pid)

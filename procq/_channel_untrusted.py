@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from procq._channel import Launch, ProcessChannel
-from procq._processes import ExecProcess, describe_exit, import_path, tree_rss, worker_config
+from procq._processes import ExecProcess, describe_exit, import_path, worker_config
 from procq._protocol import (
     CUT_SHORT,
     FROM_JOB,
@@ -154,11 +154,6 @@ class UntrustedChannel(ProcessChannel):
         what = f"the lane's max_result_bytes of {spec.max_result}"
         reader = FrameReader(parent_conn.fileno(), limit, what, trailer=len(FROM_WORKER))
         return cls(process, parent_conn, reader, spec.max_result, spec.max_result_values)
-
-    def job_memory(self, entry: Entry, children: dict[int, list[int]]) -> int:
-        # The job runs in a copy of its worker, which starts with (roughly)
-        # the worker's resident pages as its own.
-        return tree_rss(self.pid, children) - 2 * entry.rss_base
 
     def read(self, worker: WorkerSlot) -> list[Event]:
         frames: list[bytes | bytearray | Violation]

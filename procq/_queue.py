@@ -324,6 +324,11 @@ class ProcQueue:
         if type(wait) is not bool:
             raise TypeError(f"close(): wait must be True or False, got {type(wait).__name__}: {wait!r}")
         self._here()  # (before the lock: a forked child's copy of it may be held by a thread it does not have)
+        if not wait and self._life is not _Life.CLOSED:
+            # Before the lock, which a close() waiting for its jobs on another
+            # thread holds: this one ends them, and so that one, at once.
+            self._core.start_closing()
+            self._supervisor.cancel_all()
         with self._close_lock:
             if self._life is _Life.CLOSED:
                 return

@@ -88,19 +88,19 @@ import os
 import signal
 import threading
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 from procq._channel import Launch, WorkerChannel
 from procq._channel_trusted import TrustedChannel
 from procq._channel_untrusted import UntrustedChannel
-from procq._core import Core, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
+from procq._core import Core, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot, run_wakeups
 from procq._dispatch import Reported
-from procq._processes import children_map
+from procq._processes import children_map, next_sample
 from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 from procq._supervisor_decode import Decoders
 from procq._supervisor_failures import crash_failure, memory_failure, protocol_failure, start_failure
 from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, STOP_GRACE, Timers, Watcher, stop_workers
+from procq._undertaker import Undertaker
 
 __all__ = ["Supervisor"]
 
@@ -114,9 +114,6 @@ BOOT_BACKOFF = 0.05
 BOOT_BACKOFF_MAX = 5.0
 #: After this many workers in a row died while starting, a lane's waiting jobs fail.
 BOOT_FAILURES_TO_FAIL_JOBS = 3
-
-Wakeup = Callable[[], None]
-
 
 def channel_kind(lane: LaneState) -> type[WorkerChannel]:
     """The kind of worker ``lane`` runs: a new kind is one more class here."""
@@ -135,6 +132,7 @@ class Supervisor:
         # process dies, since only this process holds the write end.
         self._alive_r, self._alive_w = os.pipe()
         self._launch = Launch(context, name, self._alive_r)
+        self._undertaker = Undertaker()  # kills the workers' groups should this process die
         self._watcher = Watcher()
         self.wake = self._watcher.wake  # from any thread
         self._timers = Timers()
@@ -214,6 +212,7 @@ class Supervisor:
             return
         self._started.set()
         try:
+            self._undertaker.start()  # before the loop takes the workers' READY: before any job runs
             self._loop()
         except BaseException as exc:
             # A bug, or what the loop cannot survive: the queue says so at once (closed,
@@ -250,7 +249,7 @@ class Supervisor:
                 worker.channel.send_job(core, worker, entry)
             if core.memory_jobs and timers.sample_due(now):
                 self._check_memory()
-                timers.next_sample = self.clock() + MEMORY_CHECK_INTERVAL
+                timers.next_sample = next_sample(now, self.clock(), MEMORY_CHECK_INTERVAL)
             for worker in timers.overdue(now):
                 self._eof_overdue(worker)
             for worker, descendants in timers.kills_due(now):
@@ -286,6 +285,7 @@ class Supervisor:
             self.core.add_worker(None, lane, reserved)
             self._timers.retry_start(lane.name, self.clock() + RESTART_BACKOFF)
             return
+        self._undertaker.watch(channel.pid)
         worker = WorkerSlot(lane, channel)
         self._watcher.watch(worker)
         self.core.add_worker(worker, lane, reserved)
@@ -437,6 +437,7 @@ class Supervisor:
         # A result written just before the death still counts.
         self._drain(worker)
         self._timers.kill_at.pop(worker, None)  # (after the drain, which may see EOF and set it)
+        self._undertaker.forget(channel.pid)  # (before the reap: then its group id may be reused)
         exitcode = channel.reap()
         crash, sig, how = crash_failure(worker, exitcode)
         lane = worker.lane
@@ -483,13 +484,17 @@ class Supervisor:
         for worker in workers:
             worker.channel.kill()
 
+    def _hurried(self) -> bool:
+        return self._cancel or self.core.cancelled
+
     def _shutdown(self) -> None:
         """Stop every worker and reap it (``stop_workers``), then close what this thread owns."""
         self.core.stop()
         if self.core.live_count():  # only if the loop failed: nothing may hang
             self._kill_all(self.core.cancel_all("was cancelled: the queue's supervisor stopped"))
-        stop_workers(self.core, self._watcher, self._timers)
+        stop_workers(self.core, self._watcher, self._timers, self._hurried, self._undertaker.forget)
         self._decoders.close()
         self._watcher.close()
+        self._undertaker.stop()
         os.close(self._alive_r)
         os.close(self._alive_w)

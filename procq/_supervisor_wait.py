@@ -16,21 +16,22 @@ import contextlib
 import os
 import selectors
 import threading
-import time
-from collections.abc import Iterator
-from multiprocessing.connection import wait
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from procq._entries import WorkerLife, WorkerSlot, run_wakeups
+from procq._processes import wait_for_exits
 from procq._supervisor_failures import stopped_failure
 
 if TYPE_CHECKING:
     from procq._core import Core
 
-__all__ = ["MAX_SLEEP", "MEMORY_CHECK_INTERVAL", "STOP_GRACE", "Timers", "Watcher", "stop_workers"]
+__all__ = ["CANCEL_GRACE", "MAX_SLEEP", "MEMORY_CHECK_INTERVAL", "STOP_GRACE", "Timers", "Watcher", "stop_workers"]
 
 #: How long stopping workers get to exit on their own before they are killed.
 STOP_GRACE = 3.0
+#: The same when the queue closes without waiting (an idle worker exits on EOF in milliseconds).
+CANCEL_GRACE = 0.2
 #: How often the memory of running jobs with a memory limit is sampled.
 MEMORY_CHECK_INTERVAL = 0.05
 #: The longest the selector sleeps at once. epoll takes its timeout in
@@ -62,6 +63,11 @@ class Watcher:
                 return
             with contextlib.suppress(BlockingIOError):  # the pipe is full: a wake-up is pending anyway
                 os.write(self._wake_w, b"\0")
+
+    @property
+    def wake_fd(self) -> int:
+        """The wake-up pipe's read end (non-blocking), for a wait of the I/O thread's own."""
+        return self._wake_r
 
     def watch(self, worker: WorkerSlot) -> None:
         """Wait on the worker channel's messages and death."""
@@ -187,9 +193,13 @@ class Timers:
         return kills
 
 
-def stop_workers(core: Core, watcher: Watcher, timers: Timers) -> None:
+def stop_workers(
+    core: Core, watcher: Watcher, timers: Timers, hurried: Callable[[], bool], forget: Callable[[int | None], None]
+) -> None:
     """Stop every worker the I/O thread watches: EOF first, SIGKILL after
-    ``STOP_GRACE``; reap them all. (The queue is stopping: no job is sent.)"""
+    ``STOP_GRACE`` (``CANCEL_GRACE`` once ``hurried()``: the queue closes
+    without waiting), at once for a stopped one; reap them all, telling
+    ``forget`` (the undertaker) before each reap. (No job is sent any more.)"""
     for _, worker, descendants in timers.take_kills():  # a grace cut short: nothing outlives the queue
         worker.channel.kill(descendants)
     workers = [w for w in watcher.workers() if w.life is not WorkerLife.DEAD]
@@ -199,19 +209,12 @@ def stop_workers(core: Core, watcher: Watcher, timers: Timers) -> None:
         closable = [w for w in workers if w.sending == 0]
     for w in closable:
         w.channel.close()
-    # Real time, not the core's clock: this waits for processes to exit.
-    deadline = time.monotonic() + STOP_GRACE
-    alive: dict[Any, WorkerSlot] = {w.channel.sentinel: w for w in workers}
-    while alive:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        for sentinel in wait(list(alive), remaining):
-            del alive[sentinel]
-    for w in alive.values():
-        w.channel.kill()
+    channels = [w.channel for w in workers]
+    for channel in wait_for_exits(channels, STOP_GRACE, watcher.wake_fd, hurried, CANCEL_GRACE):
+        channel.kill()
     for w in workers:
         w.channel.kill_group()  # jobs' leftovers
+        forget(w.channel.pid)
         w.channel.reap()
         # A worker still holding a job here means the loop itself failed:
         # the job must still end, so no handle hangs.

@@ -17,6 +17,8 @@ import psutil
 import pytest
 from process_support import children, kill_and_reap, linux_only, subreaper
 
+from procq import Job
+
 TESTS_DIR = str(Path(__file__).parent)
 
 _SUPERVISOR = """
@@ -28,13 +30,40 @@ from procq import Job, Lane, ProcQueue
 
 def main():
     method, directory = sys.argv[1:3]
-    q = ProcQueue({{"trusted": 1, "untrusted": Lane(workers=1, trusted=False)}}, start_method=method)
+    # An untrusted lane's workers inherit no environment: the tag the test finds processes by is given to them.
+    tag = {{"PROCQ_TEST_TAG": os.environ["PROCQ_TEST_TAG"]}}
+    q = ProcQueue({{"trusted": 1, "untrusted": Lane(workers=1, trusted=False, env=tag)}}, start_method=method)
     files = [os.path.join(directory, name) for name in ("trusted.pid", "untrusted.pid")]
     q.push(Job("trusted", jobs_hardening.start_sleeper, args=(files[0],), lane="trusted"))
     q.push(Job("untrusted", jobs_hardening.start_sleeper, args=(files[1],), lane="untrusted"))
     while not all(os.path.exists(f) for f in files):
         time.sleep(0.01)
     print(json.dumps([int(open(f).read()) for f in files]), flush=True)
+    sys.stdin.read()  # until killed
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+_TREES = """
+import json, os, sys, time
+sys.path.insert(0, {tests!r})
+import jobs_leftovers
+from procq import Job, Lane, ProcQueue
+
+
+def main():
+    method, directory = sys.argv[1:3]
+    tag = {{"PROCQ_TEST_TAG": os.environ["PROCQ_TEST_TAG"]}}
+    q = ProcQueue({{"trusted": 1, "untrusted": Lane(workers=1, trusted=False, env=tag)}}, start_method=method)
+    files = [os.path.join(directory, name) for name in ("trusted.pids", "untrusted.pids")]
+    q.push(Job("trusted", jobs_leftovers.start_tree, args=(files[0],), lane="trusted"))
+    q.push(Job("untrusted", jobs_leftovers.start_tree, args=(files[1],), lane="untrusted"))
+    while not all(os.path.exists(f) for f in files):
+        time.sleep(0.01)
+    print(json.dumps([int(p) for f in files for p in open(f).read().split()]), flush=True)
     sys.stdin.read()  # until killed
 
 
@@ -64,9 +93,11 @@ def _tagged(tag: str) -> list[psutil.Process]:
 @pytest.mark.skipif(not linux_only, reason="needs PR_SET_CHILD_SUBREAPER to see orphans exit")
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_a_jobs_children_die_with_the_supervisor(start_method: str, tmp_path: Path, how: int) -> None:
+@pytest.mark.parametrize("program", [_SUPERVISOR, _TREES], ids=["child", "grandchild+stopped"])
+def test_a_jobs_children_die_with_the_supervisor(start_method: str, tmp_path: Path, how: int, program: str) -> None:
+    """A job's child; and a grandchild and a stopped child, in a trusted and an untrusted lane."""
     script = tmp_path / "supervisor.py"
-    script.write_text(_SUPERVISOR.format(tests=TESTS_DIR))
+    script.write_text(program.format(tests=TESTS_DIR))
     tag = uuid.uuid4().hex
     env = dict(os.environ, PROCQ_TEST_TAG=tag)
     with subreaper():
@@ -95,3 +126,19 @@ def test_a_jobs_children_die_with_the_supervisor(start_method: str, tmp_path: Pa
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     stream.close()
+
+
+def test_the_undertaker_is_gone_after_close(start_method: str) -> None:
+    """The process that outlives a dead supervisor to kill its workers' groups
+    is the supervisor's child while the queue lives, and is reaped by close()."""
+    from procq import ProcQueue
+
+    before = set(children())
+    q = ProcQueue({"a": 1}, start_method=start_method)
+    try:
+        assert q.push_and_wait(Job("k", os.getpid)) > 0  # (the queue is running)
+        ours = [p for pid, p in children().items() if pid not in before and "-S" in p.cmdline()]
+        assert len(ours) == 1 and ours[0].ppid() == os.getpid()
+    finally:
+        q.close()
+    assert not ours[0].is_running()
