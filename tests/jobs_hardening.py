@@ -153,7 +153,7 @@ def _syscall_errno(number: int, *args: int) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     result = libc.syscall(number, *args)
     if result >= 0:
-        if number == _SYS_PIDFD_OPEN or number == _SYS_PIDFD_GETFD:
+        if number in (_SYS_PIDFD_OPEN, _SYS_PIDFD_GETFD):
             os.close(result)
         return 0
     return ctypes.get_errno()
@@ -208,14 +208,66 @@ def _read_mem(pid: int) -> None:
         f.read(16)
 
 
-def probe(targets: dict[str, int]) -> dict[str, str]:
+def _open_fds(pid: int) -> str:
+    """Open any of ``pid``'s descriptors through ``/proc/<pid>/fd/<n>``."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        names = [str(n) for n in range(64)]
+    errors = set()
+    for name in names:
+        try:
+            os.close(os.open(f"/proc/{pid}/fd/{name}", os.O_RDONLY | os.O_NONBLOCK))
+        except OSError as e:
+            errors.add(e.errno)
+            continue
+        return "allowed"
+    return f"denied: errnos {sorted(errors)}"
+
+
+def _fork_from_forkserver(path: str) -> str:
+    """Ask the multiprocessing forkserver listening at ``path`` (an attacker
+    finds it in ``/proc/net/unix``) to fork a child for this job, a child that
+    would hold the server's memory and environment: "allowed" if it forked one."""
+    import socket
+    from multiprocessing import reduction
+
+    parent_r, child_w = os.pipe()
+    child_r, parent_w = os.pipe()
+    try:
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(path)
+            reduction.sendfds(client, [child_r, child_w, child_r, child_w])
+        os.close(child_r)
+        os.close(child_w)
+        os.close(parent_w)  # a child, if one was forked, reads EOF and exits
+        child_r = child_w = parent_w = -1
+        # The server writes the child's pid to the write end it was sent; if it
+        # refused, nobody holds that end any more.
+        return "allowed" if os.read(parent_r, 8) else "denied: refused"
+    except OSError as e:
+        return f"denied: {type(e).__name__} {e.errno}"
+    finally:
+        for fd in (parent_r, child_w, child_r, parent_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def probe(targets: dict[str, int], forkserver: str | None = None) -> dict[str, str]:
     """What this job can do to each target process: read its environment, its
-    memory, list and take its descriptors, trace it."""
+    memory, list, open and take its descriptors, trace it; and whether the
+    forkserver forks for it."""
     report: dict[str, str] = {"uid": str(os.getuid())}
+    targets = {**targets, "own worker": os.getppid()}
+    if "trusted worker" in targets:
+        targets["forkserver"] = _parent_of(targets["trusted worker"])
+    if forkserver is not None:
+        report["forkserver fork"] = _fork_from_forkserver(forkserver)
     for name, pid in targets.items():
-        report[f"{name} environ"] = _try(lambda: open(f"/proc/{pid}/environ", "rb").read())  # noqa: SIM115
-        report[f"{name} mem"] = _try(lambda: _read_mem(pid))
-        report[f"{name} fd list"] = _try(lambda: os.listdir(f"/proc/{pid}/fd"))
+        report[f"{name} fd open"] = _open_fds(pid)
+        report[f"{name} environ"] = _try(lambda pid=pid: open(f"/proc/{pid}/environ", "rb").read())  # noqa: SIM115
+        report[f"{name} mem"] = _try(lambda pid=pid: _read_mem(pid))
+        report[f"{name} fd list"] = _try(lambda pid=pid: os.listdir(f"/proc/{pid}/fd"))
         report[f"{name} pidfd_getfd"] = _pidfd_getfd(pid)
         report[f"{name} ptrace"] = _ptrace_attach(pid)
     return report
