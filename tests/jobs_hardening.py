@@ -360,3 +360,116 @@ def fail_on(item: str) -> str:
     if item.startswith("boom"):
         raise ValueError(f"cannot take {item!r}")
     return item.upper()
+
+
+# --- what an untrusted job's process holds ---------------------------------------------
+
+
+class KeyStr(str):
+    """A str subclass: JSON writes it as the str it is."""
+
+
+def result_of_kind(kind: str) -> Any:
+    """A result whose dicts have keys of one kind, at some depth."""
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    return {
+        "bool": {True: 1},
+        "float": {"a": {1.5: "x"}},
+        "none": [{None: 1}],
+        "tuple": {(1, 2): "pair"},
+        "in tuple": ("ok", ({"fine": [1, {3: "three"}]},)),
+        "deep": _deep({7: "seven"}, 3000),
+        "str subclass": {KeyStr("k"): [1, 2]},
+        "deep and fine": _deep({"k": "v"}, 500),
+        "cyclic": cyclic,
+    }[kind]
+
+
+def _deep(leaf: Any, depth: int) -> Any:
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+def _status_fields() -> dict[str, str]:
+    with open("/proc/self/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def privileges() -> dict[str, Any]:
+    """This process's capabilities, no_new_privs, dumpability, uid."""
+    fields = _status_fields()
+    libc = ctypes.CDLL(None, use_errno=True)
+    return {
+        "caps": {name: int(fields[name], 16) for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")},
+        "no_new_privs": int(fields["NoNewPrivs"]),
+        "dumpable": libc.prctl(3, 0, 0, 0, 0),  # PR_GET_DUMPABLE
+        "uid": os.getuid(),
+    }
+
+
+def dumpable() -> int:
+    return int(ctypes.CDLL(None, use_errno=True).prctl(3, 0, 0, 0, 0))
+
+
+def signals(targets: dict[str, int]) -> dict[str, str]:
+    """Whether this job may signal each target (signal 0: a check, nothing sent),
+    and a child of its own (which it then ends)."""
+    said = {}
+    for name, pid in {**targets, "own worker": os.getppid()}.items():
+        try:
+            os.kill(pid, 0)
+            said[name] = "allowed"
+        except OSError as e:
+            said[name] = f"denied: {e.errno}"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child.kill()
+        said["own child"] = "allowed"
+    except OSError as e:
+        said["own child"] = f"denied: {e.errno}"
+    child.wait()
+    return said
+
+
+def handle_sigxcpu_and_spin(seconds: float) -> str:
+    """Burn CPU for ``seconds``, catching SIGXCPU and going on."""
+    signal.signal(signal.SIGXCPU, lambda *_: None)
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    return "spun"
+
+
+def spin(seconds: float) -> str:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    return "spun"
+
+
+def poke_parent_sentinel(supervisor: int) -> int:
+    """(A trusted job.) Write one byte into the pipe whose read end is this
+    worker's "parent sentinel", through the supervisor's ``/proc`` entry for
+    its write end. Returns how many bytes went in."""
+    import multiprocessing
+
+    sentinel = multiprocessing.parent_process().sentinel  # type: ignore[union-attr]
+    target = os.readlink(f"/proc/self/fd/{sentinel}")
+    written = 0
+    for name in os.listdir(f"/proc/{supervisor}/fd"):
+        path = f"/proc/{supervisor}/fd/{name}"
+        try:
+            if os.readlink(path) != target:
+                continue
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            written += os.write(fd, b"x")
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return written
