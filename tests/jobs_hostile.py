@@ -253,7 +253,9 @@ def channel_peers() -> dict[str, Any]:
             finally:
                 sock.close()
             peers.append(struct.unpack("3i", cred)[0])
-    return {"fds": fds, "peers": peers, "pid": os.getpid(), "ppid": os.getppid()}
+    # Descriptor numbers as str: an untrusted job's dict keys must be (JSON's).
+    named = {str(fd): link for fd, link in fds.items()}
+    return {"fds": named, "peers": peers, "pid": os.getpid(), "ppid": os.getppid()}
 
 
 def burn_cpu(seconds: float) -> float:
