@@ -66,7 +66,11 @@ The supervisor's I/O side (its one thread per queue):
 
 The worker processes: ``_worker`` (a trusted worker's loop, and what both
 kinds share) and ``_worker_untrusted`` (a clean worker that forks a process
-per job). ``_demo`` and ``_demo_jobs``: ``python -m procq demo``.
+per job). ``_privileges``: what a process lets others do to it (dumpable or
+not) and may do itself (capabilities, ``no_new_privs``, Landlock), and the
+supervisor's "untraceable" latch. ``_forkserver_guard``: imported only by the
+forkserver procq starts, to make it untraceable and fork only for its parent.
+``_demo`` and ``_demo_jobs``: ``python -m procq demo``.
 
 Which thread touches what
 -------------------------

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from procq._job import REUSE_POLICIES, Lane, Retention
+from procq._privileges import make_untraceable
 
 __all__ = ["MISMATCH_POLICIES", "check_policies", "parse_lanes", "preload_worker", "worker_context"]
 
@@ -58,9 +59,14 @@ def check_policies(retention: Any, reuse: Any, on_mismatch: Any) -> None:
         raise ValueError(f"on_mismatch must be 'raise', 'warn' or 'ignore', got {on_mismatch!r}")
 
 
-def worker_context(start_method: str | None) -> tuple[str, Any]:
+def worker_context(start_method: str | None, lanes: Mapping[str, Lane]) -> tuple[str, Any]:
     """The start method workers use (``"forkserver"`` on Linux and
-    ``"spawn"`` elsewhere by default) and its ``multiprocessing`` context."""
+    ``"spawn"`` elsewhere by default) and its ``multiprocessing`` context.
+
+    A queue with an untrusted lane makes this whole process untraceable first
+    (``_privileges.make_untraceable``): jobs of that lane run as the same
+    user, and must not reach its memory, environment or descriptors, nor
+    those of the trusted workers it starts from now on."""
     # forkserver forks workers from a clean single-threaded server, so the
     # supervisor's own threads are never duplicated into a child; it exists on
     # Linux. Elsewhere spawn is the safe choice.
@@ -78,6 +84,8 @@ def worker_context(start_method: str | None) -> tuple[str, Any]:
     except ValueError:
         known = ", ".join(multiprocessing.get_all_start_methods())
         raise ValueError(f"unknown start method {method!r}; this platform has {known}") from None
+    if any(not lane.trusted for lane in lanes.values()):
+        make_untraceable()
     if method == "forkserver":
         preload_worker(context)
     return method, context
@@ -92,6 +100,11 @@ def preload_worker(context: Any) -> None:
     imports the main module again (Python 3.11's forkserver never preloads
     ``__main__``, whatever the preload list says), and a program that uses
     procq imports it from there; preloaded, that costs the child nothing.
+
+    First on the list, ``_forkserver_guard`` makes the server untraceable and
+    has it fork only for its parent. A forkserver started by someone else
+    before this runs has neither (see the README's "Running code you don't
+    trust").
     """
     try:
         from multiprocessing import forkserver
@@ -102,6 +115,7 @@ def preload_worker(context: Any) -> None:
         modules = list(server._preload_modules)
     except Exception:  # pragma: no cover - the stdlib's internals changed
         return
+    guard = "procq._forkserver_guard"
     wanted = [m for m in ("procq._worker", "procq._queue") if m not in modules]
-    if wanted:
-        context.set_forkserver_preload([*modules, *wanted])
+    if wanted or guard not in modules:
+        context.set_forkserver_preload([guard, *(m for m in modules if m != guard), *wanted])

@@ -23,6 +23,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from procq._job import Lane
+from procq._privileges import untraceable
 
 __all__ = [
     "ExecProcess",
@@ -204,6 +205,10 @@ def worker_config(spec: Lane) -> dict[str, Any]:
         # it takes the supervisor's environment as it is now, not as it was then.
         "environ": dict(os.environ) if spec.trusted and spec.inherit_env else None,
         "cwd": spec.cwd,
+        # A trusted worker stays untraceable (as the forkserver made it) once
+        # this process has opened an untrusted lane; else it is dumpable again,
+        # so a native crash in it can leave a core dump.
+        "untraceable": untraceable(),
     }
 
 

@@ -97,7 +97,7 @@ class ProcQueue:
         parsed = parse_lanes(lanes)
         check_descriptors(parsed)
         check_policies(retention, reuse, on_mismatch)
-        self.start_method, context = worker_context(start_method)
+        self.start_method, context = worker_context(start_method, parsed)
         self._core = Core(
             parsed,
             retention,

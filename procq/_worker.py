@@ -33,6 +33,7 @@ from typing import Any
 
 from procq._job import format_size
 from procq._plain import result_frame
+from procq._privileges import set_dumpable
 from procq._protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 
 __all__ = ["worker_main"]
@@ -76,9 +77,13 @@ def _die_with_parent(sentinel: Any = None) -> None:
         return
 
     def watch() -> None:
-        from multiprocessing.connection import wait
-
-        wait([sentinel])
+        # Only EOF is the parent's death: bytes someone wrote into the pipe are
+        # read and dropped.
+        try:
+            while os.read(sentinel, 4096):
+                pass
+        except OSError:
+            pass
         os._exit(1)
 
     # Started after prctl: a parent that died before it took effect is seen here.
@@ -263,8 +268,12 @@ def _address_space() -> int:
 
 def worker_main(conn: Connection, lane: str, config: dict[str, Any] | None = None) -> None:
     """Run jobs from ``conn`` until EOF. A trusted lane's child's entry point."""
-    _boot()
     config = config or {}
+    # First: a worker forked from procq's forkserver starts untraceable, one
+    # started otherwise (spawn, or a forkserver procq did not start) is
+    # traceable until here.
+    set_dumpable(not config.get("untraceable"))
+    _boot()
     parent = _parent()
     sentinel = None if parent is None else parent.sentinel
     keep = {conn.fileno()}

@@ -11,6 +11,7 @@ checks every message.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
+from procq._privileges import confine_job, drop_privileges, landlock_abi, set_dumpable
 from procq._protocol import (
     CUT_SHORT,
     FROM_JOB,
@@ -54,16 +56,31 @@ def exec_main() -> None:
     It never runs job code, and never unpickles anything a job sent: each job
     runs in a process of its own, forked for it (see ``_serve_forking``). The
     lane's ``rlimits`` are set in those processes, not here.
+
+    Before it says READY it is untraceable (not dumpable: its jobs' processes
+    inherit that) and holds no privilege: no capability, even as root, and
+    ``no_new_privs``, so no job can gain one back by exec. A worker that
+    cannot drop them exits with the reason on stderr and never takes a job.
     """
+    set_dumpable(False)
     _boot()
     config = json.loads(sys.argv[1])
     conn_fd, alive_fd = int(sys.argv[2]), int(sys.argv[3])
     conn = Connection(conn_fd)
     setup({**config, "rlimits": None}, {conn_fd, alive_fd})
+    # Several workers share the liveness pipe's read end: whoever reads a byte
+    # someone wrote into it takes it, and the others must not block on it.
+    os.set_blocking(alive_fd, False)
     # No thread watches the supervisor here (this loop waits on its liveness
     # pipe itself), so forking a job's process is safe.
     _set_pdeathsig()
-    _set_dumpable(False)
+    try:
+        drop_privileges()
+    except OSError as exc:
+        print(f"procq: an untrusted worker could not drop its privileges: {exc}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+    config["landlock"] = landlock_abi()
     # What every job's process needs, imported once here rather than in each of them.
     import fcntl  # noqa: F401
     import resource  # noqa: F401
@@ -76,8 +93,12 @@ def exec_main() -> None:
 
 # --- untrusted lanes: a forked process per job --------------------------------------
 
-_PR_SET_DUMPABLE = 4
 _RELAY_CHUNK = 1 << 16
+#: The share of its CPU limit a job killed with SIGKILL must have used to count
+#: as having reached it. The kernel checks the limit against CPU time counted
+#: in scheduler ticks, which on a busy machine runs ahead of the precise time
+#: it reports afterwards (here by up to 16 %: killed at "1 s" after 0.84 s).
+_CPU_REACHED = 0.75
 
 # The running job's process, while there is one (read by the SIGTERM handler).
 _child_pid = 0
@@ -108,11 +129,17 @@ def _set_pdeathsig() -> None:
     _prctl_call(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _set_dumpable(on: bool) -> None:
-    """A process that is not "dumpable" cannot be traced, nor its ``/proc``
-    entries (descriptors, memory, environment) read, by other processes of the
-    same user without privileges. Its forked children inherit that."""
-    _prctl_call(_PR_SET_DUMPABLE, int(on))
+def _supervisor_died(alive_fd: int) -> bool:
+    """The liveness pipe is readable: is it at EOF (only the supervisor holds
+    its write end, so EOF is its death)? Bytes a process wrote into it through
+    ``/proc`` are read and dropped: they prove nothing."""
+    try:
+        while True:
+            data = os.read(alive_fd, 4096)
+            if not data:
+                return True
+    except (BlockingIOError, InterruptedError):
+        return False  # drained (or another worker took them): still alive
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
@@ -151,8 +178,10 @@ def _serve_forking(conn: Connection, config: dict[str, Any], alive_fd: int) -> N
         if _terminating:
             _die_of(signal.SIGTERM)
         ready, _, _ = select.select([conn_fd, alive_fd], [], [])
-        if alive_fd in ready:
-            return  # the supervisor died
+        if alive_fd in ready and _supervisor_died(alive_fd):
+            return
+        if conn_fd not in ready:
+            continue
         try:
             frame = recv()
         except (EOFError, OSError):
@@ -198,7 +227,8 @@ def _fork_job(
     try:
         ours.shutdown(socket.SHUT_WR)  # the job reads nothing from the worker: EOF at once
         relay = _Relay(conn_fd)
-        returncode = _relay_until_exit(pid, ours, alive_fd, relay)
+        cpu_limit = (config.get("rlimits") or {}).get("cpu")
+        returncode = _relay_until_exit(pid, ours, alive_fd, relay, cpu_limit)
         if returncode is not None:
             relay.finish()
         return returncode
@@ -207,7 +237,9 @@ def _fork_job(
         ours.close()
 
 
-def _relay_until_exit(pid: int, channel: socket.socket, alive_fd: int, relay: _Relay) -> int | None:
+def _relay_until_exit(
+    pid: int, channel: socket.socket, alive_fd: int, relay: _Relay, cpu_limit: int | None
+) -> int | None:
     """Copy what the job's process writes until it exits; then what it left
     unread in the channel, and no more (a process it started may still hold
     the channel open, and is no reason to wait). Its exit status, or None if
@@ -225,7 +257,7 @@ def _relay_until_exit(pid: int, channel: socket.socket, alive_fd: int, relay: _R
         exited = False
         while not exited:
             for fd, _ in poller.poll():
-                if fd == alive_fd:
+                if fd == alive_fd and _supervisor_died(alive_fd):
                     os.kill(pid, signal.SIGKILL)
                     return None
                 if fd == pidfd:
@@ -251,10 +283,25 @@ def _relay_until_exit(pid: int, channel: socket.socket, alive_fd: int, relay: _R
                     break
                 relay.feed(data)
                 left -= len(data)
-        _, status = os.waitpid(pid, 0)
-        return os.waitstatus_to_exitcode(status)
+        _, status, usage = os.wait4(pid, 0)
+        return _exit_status(status, usage, cpu_limit)
     finally:
         os.close(pidfd)
+
+
+def _exit_status(status: int, usage: Any, cpu_limit: int | None) -> int:
+    """The job's process's exit status as the worker reports it: ``-SIGXCPU``
+    when it was ended for its CPU-time limit. The limit is hard (see
+    ``_hard_limits``): there the kernel sends SIGKILL, not SIGXCPU, so a
+    SIGKILL once the process has used (about) its CPU limit is the limit."""
+    code = os.waitstatus_to_exitcode(status)
+    if (
+        cpu_limit is not None
+        and code in (-signal.SIGKILL, -signal.SIGXCPU)
+        and usage.ru_utime + usage.ru_stime >= cpu_limit * _CPU_REACHED
+    ):
+        return -signal.SIGXCPU
+    return code
 
 
 class _Relay:
@@ -359,6 +406,10 @@ def _job_process(
         if os.getppid() != worker:  # the worker died before the line above took effect
             os._exit(1)
         _close_inherited_fds({0, 1, 2, channel.fileno()})
+        # Best effort: where the kernel has Landlock, no ptrace-class access
+        # (nor, from ABI 6, any signal) to a process outside this job's tree.
+        with contextlib.suppress(OSError):
+            confine_job(config.get("landlock") or 0)
         conn = Connection(channel.detach())
         _run_job(conn.send_bytes, job_id, fn_bytes, args_bytes, memory_limit, config)
     except (BrokenPipeError, ConnectionResetError):
@@ -376,9 +427,10 @@ def _job_process(
 
 def _hard_limits(rlimits: dict[str, int], memory_limit: int | None) -> None:
     """Set the lane's ``rlimits`` and the job's ``memory_limit`` in a job's
-    own process, soft and hard alike, so the job cannot raise them. The CPU
-    time counts from the process's start; SIGXCPU ends it at the limit, and
-    SIGKILL a second later if it handled SIGXCPU."""
+    own process, soft and hard alike, so the job cannot raise them (it has no
+    CAP_SYS_RESOURCE: see ``exec_main``). The CPU time counts from the
+    process's start; at the limit (soft and hard alike) the kernel ends the
+    process with SIGKILL, so a job that ignores SIGXCPU ends there too."""
     import resource
 
     for name, value in rlimits.items():
@@ -390,8 +442,8 @@ def _hard_limits(rlimits: dict[str, int], memory_limit: int | None) -> None:
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)
         cpu = rlimits["cpu"]
         if hard != resource.RLIM_INFINITY:
-            cpu = min(cpu, hard - 1)
-        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+            cpu = min(cpu, hard)
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     if memory_limit is not None:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
         limit = _address_space() + memory_limit
@@ -424,12 +476,72 @@ def _run_job(
             codec.error(job_id, "error", exc, "(the job's function or arguments could not be unpickled in the worker)")
         )
         return
+    def call() -> Any:
+        result = fn(*args, **kwargs) if kwargs else fn(*args)
+        _check_keys(result)
+        return result
+
     call_and_report(
         codec,
         send,
         job_id,
-        lambda: fn(*args, **kwargs) if kwargs else fn(*args),
+        call,
         memory_limit,
         config.get("max_result_bytes"),
         "encoded as JSON (an untrusted lane's results must be)",
     )
+
+
+class NonStrKey(TypeError):
+    """A result holds a dict with a key that is not a str (reported, never
+    raised to a caller): JSON would turn it into a string silently."""
+
+
+def _check_keys(result: Any) -> None:
+    """Raise ``NonStrKey`` if ``result`` holds, at any depth, a dict with a
+    key that is not a ``str``. ``json`` would write ``{1: "one"}`` as
+    ``{"1": "one"}`` and the caller would get back another value than the
+    job returned. Only lists, tuples and dicts are walked (what else JSON
+    cannot hold fails its encoding); each container once, so a cycle ends
+    here and fails at the encoding."""
+    todo = [result]
+    seen: set[int] = set()
+    while todo:
+        value = todo.pop()
+        if isinstance(value, dict):
+            if not value or id(value) in seen:
+                continue
+            seen.add(id(value))
+            for key in value:
+                if not isinstance(key, str):
+                    where = _path_to(result, key) or "the result"
+                    raise NonStrKey(
+                        f"{where} has the key {key!r:.80} ({type(key).__name__}): an untrusted lane's results "
+                        "travel as JSON, so every dict key in them must be a str"
+                    )
+            todo.extend(value.values())
+        elif isinstance(value, (list, tuple)) and value and id(value) not in seen:
+            seen.add(id(value))
+            todo.extend(value)
+
+
+def _path_to(result: Any, key: Any) -> str:
+    """Where in ``result`` the first dict holding ``key`` is, as Python reads
+    it (``result['a'][1]``); "" if the search goes too deep."""
+    from collections import deque
+
+    todo: deque[tuple[Any, str]] = deque([(result, "result")])
+    seen: set[int] = set()
+    while todo:
+        value, path = todo.popleft()
+        if id(value) in seen or len(path) > 200:
+            continue
+        if isinstance(value, dict):
+            seen.add(id(value))
+            if any(k is key for k in value):
+                return path
+            todo.extend((v, f"{path}[{k!r:.40}]") for k, v in value.items() if isinstance(k, str))
+        elif isinstance(value, (list, tuple)):
+            seen.add(id(value))
+            todo.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
+    return ""

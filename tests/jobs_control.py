@@ -130,12 +130,12 @@ def getcwd() -> str:
     return os.getcwd()
 
 
-def open_fds() -> dict[int, str]:
-    """This process's open descriptors and what each refers to. (Read link by
-    link, not by listing /proc/self/fd, which needs a descriptor of its own:
-    the job may run under a tight ``nofile`` limit.)"""
+def open_fds() -> dict[str, str]:
+    """This process's open descriptors (as str, a JSON key) and what each
+    refers to. (Read link by link, not by listing /proc/self/fd, which needs a
+    descriptor of its own: the job may run under a tight ``nofile`` limit.)"""
     fds = {}
     for fd in range(1024):
         with contextlib.suppress(OSError):
-            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            fds[str(fd)] = os.readlink(f"/proc/self/fd/{fd}")
     return fds

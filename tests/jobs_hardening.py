@@ -153,7 +153,7 @@ def _syscall_errno(number: int, *args: int) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     result = libc.syscall(number, *args)
     if result >= 0:
-        if number == _SYS_PIDFD_OPEN or number == _SYS_PIDFD_GETFD:
+        if number in (_SYS_PIDFD_OPEN, _SYS_PIDFD_GETFD):
             os.close(result)
         return 0
     return ctypes.get_errno()
@@ -208,14 +208,66 @@ def _read_mem(pid: int) -> None:
         f.read(16)
 
 
-def probe(targets: dict[str, int]) -> dict[str, str]:
+def _open_fds(pid: int) -> str:
+    """Open any of ``pid``'s descriptors through ``/proc/<pid>/fd/<n>``."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        names = [str(n) for n in range(64)]
+    errors = set()
+    for name in names:
+        try:
+            os.close(os.open(f"/proc/{pid}/fd/{name}", os.O_RDONLY | os.O_NONBLOCK))
+        except OSError as e:
+            errors.add(e.errno)
+            continue
+        return "allowed"
+    return f"denied: errnos {sorted(errors)}"
+
+
+def _fork_from_forkserver(path: str) -> str:
+    """Ask the multiprocessing forkserver listening at ``path`` (an attacker
+    finds it in ``/proc/net/unix``) to fork a child for this job, a child that
+    would hold the server's memory and environment: "allowed" if it forked one."""
+    import socket
+    from multiprocessing import reduction
+
+    parent_r, child_w = os.pipe()
+    child_r, parent_w = os.pipe()
+    try:
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(path)
+            reduction.sendfds(client, [child_r, child_w, child_r, child_w])
+        os.close(child_r)
+        os.close(child_w)
+        os.close(parent_w)  # a child, if one was forked, reads EOF and exits
+        child_r = child_w = parent_w = -1
+        # The server writes the child's pid to the write end it was sent; if it
+        # refused, nobody holds that end any more.
+        return "allowed" if os.read(parent_r, 8) else "denied: refused"
+    except OSError as e:
+        return f"denied: {type(e).__name__} {e.errno}"
+    finally:
+        for fd in (parent_r, child_w, child_r, parent_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def probe(targets: dict[str, int], forkserver: str | None = None) -> dict[str, str]:
     """What this job can do to each target process: read its environment, its
-    memory, list and take its descriptors, trace it."""
+    memory, list, open and take its descriptors, trace it; and whether the
+    forkserver forks for it."""
     report: dict[str, str] = {"uid": str(os.getuid())}
+    targets = {**targets, "own worker": os.getppid()}
+    if "trusted worker" in targets:
+        targets["forkserver"] = _parent_of(targets["trusted worker"])
+    if forkserver is not None:
+        report["forkserver fork"] = _fork_from_forkserver(forkserver)
     for name, pid in targets.items():
-        report[f"{name} environ"] = _try(lambda: open(f"/proc/{pid}/environ", "rb").read())  # noqa: SIM115
-        report[f"{name} mem"] = _try(lambda: _read_mem(pid))
-        report[f"{name} fd list"] = _try(lambda: os.listdir(f"/proc/{pid}/fd"))
+        report[f"{name} fd open"] = _open_fds(pid)
+        report[f"{name} environ"] = _try(lambda pid=pid: open(f"/proc/{pid}/environ", "rb").read())  # noqa: SIM115
+        report[f"{name} mem"] = _try(lambda pid=pid: _read_mem(pid))
+        report[f"{name} fd list"] = _try(lambda pid=pid: os.listdir(f"/proc/{pid}/fd"))
         report[f"{name} pidfd_getfd"] = _pidfd_getfd(pid)
         report[f"{name} ptrace"] = _ptrace_attach(pid)
     return report
@@ -308,3 +360,116 @@ def fail_on(item: str) -> str:
     if item.startswith("boom"):
         raise ValueError(f"cannot take {item!r}")
     return item.upper()
+
+
+# --- what an untrusted job's process holds ---------------------------------------------
+
+
+class KeyStr(str):
+    """A str subclass: JSON writes it as the str it is."""
+
+
+def result_of_kind(kind: str) -> Any:
+    """A result whose dicts have keys of one kind, at some depth."""
+    cyclic: list[Any] = []
+    cyclic.append(cyclic)
+    return {
+        "bool": {True: 1},
+        "float": {"a": {1.5: "x"}},
+        "none": [{None: 1}],
+        "tuple": {(1, 2): "pair"},
+        "in tuple": ("ok", ({"fine": [1, {3: "three"}]},)),
+        "deep": _deep({7: "seven"}, 3000),
+        "str subclass": {KeyStr("k"): [1, 2]},
+        "deep and fine": _deep({"k": "v"}, 500),
+        "cyclic": cyclic,
+    }[kind]
+
+
+def _deep(leaf: Any, depth: int) -> Any:
+    for _ in range(depth):
+        leaf = [leaf]
+    return leaf
+
+
+def _status_fields() -> dict[str, str]:
+    with open("/proc/self/status") as f:
+        return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+
+
+def privileges() -> dict[str, Any]:
+    """This process's capabilities, no_new_privs, dumpability, uid."""
+    fields = _status_fields()
+    libc = ctypes.CDLL(None, use_errno=True)
+    return {
+        "caps": {name: int(fields[name], 16) for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")},
+        "no_new_privs": int(fields["NoNewPrivs"]),
+        "dumpable": libc.prctl(3, 0, 0, 0, 0),  # PR_GET_DUMPABLE
+        "uid": os.getuid(),
+    }
+
+
+def dumpable() -> int:
+    return int(ctypes.CDLL(None, use_errno=True).prctl(3, 0, 0, 0, 0))
+
+
+def signals(targets: dict[str, int]) -> dict[str, str]:
+    """Whether this job may signal each target (signal 0: a check, nothing sent),
+    and a child of its own (which it then ends)."""
+    said = {}
+    for name, pid in {**targets, "own worker": os.getppid()}.items():
+        try:
+            os.kill(pid, 0)
+            said[name] = "allowed"
+        except OSError as e:
+            said[name] = f"denied: {e.errno}"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child.kill()
+        said["own child"] = "allowed"
+    except OSError as e:
+        said["own child"] = f"denied: {e.errno}"
+    child.wait()
+    return said
+
+
+def handle_sigxcpu_and_spin(seconds: float) -> str:
+    """Burn CPU for ``seconds``, catching SIGXCPU and going on."""
+    signal.signal(signal.SIGXCPU, lambda *_: None)
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    return "spun"
+
+
+def spin(seconds: float) -> str:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+    return "spun"
+
+
+def poke_parent_sentinel(supervisor: int) -> int:
+    """(A trusted job.) Write one byte into the pipe whose read end is this
+    worker's "parent sentinel", through the supervisor's ``/proc`` entry for
+    its write end. Returns how many bytes went in."""
+    import multiprocessing
+
+    sentinel = multiprocessing.parent_process().sentinel  # type: ignore[union-attr]
+    target = os.readlink(f"/proc/self/fd/{sentinel}")
+    written = 0
+    for name in os.listdir(f"/proc/{supervisor}/fd"):
+        path = f"/proc/{supervisor}/fd/{name}"
+        try:
+            if os.readlink(path) != target:
+                continue
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            written += os.write(fd, b"x")
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return written

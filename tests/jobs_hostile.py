@@ -130,11 +130,12 @@ def fork_bomb(report: str, most: int) -> None:
     ``report``, then block until killed."""
     fd = os.open(report, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # while still allowed to
     if os.getuid() == 0:
-        # The kernel does not apply RLIMIT_NPROC to root (nor to a process with
+        # The kernel does not apply RLIMIT_NPROC to uid 0 (nor to a process with
         # CAP_SYS_RESOURCE or CAP_SYS_ADMIN): a bomb run as root is held by
-        # nothing. The tests run as root, so the job first becomes "nobody",
-        # which drops every capability, as an untrusted job would normally run.
-        os.setuid(65534)
+        # nothing. The job tries to become "nobody"; an untrusted job cannot
+        # (procq took CAP_SETUID from it), and reports that it is still uid 0.
+        with contextlib.suppress(PermissionError):
+            os.setuid(65534)
     r, _w = os.pipe()
     pids: list[int] = []
     error = None
@@ -252,7 +253,9 @@ def channel_peers() -> dict[str, Any]:
             finally:
                 sock.close()
             peers.append(struct.unpack("3i", cred)[0])
-    return {"fds": fds, "peers": peers, "pid": os.getpid(), "ppid": os.getppid()}
+    # Descriptor numbers as str: an untrusted job's dict keys must be (JSON's).
+    named = {str(fd): link for fd, link in fds.items()}
+    return {"fds": named, "peers": peers, "pid": os.getpid(), "ppid": os.getppid()}
 
 
 def burn_cpu(seconds: float) -> float:
@@ -278,7 +281,8 @@ def raise_own_limits() -> dict[str, str | None]:
     import resource
 
     if os.getuid() == 0:
-        os.setuid(65534)
+        with contextlib.suppress(PermissionError):  # an untrusted job has no CAP_SETUID: it stays uid 0
+            os.setuid(65534)
     tried: dict[str, str | None] = {}
     for name, which in (("cpu", resource.RLIMIT_CPU), ("as", resource.RLIMIT_AS)):
         try:

@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+from multiprocessing import forkserver
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import jobs  # noqa: E402
-import jobs_hardening  # noqa: E402
+import jobs
+import jobs_hardening
 
-from procq import Job, JobFailed, Lane, ProcQueue  # noqa: E402
+from procq import Job, JobFailed, Lane, ProcQueue
 
 
 def _outcome(q: ProcQueue, job: Job) -> object:
@@ -28,8 +29,9 @@ def main() -> None:
     with ProcQueue({"trusted": 1, "sandbox": Lane(workers=1, trusted=False, cwd="/")}) as q:
         trusted = q.push_and_wait(Job("trusted-pid", jobs.getpid, lane="trusted"), timeout=60)
         targets = {"supervisor": os.getpid(), "trusted worker": trusted}
+        address = forkserver._forkserver._forkserver_address  # type: ignore[attr-defined]
         result = {
-            "report": _outcome(q, Job("probe", jobs_hardening.probe, args=(targets,), lane="sandbox")),
+            "report": _outcome(q, Job("probe", jobs_hardening.probe, args=(targets, address), lane="sandbox")),
             "poisoned": _outcome(q, Job("poison", jobs_hardening.poison_alive_pipes, lane="sandbox")),
             "after": [_outcome(q, Job(f"after:{i}", jobs.square, args=(i,), lane="sandbox")) for i in range(3)],
         }
