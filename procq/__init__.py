@@ -65,8 +65,10 @@ The supervisor's I/O side (its one thread per queue):
   it decodes to. ``_plain``: which pickles unpickle without running code.
 
 The worker processes: ``_worker`` (a trusted worker's loop, and what both
-kinds share) and ``_worker_untrusted`` (a clean worker that forks a process
-per job). ``_privileges``: what a process lets others do to it (dumpable or
+kinds share; ``_worker_parent``: how a trusted worker follows its
+supervisor's life) and ``_worker_untrusted`` (a clean worker that forks a
+process per job; ``_json_keys``: its results' dict keys, checked).
+``_privileges``: what a process lets others do to it (dumpable or
 not) and may do itself (capabilities, ``no_new_privs``, Landlock), and the
 supervisor's "untraceable" latch. ``_forkserver_guard``: imported only by the
 forkserver procq starts, to make it untraceable and fork only for its parent.

@@ -60,7 +60,7 @@ __all__ = ["INLINE_DECODE_BYTES", "TrustedChannel", "describe_error"]
 TRUSTED_LIMIT = 1 << 62
 #: Payloads larger than this are always decoded by the lane's decode thread:
 #: even plain data takes long to unpickle when there is much of it.
-INLINE_DECODE_BYTES = 1 << 18
+INLINE_DECODE_BYTES = 1 << 24
 
 _READY = Ready()
 _TRAILER_SIZE = TRAILER.size

@@ -25,7 +25,7 @@ __all__ = ["BuiltinExceptions", "DataOnly", "NeedsCode", "load_data", "names_not
 
 #: Results larger than this are not checked in the worker: the supervisor
 #: leaves them to a decode thread anyway (``_channel_trusted.INLINE_DECODE_BYTES``).
-CHECKED_BYTES = 1 << 18
+CHECKED_BYTES = 1 << 24
 
 #: Pickle opcodes that name a class or function: EXT1, EXT2, EXT4 and
 #: STACK_GLOBAL, and the text ones, GLOBAL and INST, which read the names that

@@ -29,10 +29,19 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["confine_job", "drop_privileges", "make_untraceable", "set_dumpable", "untraceable"]
+__all__ = [
+    "confine_job",
+    "drop_privileges",
+    "landlock_abi",
+    "make_untraceable",
+    "set_dumpable",
+    "set_pdeathsig",
+    "untraceable",
+]
 
 _LINUX = sys.platform.startswith("linux")
 
+_PR_SET_PDEATHSIG = 1
 _PR_SET_DUMPABLE = 4
 _PR_CAPBSET_DROP = 24
 _PR_SET_NO_NEW_PRIVS = 38
@@ -69,6 +78,12 @@ def _prctl(option: int, arg2: int = 0) -> int:
 def set_dumpable(on: bool) -> None:
     if _LINUX:
         _prctl(_PR_SET_DUMPABLE, int(on))
+
+
+def set_pdeathsig() -> None:
+    """Have the kernel SIGKILL this process when its parent dies."""
+    if _LINUX:
+        _prctl(_PR_SET_PDEATHSIG, 9)  # SIGKILL
 
 
 # --- the supervisor's latch ------------------------------------------------------

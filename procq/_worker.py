@@ -18,13 +18,11 @@ process per job and relays its JSON answer, then its exit (see ``_protocol``).
 
 from __future__ import annotations
 
-import ctypes  # at import: a forkserver that preloads this module spares every worker it
 import os
 import pickle
 import select
 import signal
 import sys
-import threading
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -35,84 +33,15 @@ from procq._job import format_size
 from procq._plain import result_frame
 from procq._privileges import set_dumpable
 from procq._protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
+from procq._worker_parent import die_with_parent, parent_process
 
 __all__ = ["worker_main"]
-
-_PR_SET_PDEATHSIG = 1
-
 
 class _Unloadable:
     """Stands in the function cache for a function that failed to unpickle."""
 
     def __init__(self, error: BaseException) -> None:
         self.error = error
-
-
-def _die_with_parent(sentinel: Any = None) -> None:
-    """Make this process exit when the supervisor does, however it dies.
-
-    Three layers, because each covers a case the others miss:
-
-    - A thread blocked on the parent sentinel: a pipe whose write end only
-      the supervisor holds (``multiprocessing`` makes it for every start
-      method), so it reaches EOF the moment the supervisor dies, even while
-      the main thread is deep in a job's native code.
-    - ``PR_SET_PDEATHSIG`` on Linux: the kernel SIGKILLs this process when its
-      parent dies: the supervisor under spawn, the forkserver under forkserver.
-    - Dropping the forkserver's "alive" pipe, which every forkserver child
-      inherits: while any child holds it, the forkserver cannot see that the
-      supervisor died, and lives on (with its children) forever.
-    """
-    if sentinel is None:
-        parent = _parent()
-        sentinel = None if parent is None else parent.sentinel
-    _drop_forkserver_alive_fd()
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except Exception:  # pragma: no cover - exotic libc
-            pass
-    if sentinel is None:  # pragma: no cover - always set by multiprocessing
-        return
-
-    def watch() -> None:
-        # Only EOF is the parent's death: bytes someone wrote into the pipe are
-        # read and dropped.
-        try:
-            while os.read(sentinel, 4096):
-                pass
-        except OSError:
-            pass
-        os._exit(1)
-
-    # Started after prctl: a parent that died before it took effect is seen here.
-    threading.Thread(target=watch, name="procq-parent-watch", daemon=True).start()
-
-
-def _drop_forkserver_alive_fd() -> None:
-    try:
-        from multiprocessing import forkserver
-
-        server: Any = forkserver._forkserver  # private: no public way to do this
-        fd = server._forkserver_alive_fd
-    except Exception:  # pragma: no cover - the stdlib's internals changed
-        return
-    if fd is not None:
-        try:
-            os.close(fd)
-        except OSError:  # pragma: no cover
-            pass
-        # Should a job use the forkserver itself, it starts one of its own.
-        server._forkserver_alive_fd = None
-        server._forkserver_address = None
-        server._forkserver_pid = None
-
-
-def _parent() -> Any:
-    import multiprocessing
-
-    return multiprocessing.parent_process()
 
 
 def _error_fields(exc: BaseException, exc_bytes: bytes | None, note: str = "") -> tuple[Any, ...]:
@@ -274,13 +203,13 @@ def worker_main(conn: Connection, lane: str, config: dict[str, Any] | None = Non
     # traceable until here.
     set_dumpable(not config.get("untraceable"))
     _boot()
-    parent = _parent()
+    parent = parent_process()
     sentinel = None if parent is None else parent.sentinel
     keep = {conn.fileno()}
     if sentinel is not None:
         keep.add(sentinel)
     setup(config, keep)
-    _die_with_parent(sentinel)
+    die_with_parent(sentinel)
     run_until_eof(lambda: _serve(conn, config, _Pickled()))
 
 

@@ -24,7 +24,8 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from procq._privileges import confine_job, drop_privileges, landlock_abi, set_dumpable
+from procq._json_keys import check_keys
+from procq._privileges import confine_job, drop_privileges, landlock_abi, set_dumpable, set_pdeathsig
 from procq._protocol import (
     CUT_SHORT,
     FROM_JOB,
@@ -35,7 +36,6 @@ from procq._protocol import (
     json_dumps,
 )
 from procq._worker import (
-    _PR_SET_PDEATHSIG,
     _address_space,
     _boot,
     _close_inherited_fds,
@@ -73,7 +73,7 @@ def exec_main() -> None:
     os.set_blocking(alive_fd, False)
     # No thread watches the supervisor here (this loop waits on its liveness
     # pipe itself), so forking a job's process is safe.
-    _set_pdeathsig()
+    set_pdeathsig()
     try:
         drop_privileges()
     except OSError as exc:
@@ -103,30 +103,6 @@ _CPU_REACHED = 0.75
 # The running job's process, while there is one (read by the SIGTERM handler).
 _child_pid = 0
 _terminating = False
-
-
-_prctl: Any = None
-
-
-def _prctl_call(option: int, value: int) -> None:
-    """``prctl(option, value)`` on Linux (libc looked up once per worker, not
-    in every job's process)."""
-    global _prctl
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        if _prctl is None:
-            import ctypes
-
-            _prctl = ctypes.CDLL(None, use_errno=True).prctl
-        _prctl(option, value, 0, 0, 0)
-    except Exception:  # pragma: no cover - exotic libc
-        pass
-
-
-def _set_pdeathsig() -> None:
-    """Have the kernel SIGKILL this process when its parent dies."""
-    _prctl_call(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _supervisor_died(alive_fd: int) -> bool:
@@ -402,7 +378,7 @@ def _job_process(
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         worker = os.getppid()
-        _set_pdeathsig()
+        set_pdeathsig()
         if os.getppid() != worker:  # the worker died before the line above took effect
             os._exit(1)
         _close_inherited_fds({0, 1, 2, channel.fileno()})
@@ -478,7 +454,7 @@ def _run_job(
         return
     def call() -> Any:
         result = fn(*args, **kwargs) if kwargs else fn(*args)
-        _check_keys(result)
+        check_keys(result)
         return result
 
     call_and_report(
@@ -491,57 +467,3 @@ def _run_job(
         "encoded as JSON (an untrusted lane's results must be)",
     )
 
-
-class NonStrKey(TypeError):
-    """A result holds a dict with a key that is not a str (reported, never
-    raised to a caller): JSON would turn it into a string silently."""
-
-
-def _check_keys(result: Any) -> None:
-    """Raise ``NonStrKey`` if ``result`` holds, at any depth, a dict with a
-    key that is not a ``str``. ``json`` would write ``{1: "one"}`` as
-    ``{"1": "one"}`` and the caller would get back another value than the
-    job returned. Only lists, tuples and dicts are walked (what else JSON
-    cannot hold fails its encoding); each container once, so a cycle ends
-    here and fails at the encoding."""
-    todo = [result]
-    seen: set[int] = set()
-    while todo:
-        value = todo.pop()
-        if isinstance(value, dict):
-            if not value or id(value) in seen:
-                continue
-            seen.add(id(value))
-            for key in value:
-                if not isinstance(key, str):
-                    where = _path_to(result, key) or "the result"
-                    raise NonStrKey(
-                        f"{where} has the key {key!r:.80} ({type(key).__name__}): an untrusted lane's results "
-                        "travel as JSON, so every dict key in them must be a str"
-                    )
-            todo.extend(value.values())
-        elif isinstance(value, (list, tuple)) and value and id(value) not in seen:
-            seen.add(id(value))
-            todo.extend(value)
-
-
-def _path_to(result: Any, key: Any) -> str:
-    """Where in ``result`` the first dict holding ``key`` is, as Python reads
-    it (``result['a'][1]``); "" if the search goes too deep."""
-    from collections import deque
-
-    todo: deque[tuple[Any, str]] = deque([(result, "result")])
-    seen: set[int] = set()
-    while todo:
-        value, path = todo.popleft()
-        if id(value) in seen or len(path) > 200:
-            continue
-        if isinstance(value, dict):
-            seen.add(id(value))
-            if any(k is key for k in value):
-                return path
-            todo.extend((v, f"{path}[{k!r:.40}]") for k, v in value.items() if isinstance(k, str))
-        elif isinstance(value, (list, tuple)):
-            seen.add(id(value))
-            todo.extend((v, f"{path}[{i}]") for i, v in enumerate(value))
-    return ""
