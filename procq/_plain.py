@@ -16,7 +16,6 @@ from __future__ import annotations
 import builtins
 import io
 import pickle
-import re
 from typing import Any
 
 from procq._protocol import OK, OK_OBJECTS, TRAILER, dumps
@@ -32,17 +31,20 @@ CHECKED_BYTES = 1 << 24
 #: follow them as two lines (so in data with fewer than two newlines they fail
 #: before naming anything). Every opcode that calls something (REDUCE, BUILD,
 #: NEWOBJ, ...) needs a class or function named first.
-_NAMING_OPCODES = re.compile(rb"[\x82\x83\x84\x93]")
-_TEXT_NAMING_OPCODES = re.compile(rb"[ci]")
+_NAMING_OPCODES = (b"\x82", b"\x83", b"\x84", b"\x93")
+_TEXT_NAMING_OPCODES = (b"c", b"i")
 
 
 def names_nothing(data: bytes | bytearray) -> bool:
     """True when unpickling ``data`` cannot call anything: none of the bytes of
     an opcode that names a class or function are in it. (It errs on the safe
-    side: such a byte inside a string or a number counts too.) C speed."""
-    if _NAMING_OPCODES.search(data) is not None:
-        return False
-    return data.count(b"\n") < 2 or _TEXT_NAMING_OPCODES.search(data) is None
+    side: such a byte inside a string or a number counts too.) One memchr per
+    opcode byte: gigabytes a second, where a regular expression's character
+    class scans at a few tens of megabytes."""
+    for op in _NAMING_OPCODES:
+        if op in data:
+            return False
+    return not any(op in data for op in _TEXT_NAMING_OPCODES) or data.count(b"\n") < 2
 
 
 class NeedsCode(Exception):
