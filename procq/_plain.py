@@ -15,12 +15,23 @@ from __future__ import annotations
 
 import builtins
 import io
+import os
 import pickle
+import struct
 from typing import Any
 
 from procq._protocol import OK, OK_OBJECTS, TRAILER, dumps
 
-__all__ = ["BuiltinExceptions", "DataOnly", "NeedsCode", "load_data", "names_nothing", "result_frame"]
+__all__ = [
+    "BuiltinExceptions",
+    "DataOnly",
+    "NeedsCode",
+    "Parts",
+    "load_data",
+    "names_nothing",
+    "result_frame",
+    "send_frame",
+]
 
 #: Results larger than this are not checked in the worker: the supervisor
 #: leaves them to a decode thread anyway (``_channel_trusted.INLINE_DECODE_BYTES``).
@@ -79,7 +90,7 @@ def load_data(data: bytes | bytearray, unpickler: type[pickle.Unpickler] = DataO
     return unpickler(io.BytesIO(data)).load()
 
 
-def result_frame(job_id: int, result: Any) -> bytes:
+def result_frame(job_id: int, result: Any) -> bytes | Parts:
     """A trusted worker's OK message: the result pickled once, then the
     trailer, whose tag says whether unpickling it may run code (``OK_OBJECTS``).
     A pickle the byte scan cannot clear (a number or a string may hold such a
@@ -93,4 +104,43 @@ def result_frame(job_id: int, result: Any) -> bytes:
             plain = True
         except Exception:  # NeedsCode, or anything else: the supervisor's decode thread will see
             pass
-    return data + TRAILER.pack(job_id, OK if plain else OK_OBJECTS)
+    trailer = TRAILER.pack(job_id, OK if plain else OK_OBJECTS)
+    if len(data) < SPLIT_BYTES:
+        return data + trailer
+    return Parts(data, trailer)
+
+
+#: From this size on a result's pickle and its trailer are written with one
+#: vectored write instead of being joined: joining copies the whole pickle
+#: into a fresh buffer of its size (page faults and all), a fifth of the time
+#: a large result takes.
+SPLIT_BYTES = 1 << 16
+
+
+class Parts:
+    """A frame in two pieces, the pickle and the trailer (see ``send_frame``);
+    ``len`` is the frame's, as for ``bytes``."""
+
+    __slots__ = ("data", "trailer")
+
+    def __init__(self, data: bytes, trailer: bytes) -> None:
+        self.data = data
+        self.trailer = trailer
+
+    def __len__(self) -> int:
+        return len(self.data) + len(self.trailer)
+
+
+def send_frame(fd: int, parts: Parts) -> None:
+    """Write ``parts`` on ``fd`` as one ``Connection.send_bytes`` frame (its
+    length prefix, then the bytes), without joining them."""
+    size = len(parts)
+    header = struct.pack("!i", size) if size <= 0x7FFFFFFF else struct.pack("!iQ", -1, size)
+    pending: list[Any] = [header, memoryview(parts.data), parts.trailer]
+    while pending:
+        sent = os.writev(fd, pending)
+        while pending and sent >= len(pending[0]):
+            sent -= len(pending[0])
+            pending.pop(0)
+        if pending and sent:
+            pending[0] = memoryview(pending[0])[sent:]

@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from procq._job import format_size
-from procq._plain import result_frame
+from procq._plain import Parts, result_frame, send_frame
 from procq._privileges import set_dumpable
 from procq._protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 from procq._worker_parent import die_with_parent, parent_process
@@ -254,7 +254,7 @@ class _Pickled(_Codec):
     def ready(self) -> bytes:
         return TRAILER.pack(0, READY)
 
-    def ok(self, job_id: int, result: Any) -> bytes:
+    def ok(self, job_id: int, result: Any) -> bytes | Parts:  # type: ignore[override]
         return result_frame(job_id, result)
 
     def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
@@ -278,7 +278,14 @@ class _Json(_Codec):
 
 
 def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
-    recv, send = conn.recv_bytes, conn.send_bytes
+    recv, send_bytes, fd = conn.recv_bytes, conn.send_bytes, conn.fileno()
+
+    def send(frame: bytes | Parts) -> None:
+        if isinstance(frame, Parts):
+            send_frame(fd, frame)
+        else:
+            send_bytes(frame)
+
     waiting = select.poll()  # (Connection.poll builds a selector per call)
     waiting.register(conn.fileno(), select.POLLIN)
     run = _Runner(config, codec, send)
