@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from procq._channel import Launch, ProcessChannel
-from procq._processes import ExecProcess, describe_exit, import_path, worker_config
+from procq._processes import ExecProcess, import_path, worker_config
 from procq._protocol import (
     CUT_SHORT,
     FROM_JOB,
@@ -36,6 +36,7 @@ from procq._protocol import (
     Violation,
     decode_untrusted,
 )
+from procq._supervisor_failures import exit_failure
 from procq._values import Completed, Failed, Failure
 
 if TYPE_CHECKING:
@@ -262,14 +263,6 @@ class UntrustedChannel(ProcessChannel):
         outcome, self._answer = self._answer, None
         if outcome is not None:
             return Report(entry.job_id, outcome, False, False)
-        sig, how, cause = describe_exit(returncode)
-        explained = "" if not cause else f": {cause}" if sig else f" ({cause})"
-        failure = Failure(
-            "timeout" if sig == "SIGXCPU" else "crashed",
-            f"the process running job {entry.key!r} (forked by worker {self.pid} of lane "
-            f"{worker.lane.name!r}) {how}{explained}",
-            exitcode=returncode,
-            signal=sig,
-            pid=self.pid,
-        )
+        who = f"the process running job {entry.key!r} (forked by worker {self.pid} of lane {worker.lane.name!r})"
+        failure = exit_failure(returncode, who, self.pid)
         return Report(entry.job_id, Failed(failure), False, True)

@@ -11,26 +11,29 @@ from collections.abc import Callable
 from procq._entries import Entry, LaneState, WorkerSlot
 from procq._job import format_size
 from procq._processes import describe_exit
-from procq._values import Failure
+from procq._values import Failure, FailureKind
 
-__all__ = ["crash_failure", "memory_failure", "protocol_failure", "start_failure", "stopped_failure"]
+__all__ = ["crash_failure", "exit_failure", "memory_failure", "protocol_failure", "start_failure", "stopped_failure"]
+
+
+def exit_failure(exitcode: int | None, who: str, pid: int | None, then: str = "") -> Failure:
+    """The failure of a job whose process (``who``, the subject of the
+    sentence) ended with ``exitcode``: "timeout" for SIGXCPU (its CPU limit),
+    else "crashed", with the signal or exit code in words."""
+    sig, how, cause = describe_exit(exitcode)
+    explained = "" if not cause else f": {cause}" if sig else f" ({cause})"
+    kind: FailureKind = "timeout" if sig == "SIGXCPU" else "crashed"
+    return Failure(kind, f"{who} {how}{explained}{then}", exitcode=exitcode, signal=sig, pid=pid)
 
 
 def crash_failure(worker: WorkerSlot, exitcode: int | None) -> tuple[Callable[[Entry], Failure], str | None, str]:
     """For a worker that died with ``exitcode``: the failure of the job it
     ran, its signal's name (None: it exited) and what happened, in words."""
-    sig, how, cause = describe_exit(exitcode)
-    explained = "" if not cause else f": {cause}" if sig else f" ({cause})"
+    sig, how, _ = describe_exit(exitcode)
+    who = f"worker process {worker.pid} (lane {worker.lane.name!r})"
 
     def crash(entry: Entry) -> Failure:
-        return Failure(
-            "timeout" if sig == "SIGXCPU" else "crashed",
-            f"worker process {worker.pid} (lane {worker.lane.name!r}) {how}{explained}, "
-            f"while running job {entry.key!r}",
-            exitcode=exitcode,
-            signal=sig,
-            pid=worker.pid,
-        )
+        return exit_failure(exitcode, who, worker.pid, f", while running job {entry.key!r}")
 
     return crash, sig, how
 
