@@ -39,6 +39,19 @@ def children() -> dict[int, psutil.Process]:
     return {p.pid: p for p in psutil.Process().children(recursive=True)}
 
 
+def descendants_tagged(tag: str) -> list[psutil.Process]:
+    """Our descendants that carry ``PROCQ_TEST_TAG=tag`` in their environment
+    (a supervisor script a test started, and everything it started)."""
+    found = []
+    for p in children().values():
+        try:
+            if p.environ().get("PROCQ_TEST_TAG") == tag:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
 def kill_and_reap(procs: list[psutil.Process]) -> None:
     """SIGKILL the given processes (by pid, only those still running) and reap them."""
     for p in procs:

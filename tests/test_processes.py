@@ -18,7 +18,7 @@ import jobs_crashes
 import psutil
 import pytest
 from core_support import open_queue, wait_started
-from process_support import children, kill_and_reap, linux_only, subreaper
+from process_support import descendants_tagged, kill_and_reap, linux_only, subreaper
 
 from procq import Failed, Job, JobFailed, ProcQueue, Queued
 
@@ -260,18 +260,6 @@ def _read_line(stream: Any, timeout: float) -> str:
     return data.decode()
 
 
-def _descendants_tagged(tag: str) -> list[psutil.Process]:
-    """Our descendants started by the supervisor script (they carry its environment tag)."""
-    found = []
-    for p in children().values():
-        try:
-            if p.environ().get("PROCQ_TEST_TAG") == tag:
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
 @pytest.mark.skipif(not linux_only, reason="needs PR_SET_CHILD_SUBREAPER to see orphans exit")
 @pytest.mark.parametrize("mode", ["steady", "restarting"])
 def test_workers_exit_when_the_supervisor_is_sigkilled(start_method: str, tmp_path: Any, mode: str) -> None:
@@ -310,14 +298,14 @@ def test_workers_exit_when_the_supervisor_is_sigkilled(start_method: str, tmp_pa
             _, alive = psutil.wait_procs(tree, timeout=10)
             assert [p.pid for p in alive] == [], "processes outlived their SIGKILLed supervisor"
             # Anything started after the snapshot (a worker mid-start) went with it too.
-            late = _descendants_tagged(tag)
+            late = descendants_tagged(tag)
             _, alive = psutil.wait_procs(late, timeout=10)
             assert [p.pid for p in alive] == []
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
-            kill_and_reap(_descendants_tagged(tag))
+            kill_and_reap(descendants_tagged(tag))
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     stream.close()

@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 import pytest
-from process_support import children, kill_and_reap, linux_only, subreaper
+from process_support import children, descendants_tagged, kill_and_reap, linux_only, subreaper
 
 from procq import Job
 
@@ -79,17 +79,6 @@ def _read_line(stream: Any) -> str:
     return str(line.decode())
 
 
-def _tagged(tag: str) -> list[psutil.Process]:
-    found = []
-    for p in children().values():
-        try:
-            if p.environ().get("PROCQ_TEST_TAG") == tag:
-                found.append(p)
-        except psutil.Error:
-            pass
-    return found
-
-
 @pytest.mark.skipif(not linux_only, reason="needs PR_SET_CHILD_SUBREAPER to see orphans exit")
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
@@ -110,19 +99,19 @@ def test_a_jobs_children_die_with_the_supervisor(start_method: str, tmp_path: Pa
         try:
             sleepers = json.loads(_read_line(proc.stdout))
             procs = [psutil.Process(pid) for pid in sleepers]
-            everything = _tagged(tag)
+            everything = descendants_tagged(tag)
             assert set(sleepers) <= {p.pid for p in everything}
             proc.send_signal(how)
             assert proc.wait(timeout=10) == -how
             _, alive = psutil.wait_procs(procs, timeout=5)
             assert [p.pid for p in alive] == [], "a job's child outlived its supervisor"
-            _, alive = psutil.wait_procs(_tagged(tag), timeout=5)
+            _, alive = psutil.wait_procs(descendants_tagged(tag), timeout=5)
             assert [p.pid for p in alive] == [], "a process outlived its supervisor"
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
-            kill_and_reap(_tagged(tag))
+            kill_and_reap(descendants_tagged(tag))
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     stream.close()
