@@ -3,7 +3,7 @@ how a claim is decided on them.
 
 A queue opened with ``store=`` keeps every key's record in a database that
 any number of queues (threads, processes, machines) share. Two tables and a
-version::
+version (the tables are named ``procq_*``, beside the application's own)::
 
     keys     key PRIMARY KEY, state ('live' | 'done' | 'failed'), run, holder,
              fp, output, encoding ('pickle' | 'json'), failure (JSON),

@@ -229,7 +229,12 @@ class StoreCore(Core):
         self.store: Store = open_store(store)
         self.holder = holder_id()
         self.conn = self.store.connect()
-        self.conn.renew(self.holder, self.store.lease)
+        try:
+            self.conn.renew(self.holder, self.store.lease)
+            self.watcher = Watcher(self)
+        except BaseException:
+            self.conn.close()
+            raise
         self.records_ = StoreRecords(self)
         self._runs = 0
         self._tx: Tx | None = None  # the write transaction open under the lock, if any
@@ -237,7 +242,6 @@ class StoreCore(Core):
         super().__init__(lanes, retention, reuse, check_payload, strict_payload, records=self.records_)
         self._lock = StoreLock(self._flush)
         self.lock = self._lock  # type: ignore[assignment]
-        self.watcher = Watcher(self)
         self.watcher.start()
 
     # --- writes ---------------------------------------------------------------------
@@ -391,13 +395,24 @@ class StoreCore(Core):
 
     def wait_event(self, entry: Any) -> threading.Event | None:
         if type(entry) is RemoteEntry:
-            self.watcher.watch(entry)
+            self._watch(entry)
         return super().wait_event(entry)
 
     def add_callback(self, entry: Any, callback: Callable[[], None]) -> bool:
         if type(entry) is RemoteEntry:
-            self.watcher.watch(entry)
+            self._watch(entry)
         return super().add_callback(entry, callback)
+
+    def _watch(self, entry: RemoteEntry) -> None:
+        """Watch ``entry`` from now on, then read its row once: an end the
+        watcher could have missed (before it watched) is seen here."""
+        if entry.outcome is not None:
+            return
+        self.watcher.watch(entry)
+        with self.lock:
+            row = self.conn.read(entry.key)
+        if row is not None and row.state != "live":
+            self.watcher.resolve(entry, row.outcome())
 
     # --- reading ----------------------------------------------------------------------
 

@@ -71,6 +71,9 @@ class Watcher(threading.Thread):
         self.core = core
         self.store = core.store
         self.conn = core.store.connect()
+        self._notified = getattr(self.conn, "notifies", False)
+        if self._notified:
+            self.conn.listen()  # type: ignore[attr-defined]
         self._watched: dict[str, list[RemoteEntry]] = {}  # under _lock
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -82,6 +85,16 @@ class Watcher(threading.Thread):
             if entry not in entries:
                 entries.append(entry)
         self._wake.set()
+
+    def resolve(self, entry: RemoteEntry, outcome: Completed[Any] | Failed) -> None:
+        """``entry``'s run ended (its waiter read the row itself)."""
+        with self._lock:
+            entries = self._watched.get(entry.key)
+            if entries is not None and entry in entries:
+                entries.remove(entry)
+                if not entries:
+                    del self._watched[entry.key]
+        self._resolve([(entry, outcome)])
 
     def stop(self) -> None:
         self._stopping = True
@@ -104,7 +117,7 @@ class Watcher(threading.Thread):
             wait = max(0.0, renew_at - now)
             if watching:
                 wait = min(wait, self.store.poll)
-            if watching and getattr(self.conn, "notifies", False):
+            if watching and self._notified:
                 self.conn.wait(wait)
             else:
                 self._wake.wait(wait)

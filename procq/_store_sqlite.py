@@ -23,13 +23,13 @@ from procq._store import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailab
 __all__ = ["SqliteStore"]
 
 _DDL = [
-    """CREATE TABLE IF NOT EXISTS keys (
+    """CREATE TABLE IF NOT EXISTS procq_keys (
         key TEXT PRIMARY KEY, state TEXT NOT NULL, run TEXT NOT NULL, holder TEXT, fp BLOB,
         output BLOB, encoding TEXT, failure TEXT, attempts INTEGER NOT NULL DEFAULT 1,
         not_before REAL, created REAL NOT NULL, ended REAL)""",
-    "CREATE INDEX IF NOT EXISTS keys_live ON keys (holder) WHERE state = 'live'",
-    "CREATE TABLE IF NOT EXISTS holders (id TEXT PRIMARY KEY, pid INTEGER, host TEXT, expires REAL NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    "CREATE INDEX IF NOT EXISTS procq_keys_live ON procq_keys (holder) WHERE state = 'live'",
+    "CREATE TABLE IF NOT EXISTS procq_holders (id TEXT PRIMARY KEY, pid INTEGER, host TEXT, expires REAL NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS procq_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
 ]
 
 
@@ -61,17 +61,21 @@ class SqliteConn:
         except sqlite3.Error as exc:
             raise _unavailable(path, exc) from exc
         self.db = db
-        with self._tx():
-            for ddl in _DDL:
-                db.execute(ddl)
-            found = db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()
-            if found is None:
-                db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA),))
-            elif int(found[0]) > SCHEMA:
-                raise StoreError(
-                    f"the store {path!r} was written by a newer procq (schema {found[0]}); this procq reads "
-                    f"schema {SCHEMA} and older: upgrade procq to use it"
-                )
+        try:
+            with self._tx():
+                for ddl in _DDL:
+                    db.execute(ddl)
+                found = db.execute("SELECT value FROM procq_meta WHERE name = 'schema'").fetchone()
+                if found is None:
+                    db.execute("INSERT INTO procq_meta VALUES ('schema', ?)", (str(SCHEMA),))
+                elif int(found[0]) > SCHEMA:
+                    raise StoreError(
+                        f"the store {path!r} was written by a newer procq (schema {found[0]}); this procq reads "
+                        f"schema {SCHEMA} and older: upgrade procq to use it"
+                    )
+        except BaseException:
+            self.db.close()
+            raise
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -109,41 +113,42 @@ class SqliteConn:
             raise _unavailable(self.path, exc) from exc
 
     def read(self, key: str) -> Row | None:
-        found = self._query(f"SELECT {COLUMNS} FROM keys WHERE key = ?", (key,))
+        found = self._query(f"SELECT {COLUMNS} FROM procq_keys WHERE key = ?", (key,))
         return Row(*found[0]) if found else None
 
     def rows(self, keys: list[str]) -> dict[str, Row]:
         marks = ",".join("?" * len(keys))
-        return {r[0]: Row(*r) for r in self._query(f"SELECT {COLUMNS} FROM keys WHERE key IN ({marks})", tuple(keys))}
+        sql = f"SELECT {COLUMNS} FROM procq_keys WHERE key IN ({marks})"
+        return {r[0]: Row(*r) for r in self._query(sql, tuple(keys))}
 
     def scan(self, prefix: str | None) -> list[Row]:
         if prefix is None:
-            return [Row(*r) for r in self._query(f"SELECT {COLUMNS} FROM keys")]
+            return [Row(*r) for r in self._query(f"SELECT {COLUMNS} FROM procq_keys")]
         # substr, not LIKE: a prefix may hold % and _.
-        sql = f"SELECT {COLUMNS} FROM keys WHERE substr(key, 1, ?) = ?"
+        sql = f"SELECT {COLUMNS} FROM procq_keys WHERE substr(key, 1, ?) = ?"
         return [Row(*r) for r in self._query(sql, (len(prefix), prefix))]
 
     def dead_holders(self) -> set[str]:
         sql = (
-            "SELECT DISTINCT k.holder FROM keys k LEFT JOIN holders h ON h.id = k.holder "
+            "SELECT DISTINCT k.holder FROM procq_keys k LEFT JOIN procq_holders h ON h.id = k.holder "
             "WHERE k.state = 'live' AND (h.id IS NULL OR h.expires < ?)"
         )
         return {r[0] for r in self._query(sql, (time.time(),))}
 
     def counts(self) -> tuple[int, int]:
-        found = dict(self._query("SELECT state, count(*) FROM keys WHERE state != 'live' GROUP BY state"))
+        found = dict(self._query("SELECT state, count(*) FROM procq_keys WHERE state != 'live' GROUP BY state"))
         return found.get("done", 0), found.get("failed", 0)
 
     def renew(self, holder: str, lease: float) -> None:
         with self._tx() as db:
             db.execute(
-                "INSERT OR REPLACE INTO holders VALUES (?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO procq_holders VALUES (?, ?, ?, ?)",
                 (holder, os.getpid(), socket.gethostname(), time.time() + lease),
             )
 
     def release(self, holder: str) -> None:
         with self._tx() as db:
-            db.execute("DELETE FROM holders WHERE id = ?", (holder,))
+            db.execute("DELETE FROM procq_holders WHERE id = ?", (holder,))
 
     def wait(self, timeout: float) -> None:
         time.sleep(timeout)  # SQLite has no notifications: a joiner polls (see the module docstring)
@@ -159,16 +164,16 @@ class SqliteTx:
         self.db = db
 
     def get(self, key: str) -> Row | None:
-        found = self.db.execute(f"SELECT {COLUMNS} FROM keys WHERE key = ?", (key,)).fetchone()
+        found = self.db.execute(f"SELECT {COLUMNS} FROM procq_keys WHERE key = ?", (key,)).fetchone()
         return Row(*found) if found else None
 
     def holder_alive(self, holder: str) -> bool:
-        found = self.db.execute("SELECT expires FROM holders WHERE id = ?", (holder,)).fetchone()
+        found = self.db.execute("SELECT expires FROM procq_holders WHERE id = ?", (holder,)).fetchone()
         return found is not None and found[0] >= time.time()
 
     def put(self, row: Row) -> None:
         self.db.execute(
-            f"INSERT OR REPLACE INTO keys ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT OR REPLACE INTO procq_keys ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (row.key, row.state, row.run, row.holder, row.fp, row.output, row.encoding, row.failure,
              row.attempts, row.not_before, row.created, row.ended),
         )  # fmt: skip
@@ -178,7 +183,7 @@ class SqliteTx:
         failure: str | None, attempts: int,
     ) -> bool:  # fmt: skip
         cur = self.db.execute(
-            "UPDATE keys SET state = ?, output = ?, encoding = ?, failure = ?, attempts = ?, ended = ?, "
+            "UPDATE procq_keys SET state = ?, output = ?, encoding = ?, failure = ?, attempts = ?, ended = ?, "
             "holder = NULL WHERE key = ? AND run = ? AND state = 'live'",
             (state, output, encoding, failure, attempts, time.time(), key, run),
         )
@@ -186,7 +191,7 @@ class SqliteTx:
 
     def delete(self, key: str, run: str | None) -> bool:
         if run is None:
-            cur = self.db.execute("DELETE FROM keys WHERE key = ? AND state != 'live'", (key,))
+            cur = self.db.execute("DELETE FROM procq_keys WHERE key = ? AND state != 'live'", (key,))
         else:
-            cur = self.db.execute("DELETE FROM keys WHERE key = ? AND run = ?", (key, run))
+            cur = self.db.execute("DELETE FROM procq_keys WHERE key = ? AND run = ?", (key, run))
         return cur.rowcount > 0

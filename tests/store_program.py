@@ -13,7 +13,7 @@ from typing import Any
 import jobs
 import store_jobs
 
-from procq import Job, ProcQueue
+from procq import Job, JobFailed, ProcQueue
 from procq._store import Store, open_store
 
 
@@ -57,5 +57,24 @@ def stage(url: str, log: str, n: str, crash_after: str) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
+def work(url: str, log: str, n: str, seconds: str, lease: str) -> None:
+    """Push keys work:0 .. work:n-1 (jobs of ``seconds``), say "claimed", then get every
+    output, pushing again any key whose holder was interrupted; print the outputs as JSON."""
+    with ProcQueue(2, store=store(url, float(lease))) as q:
+        batch = [Job(f"work:{i}", store_jobs.counted, args=(log, i, float(seconds))) for i in range(int(n))]
+        q.push_all(batch)
+        print("claimed", flush=True)
+        outputs: dict[int, Any] = {}
+        for _ in range(20):
+            for i, job in enumerate(batch):
+                if i not in outputs:
+                    try:
+                        outputs[i] = q.push_and_wait(job, timeout=30)
+                    except JobFailed as exc:
+                        if exc.failure.kind != "interrupted":
+                            raise
+        print(json.dumps(outputs), flush=True)
+
+
 if __name__ == "__main__":
-    {"race": race, "hold": hold, "stage": stage}[sys.argv[1]](*sys.argv[2:])
+    {"race": race, "hold": hold, "stage": stage, "work": work}[sys.argv[1]](*sys.argv[2:])

@@ -22,7 +22,7 @@ import psutil
 import pytest
 import store_jobs
 from core_support import WAIT, Gate
-from pg_server import PG_SKIP, pg_url
+from pg_server import pg_server, pg_url  # noqa: F401 (pg_server: a fixture)
 from process_support import linux_only, subreaper
 
 from procq import (
@@ -34,6 +34,7 @@ from procq import (
     JobFailed,
     JobPicklingError,
     Lane,
+    Pending,
     Processing,
     ProcQueue,
     Queued,
@@ -50,8 +51,6 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh store's URL."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'run.db'}"
-    if PG_SKIP:
-        pytest.skip(PG_SKIP)
     return pg_url(request)
 
 
@@ -130,7 +129,7 @@ def test_untrusted_lanes_store_json(tmp_path: Path) -> None:
     with ProcQueue({"u": Lane(1, trusted=False)}, store=str(db)) as q:
         assert q.push_and_wait(Job("u", store_jobs.echo, args=([1, "two"],)), timeout=WAIT) == [1, "two"]
     with sqlite3.connect(db) as con:
-        assert con.execute("SELECT encoding, output FROM keys").fetchall() == [("json", b'[1, "two"]')]
+        assert con.execute("SELECT encoding, output FROM procq_keys").fetchall() == [("json", b'[1, "two"]')]
     with ProcQueue({"u": Lane(1, trusted=False)}, store=str(db)) as q:
         assert q.push(Job("u", store_jobs.echo, args=([1, "two"],))) == Cached([1, "two"])
 
@@ -176,7 +175,7 @@ def test_a_store_from_a_newer_procq_is_refused(tmp_path: Path) -> None:
     db = tmp_path / "run.db"
     ProcQueue(1, store=str(db)).close()
     with sqlite3.connect(db) as con:
-        con.execute("UPDATE meta SET value = '99' WHERE name = 'schema'")
+        con.execute("UPDATE procq_meta SET value = '99' WHERE name = 'schema'")
     with pytest.raises(StoreError, match=r"written by a newer procq \(schema 99\).*upgrade procq"):
         ProcQueue(1, store=str(db))
 
@@ -265,3 +264,47 @@ def test_a_stage_rerun_after_a_crash_skips_completed_keys(url: str, tmp_path: Pa
     assert [line.split()[0] for line in lines(log)] == ["0", "1", "2", "3", "4", "5"]
     with ProcQueue(1, store=url) as q:
         assert q.keys(state=Completed) == [f"stage:{i}" for i in range(6)]
+
+
+@pytest.mark.skipif(not linux_only, reason="a subreaper (prctl) is Linux-only")
+def test_queues_in_separate_processes_survive_one_killed(
+    url: str, tmp_path: Path, program: list[subprocess.Popen[str]]
+) -> None:
+    """Three programs share the keys; the first claims them all and is SIGKILLed
+    mid-run: the other two take over its keys once its lease expires, and every
+    key completes, none lost or stuck."""
+    log = str(tmp_path / "log")
+    args = ("work", url, log, "12", "0.2", "0.5")
+    with subreaper():
+        first = subprocess.Popen([sys.executable, PROGRAM, *args], stdout=subprocess.PIPE, text=True)
+        program.append(first)
+        assert first.stdout is not None
+        assert first.stdout.readline() == "claimed\n"
+        descendants = psutil.Process(first.pid).children(recursive=True)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=WAIT)
+        first.stdout.close()
+        others = [subprocess.Popen([sys.executable, PROGRAM, *args], stdout=subprocess.PIPE, text=True) for _ in "ab"]
+        program.extend(others)
+        for p in others:
+            out, _ = p.communicate(timeout=50)
+            assert p.returncode == 0
+            assert json.loads(out.splitlines()[-1]) == {str(i): i for i in range(12)}
+        _, alive = psutil.wait_procs(descendants, timeout=WAIT)
+        assert not alive
+    with ProcQueue(1, store=url) as q:
+        assert q.keys(state=Completed) == sorted(f"work:{i}" for i in range(12))
+        assert q.keys(state=(Pending, Processing, Failed)) == []
+    ran = [int(line.split()[0]) for line in lines(Path(log))]
+    assert set(ran) == set(range(12))
+
+
+def test_a_postgresql_store_from_a_newer_procq_is_refused(request: pytest.FixtureRequest) -> None:
+    url = pg_url(request)
+    ProcQueue(1, store=url).close()
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as con:
+        con.execute("UPDATE procq_meta SET value = '99' WHERE name = 'schema'")
+    with pytest.raises(StoreError, match=r"written by a newer procq \(schema 99\).*upgrade procq"):
+        ProcQueue(1, store=url)
