@@ -143,6 +143,9 @@ class Conn(Protocol):
         """How many rows are done, and failed."""
 
     def renew(self, holder: str, lease: float) -> None: ...
+    def purge(self, ttl: float | None, failed_ttl: float | None, max_completed: int | None) -> int:
+        """Delete rows past their retention, a bounded batch per statement; returns how many."""
+
     def release(self, holder: str) -> None: ...
     def rows(self, keys: list[str]) -> dict[str, Row]: ...
     def wait(self, timeout: float) -> None:
@@ -223,12 +226,21 @@ def holder_id() -> str:
 
 
 def decide(
-    tx: Tx, key: str, reuse: str, holder: str, make: Callable[[Row | None], Row], mine_live: bool
+    tx: Tx,
+    key: str,
+    reuse: str,
+    holder: str,
+    make: Callable[[Row | None], Row],
+    mine_live: bool,
+    expired: Callable[[Row], bool],
 ) -> tuple[Found, Row | None]:
     """Claim ``key`` for ``holder`` unless its row answers the push (see the
     module docstring). ``make(prev)`` builds the caller's live row;
-    ``mine_live``: the caller's queue holds the key live in memory."""
+    ``mine_live``: the caller's queue holds the key live in memory;
+    ``expired(row)``: an ended row's retention is over (it counts as absent)."""
     row = tx.get(key)
+    if row is not None and row.state != "live" and expired(row):
+        row = None
     if row is not None and row.state == "live":
         if row.holder == holder:
             if mine_live:

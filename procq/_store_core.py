@@ -39,179 +39,27 @@ from typing import Any
 from procq._core import Core
 from procq._entries import ABANDONED, Ended, Entry, LaneState
 from procq._job import Job, Lane, Retention
-from procq._retention import Done, Fell, Record
 from procq._statemap import CACHED, FAILED, INFLIGHT, Claim, conflict, new_claim
 from procq._store import (
+    Conn,
     Found,
     Row,
     Store,
     StoreUnavailable,
     Tx,
     decide,
-    encode_outcome,
     holder_id,
     interrupted,
     open_store,
     stable_fingerprint,
 )
+from procq._store_records import Held, Op, StoreLock, StoreRecords, as_record
 from procq._store_remote import RemoteEntry, Watcher
-from procq._values import Completed, Failed, Failure, State
+from procq._values import State
 
 __all__ = ["StoreCore"]
 
 log = logging.getLogger("procq.store")
-
-Op = Callable[[Tx], None]
-
-
-class StoreLock:
-    """``Core.lock`` of a store's core: a lock that, on release, first commits
-    the row writes queued while it was held (see the module docstring)."""
-
-    __slots__ = ("_flush", "_lock", "pending")
-
-    def __init__(self, flush: Callable[[], None]) -> None:
-        self._lock = threading.Lock()
-        self._flush = flush
-        self.pending: list[tuple[str, Op]] = []  # (key, write), in order
-
-    def __enter__(self) -> bool:
-        return self._lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if self.pending:
-                self._flush()
-        finally:
-            self._lock.release()
-
-
-class _Held:
-    """What this queue's claim of a key needs to write the key's row later."""
-
-    __slots__ = ("entry", "prev", "run", "trusted")
-
-    def __init__(self, run: str, prev: Row | None, trusted: bool) -> None:
-        self.run = run
-        self.prev = prev  # the row the claim replaced, put back if it is abandoned
-        self.trusted = trusted
-        self.entry: Entry | None = None
-
-
-class StoreRecords:
-    """``KeyRecords`` over a store's rows, for ``StoreCore`` (see the module docstring).
-
-    ``lookup`` answers only the state map's claim that ``StoreCore`` is making:
-    the row that claim replaces, as a record. Every other read goes to the
-    database through ``StoreCore``'s own methods.
-    """
-
-    expires = True  # never read a record without the lock
-    timed = False
-
-    def __init__(self, core: StoreCore) -> None:
-        self._core = core
-        self.held: dict[str, _Held] = {}  # this queue's live claims
-        self.found: Record | None = None  # for the claim being made
-
-    @property
-    def completed(self) -> int:
-        return self._core.conn.counts()[0]
-
-    @completed.setter
-    def completed(self, n: int) -> None:  # the counts are the database's
-        pass
-
-    @property
-    def failed(self) -> int:
-        return self._core.conn.counts()[1]
-
-    @failed.setter
-    def failed(self, n: int) -> None:
-        pass
-
-    def peek(self, key: str) -> Record | None:
-        return None
-
-    def lookup(self, key: str, now: float) -> Record | None:
-        rec, self.found = self.found, None
-        return rec
-
-    def used(self, rec: Record) -> None:
-        pass
-
-    def take(self, rec: Record) -> None:
-        pass
-
-    def give_back(self, rec: Record, now: float) -> None:
-        held = self.held.pop(rec.key, None)
-        if held is not None:
-            self._core.write(rec.key, _restore(rec.key, held))
-
-    def release(self, rec: Record) -> None:
-        held = self.held.get(rec.key)
-        if held is not None:
-            held.prev = None
-
-    def record(self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float) -> None:
-        held = self.held.pop(key, None)
-        if held is None:
-            return
-        attempts = held.entry.attempt if held.entry is not None else 1
-        try:
-            state, output, encoding, failure = encode_outcome(outcome, held.trusted)
-        except Exception as exc:  # an output that cannot be stored: the row says why
-            why = Failure("error", f"job {key!r}: its output could not be stored: {exc!r}", exc_type=type(exc).__name__)
-            state, output, encoding, failure = encode_outcome(Failed(why), True)
-        run = held.run
-
-        def write(tx: Tx) -> None:
-            tx.settle(key, run, state, output, encoding, failure, attempts)
-
-        self._core.write(key, write)
-
-    def abandoned(self, entry: Entry) -> None:
-        """``entry``'s claim was abandoned with no row to put back: remove its row."""
-        held = self.held.get(entry.key)
-        if held is not None and held.entry is entry:
-            del self.held[entry.key]
-            self._core.write(entry.key, _restore(entry.key, held))
-
-    def drop(self, rec: Record) -> None:
-        pass
-
-    def sweep(self, now: float) -> None:
-        pass
-
-    def scan(self, prefix: str | None, now: float, completed: bool, failed: bool) -> list[Record]:
-        return []
-
-    def check(self) -> None:
-        for key, held in self.held.items():
-            assert held.entry is None or held.entry.key == key, key
-
-
-def _restore(key: str, held: _Held) -> Op:
-    prev, run = held.prev, held.run
-
-    def write(tx: Tx) -> None:
-        if prev is None:
-            tx.delete(key, run)
-        else:
-            current = tx.get(key)
-            if current is not None and current.run == run:
-                tx.put(prev)
-
-    return write
-
-
-def _as_record(row: Row | None) -> Record | None:
-    if row is None or row.state == "live":
-        return None
-    outcome = row.outcome()
-    if type(outcome) is Completed:
-        return Done(row.key, outcome.output, row.fp, 0.0)
-    return Fell(row.key, outcome.failure, row.fp, 0.0)  # type: ignore[union-attr]
 
 
 class StoreCore(Core):
@@ -235,6 +83,7 @@ class StoreCore(Core):
         except BaseException:
             self.conn.close()
             raise
+        self.retention = retention or Retention()
         self.records_ = StoreRecords(self)
         self._runs = 0
         self._tx: Tx | None = None  # the write transaction open under the lock, if any
@@ -285,7 +134,7 @@ class StoreCore(Core):
             if self.keys.closing or key in self.keys.live:
                 return self.keys.claim(job, lane, fp, due, now)  # QueueClosed, or joins the live entry
             row = self.conn.read(key)
-            if row is not None and row.state == "done" and reuse != "always":
+            if row is not None and row.state == "done" and reuse != "always" and not self.row_expired(row):
                 return new_claim(Claim, (CACHED, row.outcome().output, self._conflict(row, job)))  # type: ignore[union-attr]
             with self.conn.write([key]) as tx:
                 self._tx = tx
@@ -338,7 +187,7 @@ class StoreCore(Core):
         def make(prev: Row | None) -> Row:
             return Row(key, "live", run, self.holder, sfp, None, None, None, 1, not_before, wall, None)
 
-        found, row = decide(tx, key, job.reuse or self.keys.reuse, self.holder, make, False)
+        found, row = decide(tx, key, job.reuse or self.keys.reuse, self.holder, make, False, self.row_expired)
         if found is Found.CACHED:
             assert row is not None
             return new_claim(Claim, (CACHED, row.outcome().output, self._conflict(row, job)))  # type: ignore[union-attr]
@@ -348,9 +197,9 @@ class StoreCore(Core):
         if found is Found.REMOTE:
             assert row is not None
             return new_claim(Claim, (INFLIGHT, RemoteEntry(key, row.run, row.holder), self._conflict(row, job)))
-        held = _Held(run, row, lane.spec.trusted)
+        held = Held(run, row, lane.spec.trusted)
         self.records_.held[key] = held
-        self.records_.found = _as_record(row)
+        self.records_.found = as_record(row)
         claim = self.keys.claim(job, lane, fp, due, now)
         held.entry = claim.value
         return claim
@@ -416,9 +265,27 @@ class StoreCore(Core):
 
     # --- reading ----------------------------------------------------------------------
 
+    def row_expired(self, row: Row) -> bool:
+        """Is an ended row past the queue's retention? (Checked at every read; ``sweep_rows`` deletes them.)"""
+        if row.ended is None:
+            return False
+        limit = self.retention.ttl if row.state == "done" else self.retention.failed_ttl
+        return limit is not None and time.time() - row.ended >= limit
+
+    def sweep_rows(self, conn: Conn | None = None) -> int:
+        """Delete the rows past the retention, on ``conn`` (the watcher's, every
+        third of a lease) or on the queue's own, under the lock."""
+        r = self.retention
+        if r.ttl is None and r.failed_ttl is None and r.max_completed is None:
+            return 0
+        if conn is not None:
+            return conn.purge(r.ttl, r.failed_ttl, r.max_completed)
+        with self.lock:
+            return self.conn.purge(r.ttl, r.failed_ttl, r.max_completed)
+
     def _row_state(self, row: Row, dead: set[str]) -> State | RemoteEntry | None:
         if row.state != "live":
-            return row.outcome()
+            return None if self.row_expired(row) else row.outcome()
         if row.holder == self.holder:
             return None  # a claim of this queue that is not live any more: its row is on its way out
         if row.holder in dead:

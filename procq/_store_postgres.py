@@ -35,6 +35,7 @@ _DDL = [
         id TEXT PRIMARY KEY, pid INTEGER, host TEXT, expires DOUBLE PRECISION NOT NULL)""",
     "CREATE TABLE IF NOT EXISTS procq_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
 ]
+_BATCH = 500  # rows a retention sweep deletes per statement
 # The advisory lock that serialises creating the schema (any constant of our own).
 _SCHEMA_LOCK = 0x70726F6371
 
@@ -145,6 +146,28 @@ class PostgresConn:
             "ON CONFLICT (id) DO UPDATE SET expires = EXCLUDED.expires",
             (holder, os.getpid(), socket.gethostname(), lease),
         )
+
+    def purge(self, ttl: float | None, failed_ttl: float | None, max_completed: int | None) -> int:
+        # One bounded batch per statement (autocommit): a sweep never holds many row locks for long.
+        deleted = 0
+        wheres: list[tuple[str, tuple[Any, ...]]] = []
+        if ttl is not None:
+            wheres.append((f"state = 'done' AND ended <= {_NOW} - %s LIMIT %s", (ttl, _BATCH)))
+        if failed_ttl is not None:
+            wheres.append((f"state = 'failed' AND ended <= {_NOW} - %s LIMIT %s", (failed_ttl, _BATCH)))
+        if max_completed is not None:
+            wheres.append(("state = 'done' ORDER BY ended DESC OFFSET %s LIMIT %s", (max_completed, _BATCH)))
+        for where, args in wheres:
+            while True:
+                sql = f"DELETE FROM procq_keys WHERE key IN (SELECT key FROM procq_keys WHERE {where})"
+                try:
+                    n = self.db.execute(sql, args).rowcount
+                except self._errors as exc:
+                    raise self._unavailable(exc) from exc
+                deleted += n
+                if n < _BATCH:
+                    break
+        return deleted
 
     def release(self, holder: str) -> None:
         self._query("DELETE FROM procq_holders WHERE id = %s", (holder,))

@@ -10,6 +10,7 @@ costs nothing: an entry is watched from its first wait.
 
 The ``Watcher`` is one thread per queue with its own connection. It renews
 the queue's lease every third of it, retries outcome writes the store refused,
+deletes rows past the queue's retention (``StoreCore.sweep_rows``),
 and, while entries are watched, reads their rows every ``Store.poll`` seconds
 (SQLite) or when PostgreSQL notifies that a row ended. A watched row whose
 holder's lease expired is rewritten as interrupted (guarded by its run) and
@@ -129,6 +130,7 @@ class Watcher(threading.Thread):
                     self.conn.renew(self.core.holder, lease)
                     renew_at = time.monotonic() + lease / 3
                     self.core.flush_refused()
+                    self.core.sweep_rows(self.conn)
                 if watching:
                     self._poll()
             except StoreUnavailable as exc:

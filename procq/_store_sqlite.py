@@ -22,6 +22,8 @@ from procq._store import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailab
 
 __all__ = ["SqliteStore"]
 
+_BATCH = 500  # rows a retention sweep deletes per transaction
+
 _DDL = [
     """CREATE TABLE IF NOT EXISTS procq_keys (
         key TEXT PRIMARY KEY, state TEXT NOT NULL, run TEXT NOT NULL, holder TEXT, fp BLOB,
@@ -36,13 +38,16 @@ _DDL = [
 class SqliteStore(Store):
     """A SQLite file as a store (``ProcQueue(store="run.db")``)."""
 
-    def __init__(self, path: str | os.PathLike[str], lease: float = 10.0, poll: float = 0.01) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], lease: float = 10.0, poll: float = 0.01, busy: float = 30.0
+    ) -> None:
         super().__init__(lease, poll)
         self.path = os.fspath(path)
         self.url = f"sqlite:///{self.path}"
+        self.busy = busy  # how long a write waits for another process's write lock before StoreUnavailable
 
     def connect(self) -> SqliteConn:
-        return SqliteConn(self.path)
+        return SqliteConn(self.path, self.busy)
 
 
 def _unavailable(path: str, exc: Exception) -> StoreUnavailable:
@@ -52,10 +57,10 @@ def _unavailable(path: str, exc: Exception) -> StoreUnavailable:
 class SqliteConn:
     """One connection to a SQLite store (see ``_store.Conn``)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, busy: float = 30.0) -> None:
         self.path = path
         try:
-            db = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
+            db = sqlite3.connect(path, timeout=busy, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
         except sqlite3.Error as exc:
@@ -145,6 +150,36 @@ class SqliteConn:
                 "INSERT OR REPLACE INTO procq_holders VALUES (?, ?, ?, ?)",
                 (holder, os.getpid(), socket.gethostname(), time.time() + lease),
             )
+
+    def purge(self, ttl: float | None, failed_ttl: float | None, max_completed: int | None) -> int:
+        # Short transactions of at most _BATCH rows each: a sweep never holds the write lock for long.
+        deleted = 0
+        now = time.time()
+        wheres: list[tuple[str, tuple[Any, ...]]] = []
+        if ttl is not None:
+            wheres.append(("state = 'done' AND ended <= ?", (now - ttl,)))
+        if failed_ttl is not None:
+            wheres.append(("state = 'failed' AND ended <= ?", (now - failed_ttl,)))
+        for where, args in wheres:
+            while True:
+                with self._tx() as db:
+                    sql = f"DELETE FROM procq_keys WHERE key IN (SELECT key FROM procq_keys WHERE {where} LIMIT ?)"
+                    n = db.execute(sql, (*args, _BATCH)).rowcount
+                deleted += n
+                if n < _BATCH:
+                    break
+        if max_completed is not None:
+            while True:
+                with self._tx() as db:
+                    sql = (
+                        "DELETE FROM procq_keys WHERE key IN (SELECT key FROM procq_keys WHERE state = 'done' "
+                        "ORDER BY ended DESC LIMIT ? OFFSET ?)"
+                    )
+                    n = db.execute(sql, (_BATCH, max_completed)).rowcount
+                deleted += n
+                if n < _BATCH:
+                    break
+        return deleted
 
     def release(self, holder: str) -> None:
         with self._tx() as db:

@@ -38,8 +38,10 @@ from procq import (
     Processing,
     ProcQueue,
     Queued,
+    Retention,
     SqliteStore,
     StoreError,
+    StoreUnavailable,
 )
 from procq._store import open_store
 
@@ -308,3 +310,47 @@ def test_a_postgresql_store_from_a_newer_procq_is_refused(request: pytest.Fixtur
         con.execute("UPDATE procq_meta SET value = '99' WHERE name = 'schema'")
     with pytest.raises(StoreError, match=r"written by a newer procq \(schema 99\).*upgrade procq"):
         ProcQueue(1, store=url)
+
+
+def test_a_locked_store_refuses_pushes_and_gets_outcomes_once_back(tmp_path: Path) -> None:
+    db = tmp_path / "run.db"
+    gate = Gate(tmp_path, "g")
+    try:
+        with ProcQueue(1, store=SqliteStore(db, lease=1.0, busy=0.1)) as q:
+            running = q.push(Job("slow", jobs.signal_and_wait, args=(gate.started, gate.go)))
+            assert isinstance(running, Queued)
+            pid = gate.wait_started()
+            locker = sqlite3.connect(db, isolation_level=None)
+            locker.execute("BEGIN IMMEDIATE")
+            try:
+                with pytest.raises(StoreUnavailable, match="cannot be used now: database is locked"):
+                    q.push(Job("other", store_jobs.echo, args=(1,)))
+                gate.open()
+                assert running.handle.result(timeout=WAIT) == pid  # the running job finishes
+            finally:
+                locker.execute("ROLLBACK")
+                locker.close()
+            assert q.state("other") is None
+            # Its outcome is written once the store is back: another queue gets it.
+            with ProcQueue(1, store=SqliteStore(db)) as other:
+                pushed = other.push(Job("slow", jobs.signal_and_wait, args=(gate.started, gate.go)))
+                output = pushed.output if isinstance(pushed, Cached) else pushed.handle.result(timeout=WAIT)
+                assert output == pid
+    finally:
+        gate.close()
+
+
+def test_retention_deletes_rows(url: str, tmp_path: Path) -> None:
+    log = str(tmp_path / "log")
+    with ProcQueue(1, store=url, retention=Retention(max_completed=2)) as q:
+        for i in range(4):
+            q.push_and_wait(Job(f"k{i}", store_jobs.counted, args=(log, i)), timeout=WAIT)
+        assert q._store is not None and q._store.sweep_rows() == 2
+        assert q.keys() == ["k2", "k3"]
+        assert isinstance(q.push(Job("k0", store_jobs.counted, args=(log, 0))), Queued)
+    # ttl=0: every completed row is past its time at once; it is neither answered nor listed, and is deleted.
+    with ProcQueue(1, store=url, retention=Retention(ttl=0.0)) as q:
+        assert isinstance(q.push(Job("k3", store_jobs.counted, args=(log, 3))), Queued)
+        q.push_and_wait(Job("k3", store_jobs.counted, args=(log, 3)), timeout=WAIT)
+        assert q.state("k3") is None and q.keys() == []
+        assert q._store is not None and q._store.sweep_rows() >= 1
