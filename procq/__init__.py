@@ -49,6 +49,18 @@ The core (I/O-free; every change under ``Core.lock``):
 - ``_entries``: the bookkeeping objects: ``Entry`` (one claim of a key),
   ``WorkerSlot`` and its ``WorkerLife``, ``LaneState``.
 
+Keys that outlive the program (``ProcQueue(store=...)``; none of it is
+imported without a store):
+
+- ``_store``: the ``Store`` interface, the rows and how a claim is decided on
+  them, URLs, ``StoreError`` / ``StoreUnavailable``. ``_store_sqlite`` and
+  ``_store_postgres``: the two databases.
+- ``_store_core``: ``StoreCore``, the ``Core`` of a queue on a store: claims
+  in the database's transactions, ended keys as rows (``StoreRecords``), row
+  writes committed as ``Core.lock`` is released. ``_store_remote``: keys live
+  in other queues (``RemoteEntry``) and the ``Watcher`` thread (the lease,
+  joiners of other queues' keys).
+
 The supervisor's I/O side (its one thread per queue):
 
 - ``_supervisor``: the I/O thread's loop, with a diagram of who owns what and
@@ -96,6 +108,10 @@ a child made by fork    nothing of its parent's queue: the fork marks its copy
                         foreign (``WrongProcess``), and it closes nothing at exit
 ======================  ==========================================================
 
+With a store, ``Core.lock`` also serialises the queue's database connection
+(its claims and row writes run under it; the ``Watcher`` has a connection of
+its own).
+
 Lock order: ``Core.lock`` is the only lock the core has; a worker's write lock
 (``ProcessChannel.write_lock``) and a decode thread's queue lock are taken
 with no other lock held. No lock is
@@ -116,6 +132,11 @@ _SOURCES = {
     "ProcQueueError": "procq._errors",
     "QueueClosed": "procq._errors",
     "WrongProcess": "procq._errors",
+    "PostgresStore": "procq._store_postgres",
+    "SqliteStore": "procq._store_sqlite",
+    "Store": "procq._store",
+    "StoreError": "procq._store",
+    "StoreUnavailable": "procq._store",
     "JobHandle": "procq._handle",
     "ProcQueue": "procq._queue",
     "Job": "procq._job",
@@ -149,6 +170,9 @@ if TYPE_CHECKING:
     from procq._handle import JobHandle
     from procq._job import Job, Lane, Retention, Retry
     from procq._queue import ProcQueue
+    from procq._store import Store, StoreError, StoreUnavailable
+    from procq._store_postgres import PostgresStore
+    from procq._store_sqlite import SqliteStore
     from procq._values import (
         Cached,
         Completed,
@@ -198,6 +222,7 @@ __all__ = [
     "LaneFull",
     "LaneStats",
     "Pending",
+    "PostgresStore",
     "ProcQueue",
     "ProcQueueError",
     "Processing",
@@ -206,5 +231,9 @@ __all__ = [
     "Queued",
     "Retention",
     "Retry",
+    "SqliteStore",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
     "WrongProcess",
 ]

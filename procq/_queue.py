@@ -29,7 +29,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from procq._config import check_policies, parse_lanes, worker_context
 from procq._core import Core
@@ -40,6 +40,9 @@ from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
 from procq._settings import check_descriptors
 from procq._supervisor import Supervisor
 from procq._values import Cached, Completed, Failed, Pending, Processing, PushOutcome, QueueStats, State
+
+if TYPE_CHECKING:
+    from procq._store_core import StoreCore
 
 __all__ = ["ProcQueue"]
 
@@ -79,6 +82,11 @@ class ProcQueue:
     ``KeyConflictWarning``, then as ``"ignore"``) or ``"ignore"`` (the key
     alone decides; no fingerprint is taken).
 
+    ``store`` keeps every key in a database shared by every queue opened on
+    it, in any process: a path or ``"sqlite:///path"`` (SQLite),
+    ``"postgresql://..."`` (PostgreSQL, with ``procq[postgres]``) or a
+    ``procq.Store``. ``None`` (the default): keys live in this queue's memory.
+
     Use it as a context manager, or call :meth:`close`: leaving the ``with``
     block waits for every waiting and running job, then stops and reaps every
     worker. (On ``KeyboardInterrupt`` it does not wait: waiting jobs are
@@ -93,18 +101,27 @@ class ProcQueue:
         retention: Retention | None = None,
         reuse: Reuse = "failed",
         on_mismatch: str = "raise",
+        store: Any = None,
     ) -> None:
         parsed = parse_lanes(lanes)
         check_descriptors(parsed)
         check_policies(retention, reuse, on_mismatch)
         self.start_method, context = worker_context(start_method, parsed)
-        self._core = Core(
-            parsed,
-            retention,
-            reuse,
-            check_payload=on_mismatch != "ignore",
-            strict_payload=on_mismatch == "raise",
-        )
+        self._store: StoreCore | None = None
+        if store is None:
+            self._core = Core(
+                parsed,
+                retention,
+                reuse,
+                check_payload=on_mismatch != "ignore",
+                strict_payload=on_mismatch == "raise",
+            )
+        else:  # keys shared through a database (see _store_core)
+            from procq._store_core import StoreCore
+
+            self._core = self._store = StoreCore(
+                parsed, retention, reuse, on_mismatch != "ignore", on_mismatch == "raise", store
+            )
         self._pusher: Pusher = Pusher(self._core)
         self._life = _Life.OPEN
         self._owner_pid = os.getpid()
@@ -345,6 +362,8 @@ class ProcQueue:
                 raise
             finally:
                 supervisor.stop()
+                if self._store is not None:
+                    self._store.close_store()
                 self._finalizer.detach()
                 self._life = _Life.CLOSED
 

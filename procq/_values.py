@@ -33,7 +33,7 @@ __all__ = [
 T = TypeVar("T")
 
 #: How a job failed: what each kind means is listed in :class:`Failure`.
-FailureKind = Literal["error", "crashed", "timeout", "cancelled", "memory", "protocol"]
+FailureKind = Literal["error", "crashed", "timeout", "cancelled", "memory", "protocol", "interrupted"]
 
 #: The failure kinds a ``Retry`` may retry: all but ``"cancelled"`` (a
 #: cancelled job was stopped on purpose).
@@ -91,6 +91,8 @@ class Failure:
       malformed, out of turn, about another job, not JSON in an untrusted
       lane, or a result larger than the lane's ``max_result_bytes``. The
       worker is replaced.
+    - ``"interrupted"``: the queue that held the job (sharing a ``store``)
+      died, and its lease ran out before the job ended.
 
     ``attempts`` is how many attempts ran (more than 1 only with a ``Retry``);
     ``history`` then holds each attempt's own failure, first to last, and the

@@ -47,7 +47,7 @@ FAR = 3600.0
             {"on": ("eror",)},
             ValueError,
             r"^Retry on: unknown failure kind 'eror'; "
-            r"the kinds are 'crashed', 'error', 'memory', 'protocol', 'timeout'$",
+            r"the kinds are 'crashed', 'error', 'interrupted', 'memory', 'protocol', 'timeout'$",
         ),
     ],
 )

@@ -1,0 +1,166 @@
+"""The store's costs, beside the in-memory queue, in one run on one machine:
+``python -m bench.store [--postgres]``.
+
+- tiny: jobs/s for n tiny jobs (push each, then wait for all), in memory, on
+  a SQLite file, on PostgreSQL (a throwaway server started here);
+- cached: pushes/s of keys that completed earlier, from a fresh process;
+- joiner: how long after a job's end a joiner in another process is told
+  (median and p90 over rounds), SQLite (it polls every 10 ms) and PostgreSQL
+  (LISTEN/NOTIFY).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pwd
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from bench.store_jobs import noop, stamp_when_released
+from procq import Job, Lane, ProcQueue
+
+
+def tiny(store: Any, n: int) -> float:
+    with ProcQueue({"t": Lane(workers=2, capacity=n)}, store=store) as q:
+        for i in range(50):
+            q.push_and_wait(Job(f"w{i}", noop))
+        keys = [f"tiny-{i}" for i in range(n)]
+        t0 = time.perf_counter()
+        handles = [q.push(Job(k, noop)).handle for k in keys]  # type: ignore[union-attr]
+        for h in handles:
+            h.result()
+        return n / (time.perf_counter() - t0)
+
+
+_CACHED = """
+import sys, time
+from bench.store_jobs import noop
+from procq import Job, ProcQueue
+n = int(sys.argv[2])
+with ProcQueue(1, store=sys.argv[1]) as q:
+    jobs = [Job(f"c{i}", noop) for i in range(n)]
+    t0 = time.perf_counter()
+    for job in jobs:
+        q.push(job)
+    print(n / (time.perf_counter() - t0))
+"""
+
+
+def cached(url: str, n: int) -> float:
+    with ProcQueue({"t": Lane(workers=2, capacity=n)}, store=url) as q:
+        for h in [q.push(Job(f"c{i}", noop)).handle for i in range(n)]:  # type: ignore[union-attr]
+            h.result()
+    out = subprocess.run([sys.executable, "-c", _CACHED, url, str(n)], capture_output=True, text=True, check=True)
+    return float(out.stdout)
+
+
+_JOINER = """
+import sys, time
+from bench.store_jobs import stamp_when_released
+from procq import Job, ProcQueue
+with ProcQueue(1, store=sys.argv[1]) as q:
+    for line in sys.stdin:
+        key, fifo = line.split()
+        handle = q.push(Job(key, stamp_when_released, args=(fifo,))).handle
+        handle.done()
+        q._core.wait_event(handle._entry)  # watched from now on
+        print("joined", flush=True)
+        ended = handle.result(timeout=30)
+        print((time.time() - ended) * 1e3, flush=True)
+"""
+
+
+def joiner(url: str, rounds: int) -> tuple[float, float]:
+    """Median and p90 (ms) from a job's end to a joiner in another process being told."""
+    tmp = tempfile.mkdtemp()
+    lags = []
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _JOINER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        with ProcQueue(1, store=url) as q:
+            for i in range(rounds):
+                fifo = os.path.join(tmp, f"go{i}")
+                os.mkfifo(fifo)
+                handle = q.push(Job(f"lat{i}", stamp_when_released, args=(fifo,))).handle  # type: ignore[union-attr]
+                proc.stdin.write(f"lat{i} {fifo}\n")
+                proc.stdin.flush()
+                assert proc.stdout.readline() == "joined\n"
+                fd = os.open(fifo, os.O_WRONLY)
+                os.write(fd, b"x")
+                os.close(fd)
+                handle.result(timeout=30)
+                lags.append(float(proc.stdout.readline()))
+        proc.stdin.close()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+    lags.sort()
+    return statistics.median(lags), lags[int(len(lags) * 0.9)]
+
+
+@contextlib.contextmanager
+def postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL server (as the tests start one); yields a database URL."""
+    root = tempfile.mkdtemp(prefix="procq-bench-pg-")
+    data = os.path.join(root, "data")
+    prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if prefix:
+        user = pwd.getpwnam("postgres")
+        os.chown(root, user.pw_uid, user.pw_gid)
+    started = False
+    try:
+        subprocess.run(
+            [*prefix, "initdb", "-D", data, "-U", "postgres", "-A", "trust"], check=True, capture_output=True
+        )
+        opts = f"-c listen_addresses='' -c unix_socket_directories={root}"
+        log = os.path.join(root, "log")
+        subprocess.run(
+            [*prefix, "pg_ctl", "-D", data, "-o", opts, "-l", log, "-w", "start"], check=True, capture_output=True
+        )
+        started = True
+        yield f"postgresql:///postgres?host={root}&user=postgres"
+    finally:
+        if started:
+            subprocess.run([*prefix, "pg_ctl", "-D", data, "-m", "fast", "-w", "stop"], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--postgres", action="store_true", help="also run PostgreSQL (needs initdb, pg_ctl, psycopg)")
+    parser.add_argument("--tiny", type=int, default=5000)
+    parser.add_argument("--cached", type=int, default=20000)
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="procq-bench-")
+    try:
+        print(f"tiny, in memory:  {tiny(None, args.tiny):,.0f} jobs/s")
+        print(f"tiny, SQLite:     {tiny(os.path.join(tmp, 'tiny.db'), args.tiny):,.0f} jobs/s")
+        print(f"cached, SQLite, fresh process: {cached(os.path.join(tmp, 'cached.db'), args.cached):,.0f} pushes/s")
+        med, p90 = joiner(os.path.join(tmp, "join.db"), args.rounds)
+        print(f"joiner, SQLite:   median {med:.1f} ms, p90 {p90:.1f} ms")
+        if args.postgres:
+            with postgres() as url:
+                print(f"tiny, PostgreSQL: {tiny(url, args.tiny):,.0f} jobs/s")
+                print(f"cached, PostgreSQL, fresh process: {cached(url, args.cached):,.0f} pushes/s")
+                med, p90 = joiner(url, args.rounds)
+                print(f"joiner, PostgreSQL: median {med:.1f} ms, p90 {p90:.1f} ms")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

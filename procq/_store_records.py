@@ -1,0 +1,171 @@
+"""The ended-key records of a queue on a store (``StoreRecords``, its
+``KeyRecords``), and the lock that commits their writes (``StoreLock``); see
+``_store_core`` for how they keep the database and the state map in step."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from procq._entries import Entry
+from procq._retention import Done, Fell, Record
+from procq._store import Row, Tx, encode_outcome
+from procq._values import Completed, Failed, Failure
+
+if TYPE_CHECKING:
+    from procq._store_core import StoreCore
+
+__all__ = ["Held", "Op", "StoreLock", "StoreRecords", "as_record"]
+
+Op = Callable[[Tx], None]
+
+
+class StoreLock:
+    """``Core.lock`` of a store's core: a lock that, on release, first commits
+    the row writes queued while it was held (see the module docstring)."""
+
+    __slots__ = ("_flush", "_lock", "pending")
+
+    def __init__(self, flush: Callable[[], None]) -> None:
+        self._lock = threading.Lock()
+        self._flush = flush
+        self.pending: list[tuple[str, Op]] = []  # (key, write), in order
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.pending:
+                self._flush()
+        finally:
+            self._lock.release()
+
+
+class Held:
+    """What this queue's claim of a key needs to write the key's row later."""
+
+    __slots__ = ("entry", "prev", "run", "trusted")
+
+    def __init__(self, run: str, prev: Row | None, trusted: bool) -> None:
+        self.run = run
+        self.prev = prev  # the row the claim replaced, put back if it is abandoned
+        self.trusted = trusted
+        self.entry: Entry | None = None
+
+
+class StoreRecords:
+    """``KeyRecords`` over a store's rows, for ``StoreCore`` (see the module docstring).
+
+    ``lookup`` answers only the state map's claim that ``StoreCore`` is making:
+    the row that claim replaces, as a record. Every other read goes to the
+    database through ``StoreCore``'s own methods.
+    """
+
+    expires = True  # never read a record without the lock
+    timed = False
+
+    def __init__(self, core: StoreCore) -> None:
+        self._core = core
+        self.held: dict[str, Held] = {}  # this queue's live claims
+        self.found: Record | None = None  # for the claim being made
+
+    @property
+    def completed(self) -> int:
+        return self._core.conn.counts()[0]
+
+    @completed.setter
+    def completed(self, n: int) -> None:  # the counts are the database's
+        pass
+
+    @property
+    def failed(self) -> int:
+        return self._core.conn.counts()[1]
+
+    @failed.setter
+    def failed(self, n: int) -> None:
+        pass
+
+    def peek(self, key: str) -> Record | None:
+        return None
+
+    def lookup(self, key: str, now: float) -> Record | None:
+        rec, self.found = self.found, None
+        return rec
+
+    def used(self, rec: Record) -> None:
+        pass
+
+    def take(self, rec: Record) -> None:
+        pass
+
+    def give_back(self, rec: Record, now: float) -> None:
+        held = self.held.pop(rec.key, None)
+        if held is not None:
+            self._core.write(rec.key, _restore(rec.key, held))
+
+    def release(self, rec: Record) -> None:
+        held = self.held.get(rec.key)
+        if held is not None:
+            held.prev = None
+
+    def record(self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float) -> None:
+        held = self.held.pop(key, None)
+        if held is None:
+            return
+        attempts = held.entry.attempt if held.entry is not None else 1
+        try:
+            state, output, encoding, failure = encode_outcome(outcome, held.trusted)
+        except Exception as exc:  # an output that cannot be stored: the row says why
+            why = Failure("error", f"job {key!r}: its output could not be stored: {exc!r}", exc_type=type(exc).__name__)
+            state, output, encoding, failure = encode_outcome(Failed(why), True)
+        run = held.run
+
+        def write(tx: Tx) -> None:
+            tx.settle(key, run, state, output, encoding, failure, attempts)
+
+        self._core.write(key, write)
+
+    def abandoned(self, entry: Entry) -> None:
+        """``entry``'s claim was abandoned with no row to put back: remove its row."""
+        held = self.held.get(entry.key)
+        if held is not None and held.entry is entry:
+            del self.held[entry.key]
+            self._core.write(entry.key, _restore(entry.key, held))
+
+    def drop(self, rec: Record) -> None:
+        pass
+
+    def sweep(self, now: float) -> None:
+        pass
+
+    def scan(self, prefix: str | None, now: float, completed: bool, failed: bool) -> list[Record]:
+        return []
+
+    def check(self) -> None:
+        for key, held in self.held.items():
+            assert held.entry is None or held.entry.key == key, key
+
+
+def _restore(key: str, held: Held) -> Op:
+    prev, run = held.prev, held.run
+
+    def write(tx: Tx) -> None:
+        if prev is None:
+            tx.delete(key, run)
+        else:
+            current = tx.get(key)
+            if current is not None and current.run == run:
+                tx.put(prev)
+
+    return write
+
+
+def as_record(row: Row | None) -> Record | None:
+    if row is None or row.state == "live":
+        return None
+    outcome = row.outcome()
+    if type(outcome) is Completed:
+        return Done(row.key, outcome.output, row.fp, 0.0)
+    return Fell(row.key, outcome.failure, row.fp, 0.0)  # type: ignore[union-attr]

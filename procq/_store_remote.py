@@ -1,0 +1,196 @@
+"""Keys held by other queues of a store, and the thread that keeps this
+queue's lease and watches them.
+
+A push of a key that another live queue holds answers ``InFlight`` with a
+handle on a ``RemoteEntry``: it has what ``JobHandle`` and ``Core.wait_event``
+/ ``add_callback`` read of an ``Entry`` (``key``, ``outcome``, ``event``,
+``callbacks``, ``state()``), and its outcome is set by the ``Watcher``, under
+``Core.lock``, when the key's row says its run ended. A handle nobody waits on
+costs nothing: an entry is watched from its first wait.
+
+The ``Watcher`` is one thread per queue with its own connection. It renews
+the queue's lease every third of it, retries outcome writes the store refused,
+deletes rows past the queue's retention (``StoreCore.sweep_rows``),
+and, while entries are watched, reads their rows every ``Store.poll`` seconds
+(SQLite) or when PostgreSQL notifies that a row ended. A watched row whose
+holder's lease expired is rewritten as interrupted (guarded by its run) and
+its joiners are woken with that failure. If the key was claimed again before
+a poll saw the end (its run changed), the entry follows the new run: what its
+caller wants is the key's outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from procq._entries import DONE, PENDING, run_wakeups
+from procq._store import Row, StoreUnavailable, interrupted
+from procq._values import Completed, Failed, Failure, Processing, State
+
+if TYPE_CHECKING:
+    from procq._store_core import StoreCore
+
+__all__ = ["RemoteEntry", "Watcher"]
+
+log = logging.getLogger("procq.store")
+
+_PROCESSING = Processing()
+
+
+class RemoteEntry:
+    """A key live in another queue of the store, as a handle sees it."""
+
+    __slots__ = ("callbacks", "event", "holder", "key", "outcome", "run")
+
+    def __init__(self, key: str, run: str, holder: str | None) -> None:
+        self.key = key
+        self.run = run
+        self.holder = holder
+        self.outcome: Completed[Any] | Failed | None = None
+        self.event: threading.Event | None = None
+        self.callbacks: list[Callable[[], None]] | None = None
+
+    @property
+    def status(self) -> Any:
+        return PENDING if self.outcome is None else DONE
+
+    def state(self) -> State:
+        # The holder's queue alone knows whether it started: "in flight" reads as Processing.
+        outcome = self.outcome
+        return _PROCESSING if outcome is None else outcome
+
+
+class Watcher(threading.Thread):
+    """Keeps the lease, retries refused writes, resolves watched remote entries."""
+
+    def __init__(self, core: StoreCore) -> None:
+        super().__init__(name=f"procq-store-{core.holder}", daemon=True)
+        self.core = core
+        self.store = core.store
+        self.conn = core.store.connect()
+        self._notified = getattr(self.conn, "notifies", False)
+        if self._notified:
+            self.conn.listen()  # type: ignore[attr-defined]
+        self._watched: dict[str, list[RemoteEntry]] = {}  # under _lock
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stopping = False
+
+    def watch(self, entry: RemoteEntry) -> None:
+        with self._lock:
+            entries = self._watched.setdefault(entry.key, [])
+            if entry not in entries:
+                entries.append(entry)
+        self._wake.set()
+
+    def resolve(self, entry: RemoteEntry, outcome: Completed[Any] | Failed) -> None:
+        """``entry``'s run ended (its waiter read the row itself)."""
+        with self._lock:
+            entries = self._watched.get(entry.key)
+            if entries is not None and entry in entries:
+                entries.remove(entry)
+                if not entries:
+                    del self._watched[entry.key]
+        self._resolve([(entry, outcome)])
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self.join()
+        with self._lock:
+            left = [e for entries in self._watched.values() for e in entries]
+            self._watched.clear()
+        closed = Failed(Failure("cancelled", "the queue was closed while this handle waited for another queue's job"))
+        self._resolve([(e, closed) for e in left])
+        self.conn.close()
+
+    def run(self) -> None:
+        lease = self.store.lease
+        renew_at = time.monotonic() + lease / 3
+        while not self._stopping:
+            with self._lock:
+                watching = bool(self._watched)
+            now = time.monotonic()
+            wait = max(0.0, renew_at - now)
+            if watching:
+                wait = min(wait, self.store.poll)
+            if watching and self._notified:
+                self.conn.wait(wait)
+            else:
+                self._wake.wait(wait)
+            self._wake.clear()
+            if self._stopping:
+                return
+            try:
+                if time.monotonic() >= renew_at:
+                    self.conn.renew(self.core.holder, lease)
+                    renew_at = time.monotonic() + lease / 3
+                    self.core.flush_refused()
+                    self.core.sweep_rows(self.conn)
+                if watching:
+                    self._poll()
+            except StoreUnavailable as exc:
+                log.warning("procq store %s: %s (retrying)", self.store.url, exc)
+                renew_at = min(renew_at, time.monotonic() + min(1.0, lease / 3))
+
+    def _poll(self) -> None:
+        with self._lock:
+            keys = list(self._watched)
+        rows = self.conn.rows(keys)
+        dead: set[str] | None = None
+        ended: list[tuple[RemoteEntry, Completed[Any] | Failed]] = []
+        for key in keys:
+            row = rows.get(key)
+            outcome: Completed[Any] | Failed | None = None
+            if row is None:
+                outcome = Failed(Failure("cancelled", f"job {key!r}: its record was removed before it ended"))
+            elif row.state == "live":
+                if dead is None:
+                    dead = self.conn.dead_holders()
+                if row.holder in dead:
+                    outcome = self._interrupt(row)
+                else:
+                    self._follow(key, row)
+            else:
+                outcome = row.outcome()
+            if outcome is not None:
+                with self._lock:
+                    for entry in self._watched.pop(key, ()):
+                        ended.append((entry, outcome))
+        self._resolve(ended)
+
+    def _follow(self, key: str, row: Row) -> None:
+        with self._lock:
+            for entry in self._watched.get(key, ()):
+                entry.run, entry.holder = row.run, row.holder
+
+    def _interrupt(self, row: Row) -> Failed:
+        failed = interrupted(row)
+        with self.conn.write([row.key]) as tx:
+            now = tx.get(row.key)
+            if now is not None and now.run == row.run and now.state == "live":
+                tx.settle(row.key, row.run, "failed", None, None, failed.failure, row.attempts)
+                return failed.outcome()  # type: ignore[return-value]
+            if now is not None and now.state != "live":
+                return now.outcome()  # type: ignore[return-value]
+        return failed.outcome()  # type: ignore[return-value]
+
+    def _resolve(self, ended: list[tuple[RemoteEntry, Completed[Any] | Failed]]) -> None:
+        if not ended:
+            return
+        wakeups: list[Callable[[], None]] = []
+        with self.core.lock:
+            for entry, outcome in ended:
+                if entry.outcome is not None:
+                    continue
+                entry.outcome = outcome
+                if entry.event is not None:
+                    wakeups.append(entry.event.set)
+                if entry.callbacks:
+                    wakeups.extend(entry.callbacks)
+                    entry.callbacks = None
+        run_wakeups(wakeups)

@@ -1,0 +1,27 @@
+"""Job functions for the store tests (workers import this module)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def counted(log: str, value: object, work: float = 0.0) -> object:
+    """Append a line to ``log`` (one per execution), work ``work`` seconds, return ``value``."""
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{value} {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+    if work:
+        time.sleep(work)  # the job's work, not a wait for anything
+    return value
+
+
+def fails(log: str) -> None:
+    counted(log, "fails")
+    raise ValueError("this job fails")
+
+
+def echo(value: object) -> object:
+    return value

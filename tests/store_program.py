@@ -1,0 +1,80 @@
+"""Programs the store tests run in processes of their own:
+``python tests/store_program.py <command> <url> ...`` (see each function)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import jobs
+import store_jobs
+
+from procq import Job, JobFailed, ProcQueue
+from procq._store import Store, open_store
+
+
+def store(url: str, lease: float) -> Store:
+    s = open_store(url)
+    s.lease = lease
+    return s
+
+
+def race(url: str, key: str, log: str, threads: str, out: str) -> None:
+    """``threads`` threads push ``key`` at once; their answers go to ``out`` as JSON."""
+    answers: list[Any] = []
+    with ProcQueue(1, store=store(url, 10.0)) as q:
+        barrier = threading.Barrier(int(threads))
+
+        def push() -> None:
+            barrier.wait(timeout=20)
+            answers.append(q.push_and_wait(Job(key, store_jobs.counted, args=(log, "the value", 0.2)), timeout=30))
+
+        ts = [threading.Thread(target=push) for _ in range(int(threads))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=40)
+    with open(out, "w") as f:
+        json.dump(answers, f)
+
+
+def hold(url: str, key: str, started: str, go: str, lease: str) -> None:
+    """Hold ``key`` with a job gated by the FIFOs ``started`` / ``go``, then wait (to be killed)."""
+    with ProcQueue(1, store=store(url, float(lease))) as q:
+        q.push_and_wait(Job(key, jobs.signal_and_wait, args=(started, go)), timeout=60)
+
+
+def stage(url: str, log: str, n: str, crash_after: str) -> None:
+    """A pipeline stage: keys stage:0 .. stage:n-1 in turn; SIGKILLs itself after key ``crash_after``."""
+    with ProcQueue(1, store=store(url, 1.0)) as q:
+        for i in range(int(n)):
+            q.push_and_wait(Job(f"stage:{i}", store_jobs.counted, args=(log, i)), timeout=30)
+            if i == int(crash_after):
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+def work(url: str, log: str, n: str, seconds: str, lease: str) -> None:
+    """Push keys work:0 .. work:n-1 (jobs of ``seconds``), say "claimed", then get every
+    output, pushing again any key whose holder was interrupted; print the outputs as JSON."""
+    with ProcQueue(2, store=store(url, float(lease))) as q:
+        batch = [Job(f"work:{i}", store_jobs.counted, args=(log, i, float(seconds))) for i in range(int(n))]
+        q.push_all(batch)
+        print("claimed", flush=True)
+        outputs: dict[int, Any] = {}
+        for _ in range(20):
+            for i, job in enumerate(batch):
+                if i not in outputs:
+                    try:
+                        outputs[i] = q.push_and_wait(job, timeout=30)
+                    except JobFailed as exc:
+                        if exc.failure.kind != "interrupted":
+                            raise
+        print(json.dumps(outputs), flush=True)
+
+
+if __name__ == "__main__":
+    {"race": race, "hold": hold, "stage": stage, "work": work}[sys.argv[1]](*sys.argv[2:])
