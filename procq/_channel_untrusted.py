@@ -60,8 +60,12 @@ def json_values(frame: bytes, end: int) -> int:
     to, counted without decoding it: every value but the first follows a
     comma, a colon or an opening bracket or brace. (Those inside strings
     count too: it errs high, never low.) ``bytes.count`` runs at C speed."""
-    return 1 + frame.count(b",", 0, end) + frame.count(b":", 0, end) + frame.count(b"[", 0, end) + frame.count(
-        b"{", 0, end
+    return (
+        1
+        + frame.count(b",", 0, end)
+        + frame.count(b":", 0, end)
+        + frame.count(b"[", 0, end)
+        + frame.count(b"{", 0, end)
     )
 
 
@@ -132,8 +136,14 @@ class UntrustedChannel(ProcessChannel):
             "from procq._worker_untrusted import exec_main; exec_main()"
         )
         argv = [
-            sys.executable, "-I", "-c", code,
-            json.dumps(config), str(child_conn.fileno()), str(launch.alive_fd), json.dumps(import_path()),
+            sys.executable,
+            "-I",
+            "-c",
+            code,
+            json.dumps(config),
+            str(child_conn.fileno()),
+            str(launch.alive_fd),
+            json.dumps(import_path()),
         ]
         try:
             popen = subprocess.Popen(

@@ -30,9 +30,7 @@ def parse_lanes(lanes: int | Mapping[str, int | Lane] | None) -> dict[str, Lane]
     if isinstance(lanes, Lane):
         return {"default": lanes}
     if not isinstance(lanes, Mapping):
-        raise TypeError(
-            f"lanes must be an int or a mapping of lane names to int or Lane, got {type(lanes).__name__}"
-        )
+        raise TypeError(f"lanes must be an int or a mapping of lane names to int or Lane, got {type(lanes).__name__}")
     if not lanes:
         raise ValueError("lanes must name at least one lane")
     parsed: dict[str, Lane] = {}

@@ -112,6 +112,12 @@ class Core:
     def memory_jobs(self) -> int:  # while there are any, the I/O thread samples memory
         return self.keys.memory_jobs
 
+    def deliver(self, wakeups: list[Wakeup]) -> None:
+        """Run wake-ups gathered under the lock, after it. Every wake-up of a
+        waiter goes through here, so a core whose outcomes must first be made
+        durable (``_store_core``) can hold them back until they are."""
+        run_wakeups(wakeups)
+
     # --- claiming -----------------------------------------------------------
 
     def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None = None, due: float | None = None) -> Claim:
@@ -192,7 +198,7 @@ class Core:
                 wakeups = None
                 wake = entry.deadline is not None or entry.memory_limit is not None
         if wakeups:
-            run_wakeups(wakeups)
+            self.deliver(wakeups)
         if wake:
             self.on_new_deadline()
         return result
@@ -234,7 +240,7 @@ class Core:
             if not self.dispatch.unblock(entry):
                 return Unblocked.ACCEPTED
             wakeups = self.keys.abandon(entry, why, self.clock())
-        run_wakeups(wakeups)
+        self.deliver(wakeups)
         return Unblocked.ABANDONED
 
     def abandon(self, entry: Entry, why: str) -> None:
@@ -250,7 +256,7 @@ class Core:
             for entry in reversed(entries):
                 if entry.status is PENDING and entry.outcome is None and not entry.timed:
                     wakeups += self.keys.abandon(entry, why, now)
-        run_wakeups(wakeups)
+        self.deliver(wakeups)
 
     # --- time: deadlines of running jobs, timers of waiting ones ---------------------
 
@@ -289,7 +295,7 @@ class Core:
         with self.lock:
             nxt = self.dispatch.ready(worker, self.clock(), wakeups)
             wake = nxt is not None and (nxt.deadline is not None or nxt.memory_limit is not None)
-        run_wakeups(wakeups)
+        self.deliver(wakeups)
         if wake:
             self.on_new_deadline()
         return nxt
@@ -322,7 +328,7 @@ class Core:
             later = [] if undecoded is None else undecoded
             batch, status, taken = self.dispatch.reports(worker, reports, self.clock(), woken, later)
         if wakeups is None:
-            run_wakeups(woken)
+            self.deliver(woken)
         else:
             wakeups += woken
         return batch, status, taken
@@ -337,7 +343,7 @@ class Core:
         with self.lock:
             taken = self.dispatch.decoding.give(entry, outcome, self.clock(), wakeups)
             retried = taken and entry.timed  # back to its timer, for a retry's backoff
-        run_wakeups(wakeups)
+        self.deliver(wakeups)
         if retried:
             self.on_new_deadline()
 
@@ -362,7 +368,7 @@ class Core:
         wakeups: list[Wakeup] = []
         with self.lock:
             self.dispatch.fail_waiting(lane, failure, self.clock(), wakeups)
-        run_wakeups(wakeups)
+        self.deliver(wakeups)
 
     # --- ending jobs from outside ----------------------------------------------------
 
@@ -390,7 +396,7 @@ class Core:
                 answer: tuple[bool, tuple[WorkerSlot, Entry] | None, tuple[WorkerSlot, int] | None] = (True, None, None)
             else:
                 answer = self.stopping.cancel(key, self.clock(), wakeups)
-        run_wakeups(wakeups)
+        self.deliver(wakeups)
         return answer
 
     def spare(self, worker: WorkerSlot, cancelled: Entry) -> tuple[bool, list[Entry]]:
@@ -400,7 +406,7 @@ class Core:
         batch: list[Entry] = []
         with self.lock:
             kill = self.stopping.spare(worker, cancelled, self.clock(), batch, wakeups)
-        run_wakeups(wakeups)
+        self.deliver(wakeups)
         return kill, batch
 
     def cancel_all(self, why: str) -> list[WorkerSlot]:
@@ -410,7 +416,7 @@ class Core:
             now = self.clock()
             doomed = self.stopping.cancel_all(why, now, wakeups)
             self.dispatch.decoding.end_all(why, now, wakeups)  # (a decode may take as long as it likes)
-        run_wakeups(wakeups)
+        self.deliver(wakeups)
         return doomed
 
     # --- closing ------------------------------------------------------------
@@ -436,6 +442,11 @@ class Core:
                 self.drained.set()
 
     # --- waiting on an entry ----------------------------------------------------
+
+    def settled(self, entry: Entry | Ended) -> bool:
+        """May ``entry``'s outcome be given out? (Once it has one; a store's
+        core also waits for it to be durable.)"""
+        return entry.outcome is not None
 
     def wait_event(self, entry: Entry) -> threading.Event | None:
         """An event set when ``entry`` is DONE, or None if it already is."""

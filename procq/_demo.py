@@ -98,28 +98,29 @@ class Demo:
         if not self.fifos.wait_started(gates, self.timeout):
             raise DemoFailed(f"the {gates} gate jobs did not all start within {self.timeout}s")
         gated = q.stats()
-        say("   stats: " + " | ".join(f"{n}: {s.running} running, {s.waiting} waiting"
-                                      for n, s in gated.lanes.items()))
+        say("   stats: " + " | ".join(f"{n}: {s.running} running, {s.waiting} waiting" for n, s in gated.lanes.items()))
         for name, s in gated.lanes.items():
             behind = sum(r.lane == name for r in rows) - 2
             if (s.running, s.waiting) != (2, behind):
-                self.problems.append(f"gated lane {name!r}: {s.running} running, {s.waiting} waiting; "
-                                     f"expected 2 and {behind}")
+                self.problems.append(
+                    f"gated lane {name!r}: {s.running} running, {s.waiting} waiting; expected 2 and {behind}"
+                )
 
         self.fifos.release(self.fifos.go)
         self.released_at = time.perf_counter()
         asyncio.run(self.wait_all())
         took = max(r.ended_at or 0.0 for r in rows) - self.released_at
-        say(f"3. all {len(rows)} jobs ended {took:.2f}s after the gates opened: "
-            f"{tally(type(r.first).__name__ for r in rows)}")
+        say(
+            f"3. all {len(rows)} jobs ended {took:.2f}s after the gates opened: "
+            f"{tally(type(r.first).__name__ for r in rows)}"
+        )
 
         again = [row for row in rows if row.repush and isinstance(row.first, Completed)]
         for row in again:
             outcome = self.push(row, Cached)
             if isinstance(outcome, Cached) and outcome != Cached(getattr(row.first, "output", None)):
                 self.problems.append(f"{row.key}: Cached {outcome.output!r}, yet it returned {row.first!r}")
-        say(f"4. pushed {len(again)} completed keys again: {tally(r.pushes[-1] for r in again)}"
-            " (nothing ran)")
+        say(f"4. pushed {len(again)} completed keys again: {tally(r.pushes[-1] for r in again)} (nothing ran)")
 
         with open(self.broken, "w", encoding="utf-8") as f:
             f.write(_FIXED_SOURCE)
@@ -130,8 +131,10 @@ class Demo:
                     outcome.handle.result(timeout=self.timeout)
         for row in rows:
             row.final = q.state(row.key)
-        say(f"5. fixed the input, retried {len(retried)} failed keys: "
-            f"{tally(r.pushes[-1] for r in retried)} -> {tally(type(r.final).__name__ for r in retried)}")
+        say(
+            f"5. fixed the input, retried {len(retried)} failed keys: "
+            f"{tally(r.pushes[-1] for r in retried)} -> {tally(type(r.final).__name__ for r in retried)}"
+        )
         self.stats = q.stats()
 
     async def wait_all(self) -> None:
@@ -157,6 +160,7 @@ class Demo:
         heard: asyncio.Future[bytes] = loop.create_future()
         fd = os.open(self.fifos.report, os.O_RDONLY | os.O_NONBLOCK)
         try:
+
             def readable() -> None:
                 if not heard.done():
                     heard.set_result(os.read(fd, 64))
@@ -196,17 +200,20 @@ class Demo:
             kinds = [r.first.failure.kind for r in mine if isinstance(r.first, Failed)]
             ends = [type(r.first) for r in mine] + [type(r.final) for r in mine if r.retry is not None]
             expected = (
-                0, 0, 2,
+                0,
+                0,
+                2,
                 kinds.count("crashed"),
                 kinds.count("crashed") + kinds.count("timeout"),  # each worker death: one restart
                 ends.count(Completed),
                 ends.count(Failed),
             )
-            have = (ls.waiting, ls.running, ls.workers_alive, ls.crashes, ls.worker_restarts,
-                    ls.completed, ls.failed)
+            have = (ls.waiting, ls.running, ls.workers_alive, ls.crashes, ls.worker_restarts, ls.completed, ls.failed)
             if have != expected:
-                self.problems.append(f"stats: lane {name!r} has {have}, expected {expected} (waiting, "
-                                     "running, alive, crashes, restarts, completed, failed)")
+                self.problems.append(
+                    f"stats: lane {name!r} has {have}, expected {expected} (waiting, "
+                    "running, alive, crashes, restarts, completed, failed)"
+                )
 
     def _check_row(self, row: Row) -> Iterable[str]:
         first, expect = row.first, row.expect
@@ -317,13 +324,21 @@ def show(key: str, value: Any) -> str:
 def stats_lines(s: QueueStats) -> list[str]:
     cols = ("lane", "workers", "alive", "waiting", "running", "crashes", "restarts", "completed", "failed")
     rows = [cols] + [
-        (n, ls.workers, ls.workers_alive, ls.waiting, ls.running, ls.crashes, ls.worker_restarts,
-         ls.completed, ls.failed)
+        (
+            n,
+            ls.workers,
+            ls.workers_alive,
+            ls.waiting,
+            ls.running,
+            ls.crashes,
+            ls.worker_restarts,
+            ls.completed,
+            ls.failed,
+        )
         for n, ls in s.lanes.items()
     ]
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(cols))]
-    lines = [f"keys: {s.pending} pending, {s.processing} processing, {s.completed} completed, "
-             f"{s.failed} failed"]
+    lines = [f"keys: {s.pending} pending, {s.processing} processing, {s.completed} completed, {s.failed} failed"]
     for r in rows:
         cells = enumerate(zip(r, widths, strict=False))
         lines.append("  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in cells))
@@ -344,17 +359,29 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Exit status: 0 if every job ended as expected (the expected failures included); "
         "1 if anything did not, with the reasons printed last; 2 for bad options.",
     )
-    p.add_argument("--jobs", type=_at_least_4, default=24, metavar="N",
-                   help="ordinary jobs besides the gates and the failing ones, split between the lanes "
-                        "(default: 24, at least 4)")
-    p.add_argument("--size", type=_positive, default=1.0, metavar="X",
-                   help="scale the CPU jobs' work by X (default: 1.0)")
-    p.add_argument("--start-method", choices=("forkserver", "spawn"),
-                   help="how workers are started (default: procq's, forkserver on Linux)")
-    p.add_argument("--timeout", type=_positive, default=60.0, metavar="SECONDS",
-                   help="give up waiting for the jobs after this long (default: 60)")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="print failures in full, with the child's traceback")
+    p.add_argument(
+        "--jobs",
+        type=_at_least_4,
+        default=24,
+        metavar="N",
+        help="ordinary jobs besides the gates and the failing ones, split between the lanes (default: 24, at least 4)",
+    )
+    p.add_argument(
+        "--size", type=_positive, default=1.0, metavar="X", help="scale the CPU jobs' work by X (default: 1.0)"
+    )
+    p.add_argument(
+        "--start-method",
+        choices=("forkserver", "spawn"),
+        help="how workers are started (default: procq's, forkserver on Linux)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_positive,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up waiting for the jobs after this long (default: 60)",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="print failures in full, with the child's traceback")
     return p
 
 

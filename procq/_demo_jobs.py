@@ -74,8 +74,16 @@ def proof_of_work(seed: str, zeros: int) -> Result:
 
 
 _BRANCHES = (
-    ast.If, ast.IfExp, ast.For, ast.AsyncFor, ast.While, ast.ExceptHandler,
-    ast.BoolOp, ast.comprehension, ast.Assert, ast.match_case,
+    ast.If,
+    ast.IfExp,
+    ast.For,
+    ast.AsyncFor,
+    ast.While,
+    ast.ExceptHandler,
+    ast.BoolOp,
+    ast.comprehension,
+    ast.Assert,
+    ast.match_case,
 )
 
 
@@ -181,7 +189,9 @@ class Expect:
 
     def matches(self, f: Failure) -> bool:
         return (f.kind, self.signal and f.signal, self.exc_type and f.exc_type) == (
-            self.kind, self.signal, self.exc_type,
+            self.kind,
+            self.signal,
+            self.exc_type,
         )
 
     def __str__(self) -> str:
@@ -224,8 +234,11 @@ def plan(jobs: int, size: float, fifos: Fifos, broken: str) -> list[Row]:
     sources = [p for p in (os.path.join(stdlib, m + ".py") for m in _MODULES) if os.path.exists(p)]
     if not sources:
         raise DemoFailed(f"no standard-library sources to parse under {stdlib}")
-    rows = [Row(Job(f"gate:{lane}/{i}", hold, (fifos.go, fifos.started), lane=lane, timeout=300))
-            for lane in LANES for i in (1, 2)]
+    rows = [
+        Row(Job(f"gate:{lane}/{i}", hold, (fifos.go, fifos.started), lane=lane, timeout=300))
+        for lane in LANES
+        for i in (1, 2)
+    ]
     rows += [
         Row(Job("crash:segv", read_null_pointer, lane="cpu"), Expect("crashed", "SIGSEGV"), join_early=True),
         Row(Job("crash:sigkill", kill_self, lane="cpu"), Expect("crashed", "SIGKILL")),

@@ -83,6 +83,7 @@ class WorkerLife(enum.Enum):
         """Has it not said READY yet?"""
         return self is WorkerLife.BOOTING or self is WorkerLife.DOOMED_BOOTING
 
+
 _PENDING = Pending()
 _PROCESSING = Processing()
 

@@ -47,7 +47,7 @@ class JobHandle(Generic[T]):
 
     def done(self) -> bool:
         """True once the job has ended, in any way."""
-        return self._entry.outcome is not None
+        return self._core.settled(self._entry)
 
     def result(self, *, timeout: float | None = None) -> T:
         """The job's output, waiting for it up to ``timeout`` seconds.
@@ -56,7 +56,7 @@ class JobHandle(Generic[T]):
         not ended within ``timeout`` (the job keeps running).
         """
         entry = self._entry
-        if entry.outcome is None:
+        if not self._core.settled(entry):
             if self._owner is not None:
                 self._owner._here()  # a forked child's copy: no thread there would ever end the job
             timeout = check_wait(timeout)
@@ -68,7 +68,7 @@ class JobHandle(Generic[T]):
 
     def __await__(self) -> Generator[Any, None, T]:
         entry = self._entry
-        if entry.outcome is None:
+        if not self._core.settled(entry):
             if self._owner is not None:
                 self._owner._here()
             loop = asyncio.get_running_loop()

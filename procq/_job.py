@@ -140,14 +140,10 @@ class Job(Generic[T]):
         if not callable(fn):
             raise TypeError(f"job {key!r}: fn must be callable, got {type(fn).__name__}: {fn!r}")
         if isinstance(args, (str, bytes)) or not isinstance(args, (tuple, list)):
-            raise TypeError(
-                f"job {key!r}: args must be a tuple or list, got {type(args).__name__}"
-            )
+            raise TypeError(f"job {key!r}: args must be a tuple or list, got {type(args).__name__}")
         if kwargs is not None:
             if not isinstance(kwargs, Mapping):
-                raise TypeError(
-                    f"job {key!r}: kwargs must be a mapping or None, got {type(kwargs).__name__}"
-                )
+                raise TypeError(f"job {key!r}: kwargs must be a mapping or None, got {type(kwargs).__name__}")
             bad = [k for k in kwargs if not isinstance(k, str)]
             if bad:
                 raise TypeError(f"job {key!r}: kwargs keys must be str, got {bad[0]!r}")

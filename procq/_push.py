@@ -305,9 +305,7 @@ class ForeignPusher(Pusher):
         super().__init__(core)
         self._owner_pid = owner_pid
 
-    def push(
-        self, job: Job[Any], timeout: float | None, wake: bool, room: MakeRoom[R], owner: ProcQueue
-    ) -> NoReturn:
+    def push(self, job: Job[Any], timeout: float | None, wake: bool, room: MakeRoom[R], owner: ProcQueue) -> NoReturn:
         raise WrongProcess(self._owner_pid, os.getpid())
 
     def claim_all(self, jobs: Iterable[Job[Any]], wake: bool, owner: ProcQueue) -> NoReturn:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from procq._config import check_policies, parse_lanes, worker_context
 from procq._core import Core
-from procq._errors import WrongProcess
+from procq._errors import ProcQueueError, QueueClosed, WrongProcess
 from procq._handle import JobHandle
 from procq._job import Job, Lane, Retention, Reuse, check_wait
 from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
@@ -43,6 +43,7 @@ from procq._values import Cached, Completed, Failed, Pending, Processing, PushOu
 
 if TYPE_CHECKING:
     from procq._store_core import StoreCore
+    from procq._store_tx import StoreTransaction
 
 __all__ = ["ProcQueue"]
 
@@ -167,6 +168,31 @@ class ProcQueue:
         if room is not None:
             await room.wait()
         return outcome
+
+    def transaction(self) -> StoreTransaction:
+        """A transaction on the queue's store, for the caller's own statements
+        and for pushes that start only if it commits::
+
+            with q.transaction() as tx:
+                tx.execute("INSERT INTO batches (name) VALUES (?)", ("b1",))
+                tx.push(Job("b1/load", load))
+
+        Inside the block ``tx.execute(sql, params)`` runs a statement and
+        ``tx.push`` / ``tx.push_all`` push as usual (answered at once); fresh
+        jobs enter their lanes once the transaction commits at the block's end.
+        An exception rolls it back: nothing it wrote remains, and its fresh
+        jobs' handles end ``cancelled``. While it is open, this queue's other
+        pushes and outcome writes wait for it. Needs a store (``ProcQueueError``
+        without one).
+        """
+        self._here()
+        if self._store is None:
+            raise ProcQueueError("transaction() needs a queue opened with a store: ProcQueue(..., store=...)")
+        if self._life is not _Life.OPEN:
+            raise QueueClosed("the queue is closed: it takes no transaction")
+        from procq._store_tx import StoreTransaction
+
+        return StoreTransaction(self, self._store)
 
     def push_all(self, jobs: Iterable[Job[Any]], *, wake: bool = False) -> list[PushOutcome]:
         """Push many jobs: one outcome per job, in the order given.
@@ -495,3 +521,6 @@ def _close_now(core: Core, supervisor: Supervisor) -> None:
     supervisor.cancel_all()
     core.drained.wait()
     supervisor.stop()
+    close_store = getattr(core, "close_store", None)  # a store's queue: its last writes, its lease
+    if close_store is not None:
+        close_store()

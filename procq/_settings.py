@@ -188,8 +188,7 @@ def check_descriptors(lanes: Mapping[str, Lane]) -> None:
         return
     fits = max(0, (soft - used - FDS_RESERVED) // FDS_PER_WORKER)
     how = (
-        f"raise it (up to the hard limit, {hard}) with `ulimit -n` or "
-        f"resource.setrlimit(resource.RLIMIT_NOFILE, ...)"
+        f"raise it (up to the hard limit, {hard}) with `ulimit -n` or resource.setrlimit(resource.RLIMIT_NOFILE, ...)"
         if hard == resource.RLIM_INFINITY or hard > soft
         else "raise the hard limit as root (limits.conf, systemd's LimitNOFILE)"
     )
@@ -197,4 +196,3 @@ def check_descriptors(lanes: Mapping[str, Lane]) -> None:
         f"the lanes' {total} workers need about {needed} file descriptors in this process, and with {used} "
         f"open it may have {soft} (RLIMIT_NOFILE): at most {fits} workers fit; {how}, or use fewer workers"
     )
-

@@ -17,17 +17,18 @@ even by SIGKILL), its live rows are *interrupted*: whoever meets one next (a
 push, a joiner's poll, ``q.state``) rewrites it as failed, kind
 ``"interrupted"``, guarded by its ``run``, so it is rewritten once.
 
-How a claim is decided (``decide``, inside one write transaction that holds
-the key: SQLite's write lock, or PostgreSQL's transaction-scoped advisory lock
-on the key): no row, or a failed one (``reuse`` allowing), or a done one with
+How a claim is decided (``Conn.claim``, then ``judge``, inside a write
+transaction that holds the key: SQLite's write lock, or PostgreSQL's
+transaction-scoped advisory lock on the key): no row: the caller's live row is
+inserted at once; a failed row (``reuse`` allowing) or a done one with
 ``reuse="always"``: the caller's row replaces it (``CLAIMED``, with what it
 replaced, to restore if the claim is abandoned); a done row: ``CACHED``; a live
-row of a live holder: ``REMOTE`` (or ``MINE``, this queue's own); a failed row
-under ``reuse="never"``: ``FAILED``.
+row of a live holder: ``REMOTE``; a failed row under ``reuse="never"``:
+``FAILED``.
 
 The backends (``_store_sqlite``, ``_store_postgres``) supply connections
 (``Conn``) with a handful of statements; everything else is here and in
-``_store_core``.
+``_store_core``, ``_store_commit`` and ``_store_remote``.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
@@ -57,11 +57,11 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
-    "Tx",
-    "decide",
+    "Taken",
     "decode_outcome",
     "encode_outcome",
     "interrupted",
+    "judge",
     "open_store",
     "stable_fingerprint",
 ]
@@ -106,35 +106,65 @@ COLUMNS = "key, state, run, holder, fp, output, encoding, failure, attempts, not
 
 
 class Found(str, enum.Enum):
-    """What ``decide`` found for a key."""
+    """What ``judge`` found for a key."""
 
-    CLAIMED = "claimed"  # the caller's live row is written; Decision.row: what it replaced (or None)
-    MINE = "mine"  # live, held by the caller's own queue
+    CLAIMED = "claimed"  # the caller may claim it (over the row judged, if any)
     REMOTE = "remote"  # live, held by another queue whose lease holds
-    CACHED = "cached"  # done: Decision.row has its output
+    CACHED = "cached"  # done: its row has the output
     FAILED = "failed"  # failed, and reuse="never"
 
 
-class Tx(Protocol):
-    """The statements a claim needs, inside one transaction that holds the key."""
+class Taken(enum.Enum):
+    """How ``Conn.claim`` went, when it did not return the key's row."""
 
-    def get(self, key: str) -> Row | None: ...
-    def holder_alive(self, holder: str) -> bool: ...
-    def put(self, row: Row) -> None: ...
-    def settle(self, key: str, run: str, state: str, output: bytes | None, encoding: str | None,
-               failure: str | None, attempts: int) -> bool: ...  # fmt: skip
-    def delete(self, key: str, run: str | None) -> bool: ...
+    INSERTED = "inserted"  # there was no row: the caller's live row is written
+    BUSY = "busy"  # another transaction holds the key (only when told not to wait)
 
 
 class Conn(Protocol):
-    """One connection; used by one thread at a time."""
+    """One connection to a store; used by one thread at a time (its queue's
+    ``StoreCore.db_lock``). Writes happen inside ``begin`` ... ``commit``;
+    a claim's statements need the key held, which the transaction does
+    (SQLite: its write lock holds the whole file; PostgreSQL: the key's
+    transaction-scoped advisory lock, taken by ``claim`` and ``lock_all``)."""
 
-    def write(self, keys: list[str]) -> AbstractContextManager[Tx]:
-        """A write transaction holding ``keys`` (committed on a clean exit)."""
+    in_tx: bool
 
-    def read(self, key: str) -> Row | None:
-        """The key's row as committed (no lock taken)."""
+    def begin(self) -> None: ...
+    def commit(self) -> None: ...
+    def rollback(self) -> None:
+        """Roll back, and never raise (a broken connection is rolled back by its end)."""
 
+    def claim(self, row: Row, wait: bool) -> Taken | tuple[Row, bool]:
+        """Hold ``row.key`` and insert ``row`` if the key has no row
+        (``INSERTED``); else return the key's row and whether its holder's
+        lease holds. ``BUSY``: another transaction holds the key and
+        ``wait`` was false."""
+
+    def lock_all(self, keys: list[str]) -> None:
+        """Hold every key of a batch, in sorted order (waiting for them)."""
+
+    def put(self, row: Row) -> None:
+        """Write ``row`` over the key's row (the key is held)."""
+
+    def settle(self, rows: list[Row]) -> None:
+        """Write ended rows, each only over its own live claim (``run``) or
+        where the key has no row; a row claimed again since is left alone."""
+
+    def delete(self, key: str, run: str | None) -> bool:
+        """Delete the key's row: its claim ``run``'s, or (None) an ended one."""
+
+    def restore(self, key: str, run: str, prev: Row) -> None:
+        """Put ``prev`` back where claim ``run`` replaced it (if that claim is still the row)."""
+
+    def move_not_before(self, key: str, run: str, not_before: float) -> bool:
+        """Move a live row's ``not_before`` earlier (and tell its holder)."""
+
+    def scheduled(self, holder: str) -> dict[str, float]:
+        """The not_before of every live row ``holder`` holds that has one."""
+
+    def read(self, key: str) -> Row | None: ...
+    def rows(self, keys: list[str]) -> dict[str, Row]: ...
     def scan(self, prefix: str | None) -> list[Row]: ...
     def dead_holders(self) -> set[str]:
         """Holders of live rows whose lease has expired (or that have none)."""
@@ -147,9 +177,12 @@ class Conn(Protocol):
         """Delete rows past their retention, a bounded batch per statement; returns how many."""
 
     def release(self, holder: str) -> None: ...
-    def rows(self, keys: list[str]) -> dict[str, Row]: ...
-    def wait(self, timeout: float) -> None:
-        """Sleep up to ``timeout``, or until a row may have ended (PostgreSQL's NOTIFY)."""
+    def wait(self, timeout: float) -> set[str]:
+        """Sleep up to ``timeout``, or until a row may have changed (PostgreSQL's
+        NOTIFY): the channels that told."""
+
+    def raw(self) -> Any:
+        """The DB-API connection underneath, for a caller's own statements."""
 
     def close(self) -> None: ...
 
@@ -162,6 +195,8 @@ class Store:
     cannot say."""
 
     url: str
+    #: Read a key's row before claiming it (a done key then costs no write).
+    read_first = True
 
     def __init__(self, lease: float = 10.0, poll: float = 0.01) -> None:
         if not lease > 0 or not poll > 0:
@@ -225,37 +260,27 @@ def holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
-def decide(
-    tx: Tx,
-    key: str,
-    reuse: str,
-    holder: str,
-    make: Callable[[Row | None], Row],
-    mine_live: bool,
-    expired: Callable[[Row], bool],
-) -> tuple[Found, Row | None]:
-    """Claim ``key`` for ``holder`` unless its row answers the push (see the
-    module docstring). ``make(prev)`` builds the caller's live row;
-    ``mine_live``: the caller's queue holds the key live in memory;
-    ``expired(row)``: an ended row's retention is over (it counts as absent)."""
-    row = tx.get(key)
+def judge(
+    row: Row | None, alive: bool, reuse: str, holder: str, expired: Callable[[Row], bool]
+) -> tuple[Found, Row | None, Row | None]:
+    """What a push finds in ``row``, the key's row read while the key is held:
+    ``(found, row, interrupted)``. ``alive``: the row's holder's lease holds;
+    ``expired(row)``: an ended row's retention is over (it counts as absent).
+    A live row whose holder is gone (or is the caller's queue, which holds the
+    key no more) ends as ``interrupted`` first: the caller writes that row,
+    and the push goes on from it."""
     if row is not None and row.state != "live" and expired(row):
         row = None
+    ended = None
     if row is not None and row.state == "live":
-        if row.holder == holder:
-            if mine_live:
-                return Found.MINE, row
-        elif tx.holder_alive(row.holder or ""):
-            return Found.REMOTE, row
-        else:
-            row = interrupted(row)
-            tx.settle(key, row.run, row.state, None, None, row.failure, row.attempts)
+        if row.holder != holder and alive:
+            return Found.REMOTE, row, None
+        row = ended = interrupted(row)
     if row is not None and row.state == "done" and reuse != "always":
-        return Found.CACHED, row
+        return Found.CACHED, row, ended
     if row is not None and row.state == "failed" and reuse == "never":
-        return Found.FAILED, row
-    tx.put(make(row))
-    return Found.CLAIMED, row
+        return Found.FAILED, row, ended
+    return Found.CLAIMED, row, ended
 
 
 def interrupted(row: Row) -> Row:

@@ -4,32 +4,31 @@ claims go through the store's database and whose ended keys live there.
 Where the in-memory core keeps ended keys in ``MemoryRecords``, this one keeps
 them as rows (``_store``). Live keys stay ``Entry`` objects in the state map
 as always, and a live row (``holder`` = this queue) stands for each of them,
-so other queues join them. Consistency between the two rests on one rule:
-**every statement this queue runs on its database connection runs under
-``Core.lock``** (the claim's transaction, and the outcome writes):
+so other queues join them.
 
-- a claim (``claim``, ``claim_all``) looks at the live map, then decides on
-  the key's row in one write transaction (``_store.decide``), then claims in
-  the state map, all in one critical section: no other thread of this queue
-  can see the row and the map disagree;
-- ``StoreRecords`` (the ``KeyRecords`` of this core) turns the state map's
-  record operations into row writes: an outcome (``record``), a claim given
-  back (``give_back``: the row it replaced is put back). They are batched:
-  queued while the lock is held and committed in one transaction when the
-  lock is released (``StoreLock``), **before** the wake-ups of the jobs they
-  settle run (every core method runs its wake-ups after the lock). So no
-  waiter is told of an outcome that is not yet durable, and a worker's batch
-  of reports is one commit. A write the store refuses (it is gone) is kept
-  and retried by the watcher (``_store_remote``).
+Locks: ``db_lock`` (re-entrant) serialises the queue's one database
+connection, and is taken *before* ``Core.lock``, never while holding it; no
+statement runs under ``Core.lock``. A push:
 
-Holding the lock over a database statement is a deliberate exception to the
-core's rule of no I/O under its lock: the connection is this queue's one
-connection, and the lock is what serialises its use. A push that finds the
-database gone raises ``StoreUnavailable`` and changes nothing.
+1. under ``Core.lock``: a key live in this queue is joined at once;
+2. under ``db_lock``: the key's row is claimed (``Conn.claim``, judged by
+   ``_store.judge``) inside the group transaction (``_store_commit``);
+3. under ``Core.lock`` again: a fresh claim enters the state map.
+
+No other thread of this queue can claim the key between 1 and 3 (claims take
+``db_lock``), and a key with an outcome not yet committed is committed first
+(``_settle_keys``), so the row read in 2 is never behind the state map.
+
+Outcomes and given-back claims are written by ``StoreRecords`` (the state
+map's ``KeyRecords``) as queued writes, which the ``Committer`` thread commits
+before it delivers the wake-ups they released (``deliver``). A push that finds
+the database gone raises ``StoreUnavailable`` and changes nothing; the writes
+of jobs already running wait for the store to come back.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -37,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from procq._core import Core
-from procq._entries import ABANDONED, Ended, Entry, LaneState
+from procq._entries import ABANDONED, Ended, Entry, LaneState, Wakeup, run_wakeups
 from procq._job import Job, Lane, Retention
 from procq._statemap import CACHED, FAILED, INFLIGHT, Claim, conflict, new_claim
 from procq._store import (
@@ -46,20 +45,23 @@ from procq._store import (
     Row,
     Store,
     StoreUnavailable,
-    Tx,
-    decide,
+    Taken,
     holder_id,
     interrupted,
+    judge,
     open_store,
     stable_fingerprint,
 )
-from procq._store_records import Held, Op, StoreLock, StoreRecords, as_record
+from procq._store_commit import Commits, Committer
+from procq._store_records import Held, StoreRecords, as_record
 from procq._store_remote import RemoteEntry, Watcher
 from procq._values import State
 
 __all__ = ["StoreCore"]
 
 log = logging.getLogger("procq.store")
+
+Item = tuple[Job[Any], LaneState, bytes | None, float | None]
 
 
 class StoreCore(Core):
@@ -76,133 +78,212 @@ class StoreCore(Core):
     ) -> None:
         self.store: Store = open_store(store)
         self.holder = holder_id()
-        self.conn = self.store.connect()
+        self.conn: Conn = self.store.connect()
+        self.db_lock = threading.RLock()
+        self.commits = Commits()
+        self.group_since: float | None = None  # when the open group transaction began (monotonic)
+        self.in_user_tx = False  # a ``q.transaction()`` has the connection (under db_lock)
+        self.scheduled: set[str] = set()  # keys claimed with a not_before, for the watcher's wakes
+        self.retention = retention or Retention()
+        self.records_ = StoreRecords(self)
+        self._runs = itertools.count(1)
         try:
             self.conn.renew(self.holder, self.store.lease)
+            super().__init__(lanes, retention, reuse, check_payload, strict_payload, records=self.records_)
             self.watcher = Watcher(self)
+            self.committer = Committer(self)
         except BaseException:
             self.conn.close()
             raise
-        self.retention = retention or Retention()
-        self.records_ = StoreRecords(self)
-        self._runs = 0
-        self._tx: Tx | None = None  # the write transaction open under the lock, if any
-        self._refused: list[tuple[str, Op]] = []  # writes the store refused, to retry
-        super().__init__(lanes, retention, reuse, check_payload, strict_payload, records=self.records_)
-        self._lock = StoreLock(self._flush)
-        self.lock = self._lock  # type: ignore[assignment]
         self.watcher.start()
+        self.committer.start()
 
-    # --- writes ---------------------------------------------------------------------
+    # --- durability: writes, commits, wake-ups ------------------------------------------
 
-    def write(self, key: str, op: Op) -> None:
-        """Queue a row write (under the lock); it commits when the lock is released."""
-        if self._tx is not None:
-            op(self._tx)
-        else:
-            self._lock.pending.append((key, op))
+    def deliver(self, wakeups: list[Wakeup]) -> None:
+        """Wake-ups wait for the writes made before them (see ``_store_commit``),
+        except once the queue is cancelling: then nothing waits for the store."""
+        if wakeups and (self.keys.cancelled or not self.commits.hold(wakeups)):
+            run_wakeups(wakeups)
 
-    def _flush(self) -> None:
-        """Commit the queued writes, and any the store refused before (under the lock)."""
-        pending = self._lock.pending
-        ops = self._refused + pending
-        pending.clear()
-        self._refused = []
-        if not ops:
-            return
-        try:
-            with self.conn.write(sorted({k for k, _ in ops})) as tx:
-                for _, op in ops:
-                    op(tx)
-        except StoreUnavailable as exc:
-            log.warning("procq store %s: %d outcome writes wait for it: %s", self.store.url, len(ops), exc)
-            self._refused = ops
+    def deliver_now(self, wakeups: list[Wakeup]) -> None:
+        run_wakeups(wakeups)
 
-    def flush_refused(self) -> None:
-        """Retry the writes the store refused (the watcher calls it)."""
-        with self.lock:
-            if self._refused:
-                self._flush()
+    def commit(self) -> list[Wakeup]:
+        """Run the queued writes and commit them with the group transaction;
+        returns the wake-ups released, for the caller to deliver (``deliver_now``)."""
+        with self.db_lock:
+            if self.in_user_tx:
+                return []  # the caller's transaction commits when it ends
+            conn = self.conn
+            taken = self.commits.take()
+            if not taken and not conn.in_tx:
+                return self.commits.done([])
+            try:
+                if taken:
+                    if not conn.in_tx:
+                        conn.begin()
+                    for _, _, write in taken:
+                        write(conn)
+                conn.commit()
+            except StoreUnavailable as exc:
+                conn.rollback()
+                self.group_since = None
+                if self.commits.refused_since is None:
+                    log.warning("procq store %s: %d writes wait for it: %s", self.store.url, len(taken), exc)
+                self.commits.refused_since = time.monotonic()
+                return []
+            except Exception:
+                # Not the store's doing: a write that cannot be made. Its
+                # waiters are told anyway rather than left waiting forever.
+                conn.rollback()
+                self.group_since = None
+                log.exception("procq store %s: %d writes could not be made", self.store.url, len(taken))
+            self.group_since = None
+            return self.commits.done(taken)
 
-    # --- claiming ---------------------------------------------------------------------
+    def _begin(self) -> None:
+        """Open the group transaction if none is (under db_lock)."""
+        if not self.conn.in_tx:
+            self.conn.begin()
+            self.group_since = time.monotonic()
+            self.committer.notice()
+
+    def _settle_keys(self, keys: list[str]) -> list[Wakeup]:
+        """Make the uncommitted writes of ``keys`` visible to this connection
+        (under db_lock): committed, or inside the caller's transaction, where
+        they stay queued too (a write done twice changes nothing)."""
+        counts = self.commits.keys
+        if not any(counts.get(k) for k in keys):
+            return []
+        if self.in_user_tx:
+            for key in keys:
+                for write in self.commits.for_key(key):
+                    write(self.conn)
+            return []
+        wakeups = self.commit()
+        if any(counts.get(k) for k in keys):
+            raise StoreUnavailable(
+                f"the store {self.store.url} cannot be written now: earlier outcomes of these keys wait for it"
+            )
+        return wakeups
+
+    def _lost(self) -> None:
+        """The store failed under a claim (db_lock held): drop the group transaction."""
+        self.conn.rollback()
+        self.group_since = None
+
+    # --- claiming -----------------------------------------------------------------------
 
     def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None = None, due: float | None = None) -> Claim:
-        key = job.key
-        reuse = job.reuse or self.keys.reuse
-        with self.lock:
-            now = self.clock()
-            if self.keys.closing or key in self.keys.live:
-                return self.keys.claim(job, lane, fp, due, now)  # QueueClosed, or joins the live entry
-            row = self.conn.read(key)
-            if row is not None and row.state == "done" and reuse != "always" and not self.row_expired(row):
-                return new_claim(Claim, (CACHED, row.outcome().output, self._conflict(row, job)))  # type: ignore[union-attr]
-            with self.conn.write([key]) as tx:
-                self._tx = tx
-                try:
-                    return self._claim(tx, job, lane, fp, due, now)
-                finally:
-                    self._tx = None
+        claims, _ = self.claim_all([(job, lane, fp, due)])
+        return claims[0]
 
-    def claim_all(
-        self, items: list[tuple[Job[Any], LaneState, bytes | None, float | None]]
-    ) -> tuple[list[Claim], int | None]:
-        """As ``Core.claim_all``, in one transaction of the store."""
+    def claim_all(self, items: list[Item]) -> tuple[list[Claim], int | None]:
+        """As ``Core.claim_all``, through the store: one transaction holds
+        every key of the batch until it commits."""
         claims: list[Claim] = []
         fresh: list[Entry] = []
         conflict_at: int | None = None
-        with self.lock:
-            now = self.clock()
-            with self.conn.write(sorted({job.key for job, _, _, _ in items})) as tx:
-                self._tx = tx
-                try:
-                    for i, (job, lane, fp, due) in enumerate(items):
-                        if self.keys.closing or job.key in self.keys.live:
-                            claim = self.keys.claim(job, lane, fp, due, now)
-                        else:
-                            claim = self._claim(tx, job, lane, fp, due, now)
-                        if claim.conflict is not None and conflict_at is None:
-                            conflict_at = i
-                            if self.strict_payload:
-                                for entry in reversed(fresh):
-                                    self.keys.abandon(entry, "its batch was refused", now)
-                                    self.records_.abandoned(entry)
-                                claims.append(claim)
-                                return claims, conflict_at
-                        if claim.kind == "queued":
-                            fresh.append(claim.value)
-                        claims.append(claim)
-                finally:
-                    self._tx = None
+        wakeups: list[Wakeup] = []
+        keys = [job.key for job, _, _, _ in items]
+        with self.db_lock:
+            try:
+                wakeups += self._settle_keys(keys)
+                if len(items) > 1:
+                    if not self.in_user_tx and not self.store.read_first:
+                        wakeups += self.commit()  # hold no key of ours while waiting for the batch's
+                    self._begin()
+                    self.conn.lock_all(keys)
+                for i, (job, lane, fp, due) in enumerate(items):
+                    with self.lock:
+                        local = self.keys.closing or job.key in self.keys.live
+                        if local:
+                            claim = self.keys.claim(job, lane, fp, due, self.clock())
+                    if not local:
+                        claim, more = self._claim(job, lane, fp, due)
+                        wakeups += more
+                    if claim.conflict is not None and conflict_at is None:
+                        conflict_at = i
+                        if self.strict_payload:
+                            self.abandon_all(fresh, "its batch was refused")
+                            claims.append(claim)
+                            break
+                    if claim.kind == "queued":
+                        fresh.append(claim.value)
+                    claims.append(claim)
+            except StoreUnavailable:
+                if not self.in_user_tx:
+                    self._lost()
+                self.abandon_all(fresh, "the store could not be reached")
+                raise
+        self.deliver_now(wakeups)
         return claims, conflict_at
 
-    def _claim(self, tx: Tx, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, now: float) -> Claim:
+    def _claim(self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None) -> tuple[Claim, list[Wakeup]]:
+        """Claim a key this queue does not hold (db_lock held): its row decides."""
         key = job.key
-        self._runs += 1
-        run = f"{self.holder}/{self._runs}"
+        reuse = job.reuse or self.keys.reuse
+        conn = self.conn
+        wakeups: list[Wakeup] = []
+        if self.store.read_first:  # a done key answers from a read, with no write lock taken
+            row = conn.read(key)
+            if row is not None and row.state == "done" and reuse != "always" and not self.row_expired(row):
+                return self._cached(row, job), wakeups
+        self._begin()
+        run = f"{self.holder}/{next(self._runs)}"
         wall = time.time()
-        not_before = None if due is None else wall + max(0.0, due - now)
-
+        not_before = None if due is None else wall + max(0.0, due - time.monotonic())
         sfp = stable_fingerprint(job) if self.check_payload else None
-
-        def make(prev: Row | None) -> Row:
-            return Row(key, "live", run, self.holder, sfp, None, None, None, 1, not_before, wall, None)
-
-        found, row = decide(tx, key, job.reuse or self.keys.reuse, self.holder, make, False, self.row_expired)
+        live = Row(key, "live", run, self.holder, sfp, None, None, None, 1, not_before, wall, None)
+        taken = conn.claim(live, self.in_user_tx)
+        if taken is Taken.BUSY:  # another transaction holds it: let ours go first, then wait
+            wakeups += self.commit()
+            self._begin()
+            taken = conn.claim(live, True)
+        if taken is Taken.INSERTED:
+            found, row = Found.CLAIMED, None
+        else:
+            assert type(taken) is tuple
+            found, row, ended = judge(taken[0], taken[1], reuse, self.holder, self.row_expired)
+            if ended is not None:
+                conn.settle([ended])
+            if found is Found.CLAIMED:
+                conn.put(live)
         if found is Found.CACHED:
             assert row is not None
-            return new_claim(Claim, (CACHED, row.outcome().output, self._conflict(row, job)))  # type: ignore[union-attr]
+            return self._cached(row, job), wakeups
         if found is Found.FAILED:
             assert row is not None
-            return new_claim(Claim, (FAILED, row.outcome().failure, self._conflict(row, job)))  # type: ignore[union-attr]
+            failure = row.outcome().failure  # type: ignore[union-attr]
+            return new_claim(Claim, (FAILED, failure, self._conflict(row, job))), wakeups
         if found is Found.REMOTE:
             assert row is not None
-            return new_claim(Claim, (INFLIGHT, RemoteEntry(key, row.run, row.holder), self._conflict(row, job)))
-        held = Held(run, row, lane.spec.trusted)
-        self.records_.held[key] = held
-        self.records_.found = as_record(row)
-        claim = self.keys.claim(job, lane, fp, due, now)
-        held.entry = claim.value
-        return claim
+            remote = RemoteEntry(key, row.run, row.holder)
+            return new_claim(Claim, (INFLIGHT, remote, self._conflict(row, job))), wakeups
+        held = Held(live, row, lane.spec.trusted)
+        with self.lock:
+            self.records_.held[key] = held
+            self.records_.found = as_record(row)
+            try:
+                claim = self.keys.claim(job, lane, fp, due, self.clock())
+            finally:
+                self.records_.found = None
+            if claim.kind == "queued":
+                held.entry = claim.value
+                if due is not None:
+                    self.scheduled.add(key)
+                return claim, wakeups
+            del self.records_.held[key]
+        # (The queue began closing since step 1: the row goes back as it was.)
+        if row is None:
+            conn.delete(key, run)
+        else:
+            conn.put(row)
+        return claim, wakeups
+
+    def _cached(self, row: Row, job: Job[Any]) -> Claim:
+        return new_claim(Claim, (CACHED, row.outcome().output, self._conflict(row, job)))  # type: ignore[union-attr]
 
     def _conflict(self, row: Row, job: Job[Any]) -> tuple[str, Any] | None:
         if not self.check_payload or row.fp is None:
@@ -224,6 +305,7 @@ class StoreCore(Core):
         doomed = super().cancel_all(why)
         with self.lock:
             self._forget_abandoned_locked([h.entry for h in self.records_.held.values() if h.entry is not None])
+        self.deliver_now(self.commits.release_all())  # a cancelled queue waits for no store
         return doomed
 
     def _forget_abandoned(self, entries: list[Entry]) -> None:
@@ -235,21 +317,70 @@ class StoreCore(Core):
             if entry.status is ABANDONED:
                 self.records_.abandoned(entry)
 
+    def rolled_back(self, entries: list[Entry], why: str) -> None:
+        """Claims of a transaction that rolled back: their rows went with it,
+        so nothing is written back; their handles end ``cancelled``."""
+        with self.lock:
+            for entry in entries:
+                held = self.records_.held.get(entry.key)
+                if held is not None and held.entry is entry:
+                    del self.records_.held[entry.key]
+        super().abandon_all(entries, why)
+
+    # --- waking a held key --------------------------------------------------------------
+
     def wake(self, entry: Any, target: float) -> Any:
-        if type(entry) is RemoteEntry:
-            return None  # the holder's queue alone moves its timers
-        return super().wake(entry, target)
+        if type(entry) is not RemoteEntry:
+            return super().wake(entry, target)
+        # Another queue holds it: move its row's not_before; that queue's
+        # watcher moves its timer (never a retry's backoff: see Core.wake).
+        not_before = time.time() + max(0.0, target - time.monotonic())
+        with self.db_lock:
+            try:
+                self._begin()
+                self.conn.move_not_before(entry.key, entry.run, not_before)
+                wakeups = self.commit()
+            except StoreUnavailable:
+                if not self.in_user_tx:
+                    self._lost()
+                raise
+        self.deliver_now(wakeups)
+        return None
+
+    def wake_scheduled(self, rows: dict[str, float]) -> None:
+        """The watcher read the not_before of this queue's scheduled rows:
+        move earlier the timers that another queue's ``wake`` moved."""
+        offset = time.monotonic() - time.time()
+        for key, not_before in rows.items():
+            with self.lock:
+                entry = self.keys.live.get(key)
+            if entry is None or entry.due is None:
+                continue
+            target = not_before + offset
+            if target < entry.due - 0.001:  # (the two clocks' conversion is not exact)
+                worker = super().wake(entry, target)
+                if worker is not None:
+                    worker.channel.send_job(self, worker, entry)
 
     # --- waiting on another queue's key ------------------------------------------------
+
+    def settled(self, entry: Any) -> bool:
+        # An outcome is given out once its row is committed (see _store_commit).
+        return entry.outcome is not None and (type(entry) is RemoteEntry or not self.commits.keys.get(entry.key))
 
     def wait_event(self, entry: Any) -> threading.Event | None:
         if type(entry) is RemoteEntry:
             self._watch(entry)
+        elif entry.outcome is not None and not self.settled(entry):
+            event = threading.Event()  # ended, not yet durable: set after the commit
+            return event if self.commits.hold([event.set]) else None
         return super().wait_event(entry)
 
     def add_callback(self, entry: Any, callback: Callable[[], None]) -> bool:
         if type(entry) is RemoteEntry:
             self._watch(entry)
+        elif entry.outcome is not None and not self.settled(entry):
+            return self.commits.hold([callback])
         return super().add_callback(entry, callback)
 
     def _watch(self, entry: RemoteEntry) -> None:
@@ -258,7 +389,7 @@ class StoreCore(Core):
         if entry.outcome is not None:
             return
         self.watcher.watch(entry)
-        with self.lock:
+        with self.db_lock:
             row = self.conn.read(entry.key)
         if row is not None and row.state != "live":
             self.watcher.resolve(entry, row.outcome())
@@ -274,14 +405,17 @@ class StoreCore(Core):
 
     def sweep_rows(self, conn: Conn | None = None) -> int:
         """Delete the rows past the retention, on ``conn`` (the watcher's, every
-        third of a lease) or on the queue's own, under the lock."""
+        third of a lease) or on the queue's own; returns how many."""
         r = self.retention
         if r.ttl is None and r.failed_ttl is None and r.max_completed is None:
             return 0
         if conn is not None:
             return conn.purge(r.ttl, r.failed_ttl, r.max_completed)
-        with self.lock:
-            return self.conn.purge(r.ttl, r.failed_ttl, r.max_completed)
+        with self.db_lock:
+            wakeups = self.commit()  # (the purge commits batches of its own)
+            deleted = self.conn.purge(r.ttl, r.failed_ttl, r.max_completed)
+        self.deliver_now(wakeups)
+        return deleted
 
     def _row_state(self, row: Row, dead: set[str]) -> State | RemoteEntry | None:
         if row.state != "live":
@@ -292,27 +426,37 @@ class StoreCore(Core):
             return interrupted(row).outcome()
         return RemoteEntry(row.key, row.run, row.holder)
 
+    def _read(self, read: Callable[[], Any], keys: list[str] | None) -> Any:
+        """``read()`` under db_lock, after committing the outcomes it could miss."""
+        with self.db_lock:
+            wakeups = self._settle_keys(keys if keys is not None else list(self.commits.keys))
+            found = read()
+        self.deliver_now(wakeups)
+        return found
+
     def state(self, key: str) -> State | None:
         with self.lock:
             entry = self.keys.live.get(key)
             if entry is not None:
                 return entry.state()
-            row = self.conn.read(key)
-            if row is None:
-                return None
-            found = self._row_state(row, self.conn.dead_holders() if row.state == "live" else set())
-            return found.state() if type(found) is RemoteEntry else found  # type: ignore[return-value]
+        row = self._read(lambda: self.conn.read(key), [key])
+        if row is None:
+            return None
+        dead = self._read(self.conn.dead_holders, []) if row.state == "live" else set()
+        found = self._row_state(row, dead)
+        return found.state() if type(found) is RemoteEntry else found  # type: ignore[return-value]
 
     def snapshot(self, prefix: str | None, kinds: tuple[type, ...] | None) -> list[Any]:
+        rows = self._read(lambda: self.conn.scan(prefix), None)
+        dead = self._read(self.conn.dead_holders, []) if any(r.state == "live" for r in rows) else set()
         with self.lock:
-            live = self.keys.live
-            found: list[Any] = [e for k, e in live.items() if prefix is None or k.startswith(prefix)]
-            rows = [r for r in self.conn.scan(prefix) if r.key not in live]
-            dead = self.conn.dead_holders() if any(r.state == "live" for r in rows) else set()
-            for row in rows:
-                got = self._row_state(row, dead)
-                if got is None:
-                    continue
+            live = dict(self.keys.live)
+        found: list[Any] = [e for k, e in live.items() if prefix is None or k.startswith(prefix)]
+        for row in rows:
+            if row.key in live:
+                continue
+            got = self._row_state(row, dead)
+            if got is not None:
                 found.append(got if type(got) is RemoteEntry else Ended(row.key, got))  # type: ignore[arg-type]
         if kinds is not None:
             found = [e for e in found if type(e.state()) in kinds]
@@ -320,32 +464,49 @@ class StoreCore(Core):
         return found
 
     def forget(self, key: str) -> bool:
-        with self.lock:
-            now = self.clock()
-            if key in self.keys.live:
-                return self.keys.forget(key, now)  # raises: a live key
+        with self.db_lock:
+            with self.lock:
+                if key in self.keys.live:
+                    return self.keys.forget(key, self.clock())  # raises: a live key
+            wakeups = self._settle_keys([key])
             row = self.conn.read(key)
             if row is None:
-                return False
-            if row.state == "live" and row.holder != self.holder and row.holder not in self.conn.dead_holders():
-                raise ValueError(
-                    f"cannot forget key {key!r}: it is live in another queue; only a key that ended "
-                    "(completed or failed) can be forgotten"
-                )
-            with self.conn.write([key]) as tx:
-                return tx.delete(key, row.run)
+                forgotten = False
+            else:
+                if row.state == "live" and row.holder != self.holder and row.holder not in self.conn.dead_holders():
+                    raise ValueError(
+                        f"cannot forget key {key!r}: it is live in another queue; only a key that ended "
+                        "(completed or failed) can be forgotten"
+                    )
+                try:
+                    self._begin()
+                    forgotten = self.conn.delete(key, row.run)
+                    wakeups += self.commit()
+                except StoreUnavailable:
+                    if not self.in_user_tx:
+                        self._lost()
+                    raise
+        self.deliver_now(wakeups)
+        return forgotten
+
+    def stats(self) -> Any:
+        self.records_.counts = self._read(self.conn.counts, None)
+        return super().stats()
 
     # --- closing ------------------------------------------------------------------------
 
     def close_store(self) -> None:
         """The queue closed: commit what is left, give up the lease, let go of the database."""
         self.watcher.stop()
-        with self.lock:
-            self._flush()
-        try:
-            self.conn.release(self.holder)
-        except StoreUnavailable as exc:
-            log.warning("procq store %s: the lease is left to expire: %s", self.store.url, exc)
-        if self._refused:
-            log.error("procq store %s: %d outcomes could not be written", self.store.url, len(self._refused))
-        self.conn.close()
+        self.committer.stop()
+        with self.db_lock:
+            wakeups = self.commit()
+            if self.commits.pending:
+                log.error("procq store %s: %d outcomes could not be written", self.store.url, len(self.commits.pending))
+            wakeups += self.commits.release_all()
+            try:
+                self.conn.release(self.holder)
+            except StoreUnavailable as exc:
+                log.warning("procq store %s: the lease is left to expire: %s", self.store.url, exc)
+            self.conn.close()
+        self.deliver_now(wakeups)

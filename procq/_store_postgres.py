@@ -14,13 +14,13 @@ joiners in other queues ``LISTEN`` and read the row at once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from procq._store import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailable
+from procq._store import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailable, Taken
 
 __all__ = ["PostgresStore"]
 
@@ -34,7 +34,65 @@ _DDL = [
     """CREATE TABLE IF NOT EXISTS procq_holders (
         id TEXT PRIMARY KEY, pid INTEGER, host TEXT, expires DOUBLE PRECISION NOT NULL)""",
     "CREATE TABLE IF NOT EXISTS procq_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    # A claim in one round trip: hold the key (or say it is busy), insert the
+    # caller's live row if the key has none, else return the row and whether
+    # its holder's lease holds, for the caller to judge.
+    f"""CREATE OR REPLACE FUNCTION procq_claim(
+            k text, r text, h text, f bytea, nb double precision, c double precision, w boolean)
+        RETURNS TABLE (o_taken text, o_key text, o_state text, o_run text, o_holder text, o_fp bytea,
+            o_output bytea, o_encoding text, o_failure text, o_attempts integer, o_not_before double precision,
+            o_created double precision, o_ended double precision, o_alive boolean)
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            IF w THEN
+                PERFORM pg_advisory_xact_lock(hashtextextended(k, 0));
+            ELSIF NOT pg_try_advisory_xact_lock(hashtextextended(k, 0)) THEN
+                RETURN QUERY SELECT 'busy', k, NULL::text, NULL::text, NULL::text, NULL::bytea, NULL::bytea,
+                    NULL::text, NULL::text, NULL::integer, NULL::double precision, NULL::double precision,
+                    NULL::double precision, NULL::boolean;
+                RETURN;
+            END IF;
+            INSERT INTO procq_keys AS p (key, state, run, holder, fp, attempts, not_before, created)
+                VALUES (k, 'live', r, h, f, 1, nb, c) ON CONFLICT (key) DO NOTHING;
+            IF FOUND THEN
+                RETURN QUERY SELECT 'inserted', k, NULL::text, NULL::text, NULL::text, NULL::bytea, NULL::bytea,
+                    NULL::text, NULL::text, NULL::integer, NULL::double precision, NULL::double precision,
+                    NULL::double precision, NULL::boolean;
+                RETURN;
+            END IF;
+            RETURN QUERY SELECT 'found', p.key, p.state, p.run, p.holder, p.fp, p.output, p.encoding, p.failure,
+                p.attempts, p.not_before, p.created, p.ended, coalesce(hh.expires >= {_NOW}, false)
+                FROM procq_keys p LEFT JOIN procq_holders hh ON hh.id = p.holder WHERE p.key = k;
+        END $$""",
+    """CREATE OR REPLACE FUNCTION procq_lock_all(ks text[]) RETURNS void LANGUAGE plpgsql AS $$
+        DECLARE k text;
+        BEGIN
+            FOREACH k IN ARRAY ks LOOP
+                PERFORM pg_advisory_xact_lock(hashtextextended(k, 0));
+            END LOOP;
+        END $$""",
 ]
+_MARKS = ", ".join(["%s"] * 12)
+_PUT = (
+    f"INSERT INTO procq_keys ({COLUMNS}) VALUES ({_MARKS}) ON CONFLICT (key) DO UPDATE SET "
+    "state = EXCLUDED.state, run = EXCLUDED.run, holder = EXCLUDED.holder, fp = EXCLUDED.fp, "
+    "output = EXCLUDED.output, encoding = EXCLUDED.encoding, failure = EXCLUDED.failure, "
+    "attempts = EXCLUDED.attempts, not_before = EXCLUDED.not_before, created = EXCLUDED.created, "
+    "ended = EXCLUDED.ended"
+)
+# An ended row goes over its own live claim only; with no row (its claim was
+# lost, say with a connection the server dropped) it is inserted.
+_SETTLE = (
+    f"INSERT INTO procq_keys ({COLUMNS}) VALUES ({_MARKS}) ON CONFLICT (key) DO UPDATE SET "
+    "state = EXCLUDED.state, output = EXCLUDED.output, encoding = EXCLUDED.encoding, "
+    f"failure = EXCLUDED.failure, attempts = EXCLUDED.attempts, ended = {_NOW}, holder = NULL "
+    "WHERE procq_keys.run = EXCLUDED.run AND procq_keys.state = 'live'"
+)
+_RESTORE = (
+    "UPDATE procq_keys SET state = %s, run = %s, holder = %s, fp = %s, output = %s, encoding = %s, "
+    "failure = %s, attempts = %s, not_before = %s, created = %s, ended = %s WHERE key = %s AND run = %s"
+)
+_CLAIM = "SELECT * FROM procq_claim(%s, %s, %s, %s, %s, %s, %s)"
 _BATCH = 500  # rows a retention sweep deletes per statement
 # The advisory lock that serialises creating the schema (any constant of our own).
 _SCHEMA_LOCK = 0x70726F6371
@@ -42,6 +100,8 @@ _SCHEMA_LOCK = 0x70726F6371
 
 class PostgresStore(Store):
     """A PostgreSQL database as a store (``ProcQueue(store="postgresql://...")``)."""
+
+    read_first = False  # a claim reads the row in the same round trip
 
     def __init__(self, url: str, lease: float = 10.0, poll: float = 0.5) -> None:
         # poll: with NOTIFY, only the backstop for what a notification cannot say (a lease expiring).
@@ -61,20 +121,23 @@ def _psycopg() -> Any:
 
 
 class PostgresConn:
-    """One connection to a PostgreSQL store (see ``_store.Conn``); it listens for ended rows."""
+    """One connection to a PostgreSQL store (see ``_store.Conn``). A
+    connection the server dropped (a restart, a network cut) is opened again
+    at its next use; until then every use raises ``StoreUnavailable``."""
 
     notifies = True
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._pg = pg = _psycopg()
-        self._errors = (pg.OperationalError, pg.InterfaceError)
+        self._pg = _psycopg()
+        self._errors = (self._pg.OperationalError, self._pg.InterfaceError)
+        self.in_tx = False
+        self._listening = False
+        self.db: Any = None
+        self._open()
         try:
-            self.db = pg.connect(url, autocommit=True)
-        except self._errors as exc:
-            raise self._unavailable(exc) from exc
-        try:
-            with self._tx() as db:
+            with self._tx():
+                db: Any = self.db
                 db.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                 for ddl in _DDL:
                     db.execute(ddl)
@@ -87,33 +150,131 @@ class PostgresConn:
                         f"schema {SCHEMA} and older: upgrade procq to use it"
                     )
         except BaseException:
-            self.db.close()
+            self.close()
             raise
+
+    def _open(self) -> None:
+        try:
+            self.db = self._pg.connect(self.url, autocommit=True)
+            if self._listening:
+                self.db.execute("LISTEN procq_ended")
+                self.db.execute("LISTEN procq_wake")
+        except self._errors as exc:
+            self._drop()
+            raise self._unavailable(exc) from exc
+
+    def _drop(self) -> None:
+        """Forget a connection that failed: the next use opens a new one."""
+        db, self.db, self.in_tx = self.db, None, False
+        if db is not None:
+            with contextlib.suppress(Exception):
+                db.close()
 
     def _unavailable(self, exc: Exception) -> StoreUnavailable:
         return StoreUnavailable(f"the PostgreSQL store {_safe(self.url)} cannot be used now: {exc}")
 
-    @contextmanager
-    def _tx(self) -> Iterator[Any]:
+    def _exec(self, sql: str, args: Any = None) -> Any:
+        """One statement; a lost connection is dropped, and said as ``StoreUnavailable``."""
+        if self.db is None:
+            if self.in_tx:
+                raise self._unavailable(RuntimeError("the connection was lost in this transaction"))
+            self._open()
         try:
-            with self.db.transaction():
-                yield self.db
+            return self.db.execute(sql, args)
         except self._errors as exc:
+            self._drop()
             raise self._unavailable(exc) from exc
 
-    @contextmanager
-    def write(self, keys: list[str]) -> Iterator[PostgresTx]:
-        with self._tx() as db:
-            for key in sorted(keys):
-                db.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (key,))
-            yield PostgresTx(db)
-
-    def _query(self, sql: str, args: Any = ()) -> list[Any]:
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[None]:
+        self.begin()
         try:
-            cur = self.db.execute(sql, args)
-            return list(cur.fetchall()) if cur.description is not None else []
+            yield
+        except BaseException:
+            self.rollback()
+            raise
+        self.commit()
+
+    def begin(self) -> None:
+        self._exec("BEGIN")
+        self.in_tx = True
+
+    def commit(self) -> None:
+        try:
+            self._exec("COMMIT")
+        finally:
+            self.in_tx = False
+
+    def rollback(self) -> None:
+        self.in_tx = False
+        if self.db is not None:
+            try:
+                self.db.execute("ROLLBACK")
+            except Exception:
+                self._drop()
+
+    def _query(self, sql: str, args: Any = None) -> list[Any]:
+        cur = self._exec(sql, args)
+        return list(cur.fetchall()) if cur.description is not None else []
+
+    def claim(self, row: Row, wait: bool) -> Taken | tuple[Row, bool]:
+        found = self._exec(_CLAIM, (row.key, row.run, row.holder, row.fp, row.not_before, row.created, wait)).fetchone()
+        taken = found[0]
+        if taken == "inserted":
+            return Taken.INSERTED
+        if taken == "busy":
+            return Taken.BUSY
+        return _row(found[1:-1]), bool(found[-1])
+
+    def lock_all(self, keys: list[str]) -> None:
+        self._exec("SELECT procq_lock_all(%s)", (sorted(set(keys)),))
+
+    def put(self, row: Row) -> None:
+        self._exec(_PUT, _values(row))
+        if row.state != "live":
+            self._exec("SELECT pg_notify('procq_ended', %s)", (row.key,))
+
+    def settle(self, rows: list[Row]) -> None:
+        if self.db is None:
+            self._exec("SELECT 1")  # opens it again, or says it cannot
+        try:
+            with self.db.cursor() as cur:
+                cur.executemany(_SETTLE, [_values(r) for r in rows])
+                cur.execute("SELECT pg_notify('procq_ended', k) FROM unnest(%s::text[]) AS k", ([r.key for r in rows],))
         except self._errors as exc:
+            self._drop()
             raise self._unavailable(exc) from exc
+
+    def delete(self, key: str, run: str | None) -> bool:
+        if run is None:
+            cur = self._exec("DELETE FROM procq_keys WHERE key = %s AND state != 'live'", (key,))
+        else:
+            cur = self._exec("DELETE FROM procq_keys WHERE key = %s AND run = %s", (key, run))
+        return bool(cur.rowcount > 0)
+
+    def restore(self, key: str, run: str, prev: Row) -> None:
+        self._exec(_RESTORE, (*_values(prev)[1:], key, run))
+        if prev.state != "live":
+            self._exec("SELECT pg_notify('procq_ended', %s)", (key,))
+
+    def move_not_before(self, key: str, run: str, not_before: float) -> bool:
+        sql = (
+            "UPDATE procq_keys SET not_before = %s WHERE key = %s AND run = %s AND state = 'live' "
+            "AND (not_before IS NULL OR not_before > %s)"
+        )
+        if self._exec(sql, (not_before, key, run, not_before)).rowcount > 0:
+            self._exec("SELECT pg_notify('procq_wake', %s)", (key,))
+            return True
+        return False
+
+    def scheduled(self, holder: str) -> dict[str, float]:
+        sql = "SELECT key, not_before FROM procq_keys WHERE holder = %s AND state = 'live' AND not_before IS NOT NULL"
+        return dict(self._query(sql, (holder,)))
+
+    def raw(self) -> Any:
+        if self.db is None:
+            self._exec("SELECT 1")
+        return self.db
 
     def read(self, key: str) -> Row | None:
         found = self._query(f"SELECT {COLUMNS} FROM procq_keys WHERE key = %s", (key,))
@@ -160,10 +321,7 @@ class PostgresConn:
         for where, args in wheres:
             while True:
                 sql = f"DELETE FROM procq_keys WHERE key IN (SELECT key FROM procq_keys WHERE {where})"
-                try:
-                    n = self.db.execute(sql, args).rowcount
-                except self._errors as exc:
-                    raise self._unavailable(exc) from exc
+                n = self._exec(sql, args).rowcount
                 deleted += n
                 if n < _BATCH:
                     break
@@ -173,18 +331,28 @@ class PostgresConn:
         self._query("DELETE FROM procq_holders WHERE id = %s", (holder,))
 
     def listen(self) -> None:
-        """Be told (``wait``) of every row that ends from now on."""
-        self._query("LISTEN procq_ended")
+        """Be told (``wait``) of every row that ends, and every wake, from now on."""
+        self._listening = True
+        self._exec("LISTEN procq_ended")
+        self._exec("LISTEN procq_wake")
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> set[str]:
+        """Up to ``timeout``, until notified; returns the channels that were."""
+        if self.db is None:
+            self._exec("SELECT 1")
         try:
-            for _ in self.db.notifies(timeout=timeout, stop_after=1):
-                pass
+            return {n.channel for n in self.db.notifies(timeout=timeout, stop_after=1)}
         except self._errors as exc:
+            self._drop()
             raise self._unavailable(exc) from exc
 
     def close(self) -> None:
-        self.db.close()
+        self._drop()
+
+
+def _values(r: Row) -> tuple[Any, ...]:
+    return (r.key, r.state, r.run, r.holder, r.fp, r.output, r.encoding, r.failure,
+            r.attempts, r.not_before, r.created, r.ended)  # fmt: skip
 
 
 def _row(r: Any) -> Row:
@@ -200,53 +368,3 @@ def _safe(url: str) -> str:
         creds, host = rest.rsplit("@", 1)
         return f"{scheme}://{creds.split(':', 1)[0]}@{host}"
     return url
-
-
-class PostgresTx:
-    """A write transaction on a PostgreSQL store, holding its keys' advisory locks (see ``_store.Tx``)."""
-
-    def __init__(self, db: Any) -> None:
-        self.db = db
-
-    def get(self, key: str) -> Row | None:
-        found = self.db.execute(f"SELECT {COLUMNS} FROM procq_keys WHERE key = %s", (key,)).fetchone()
-        return _row(found) if found else None
-
-    def holder_alive(self, holder: str) -> bool:
-        sql = f"SELECT expires >= {_NOW} FROM procq_holders WHERE id = %s"
-        found = self.db.execute(sql, (holder,)).fetchone()
-        return found is not None and bool(found[0])
-
-    def put(self, row: Row) -> None:
-        self.db.execute(
-            f"INSERT INTO procq_keys ({COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT (key) DO UPDATE SET state = EXCLUDED.state, run = EXCLUDED.run, holder = EXCLUDED.holder, "
-            "fp = EXCLUDED.fp, output = EXCLUDED.output, encoding = EXCLUDED.encoding, failure = EXCLUDED.failure, "
-            "attempts = EXCLUDED.attempts, not_before = EXCLUDED.not_before, created = EXCLUDED.created, "
-            "ended = EXCLUDED.ended",
-            (row.key, row.state, row.run, row.holder, row.fp, row.output, row.encoding, row.failure,
-             row.attempts, row.not_before, row.created, row.ended),
-        )  # fmt: skip
-        if row.state != "live":
-            self.db.execute("SELECT pg_notify('procq_ended', %s)", (row.key,))
-
-    def settle(
-        self, key: str, run: str, state: str, output: bytes | None, encoding: str | None,
-        failure: str | None, attempts: int,
-    ) -> bool:  # fmt: skip
-        cur = self.db.execute(
-            "UPDATE procq_keys SET state = %s, output = %s, encoding = %s, failure = %s, attempts = %s, "
-            f"ended = {_NOW}, holder = NULL WHERE key = %s AND run = %s AND state = 'live'",
-            (state, output, encoding, failure, attempts, key, run),
-        )
-        if cur.rowcount > 0:
-            self.db.execute("SELECT pg_notify('procq_ended', %s)", (key,))
-            return True
-        return False
-
-    def delete(self, key: str, run: str | None) -> bool:
-        if run is None:
-            cur = self.db.execute("DELETE FROM procq_keys WHERE key = %s AND state != 'live'", (key,))
-        else:
-            cur = self.db.execute("DELETE FROM procq_keys WHERE key = %s AND run = %s", (key, run))
-        return bool(cur.rowcount > 0)

@@ -1,55 +1,33 @@
 """The ended-key records of a queue on a store (``StoreRecords``, its
-``KeyRecords``), and the lock that commits their writes (``StoreLock``); see
-``_store_core`` for how they keep the database and the state map in step."""
+``KeyRecords``): the state map's record operations become queued row writes
+(``_store_commit``); see ``_store_core`` for how they keep the database and
+the state map in step."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
+import dataclasses
+import time
 from typing import TYPE_CHECKING, Any
 
 from procq._entries import Entry
 from procq._retention import Done, Fell, Record
-from procq._store import Row, Tx, encode_outcome
+from procq._store import Conn, Row, encode_outcome
+from procq._store_commit import Write
 from procq._values import Completed, Failed, Failure
 
 if TYPE_CHECKING:
     from procq._store_core import StoreCore
 
-__all__ = ["Held", "Op", "StoreLock", "StoreRecords", "as_record"]
-
-Op = Callable[[Tx], None]
-
-
-class StoreLock:
-    """``Core.lock`` of a store's core: a lock that, on release, first commits
-    the row writes queued while it was held (see the module docstring)."""
-
-    __slots__ = ("_flush", "_lock", "pending")
-
-    def __init__(self, flush: Callable[[], None]) -> None:
-        self._lock = threading.Lock()
-        self._flush = flush
-        self.pending: list[tuple[str, Op]] = []  # (key, write), in order
-
-    def __enter__(self) -> bool:
-        return self._lock.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if self.pending:
-                self._flush()
-        finally:
-            self._lock.release()
+__all__ = ["Held", "StoreRecords", "as_record"]
 
 
 class Held:
     """What this queue's claim of a key needs to write the key's row later."""
 
-    __slots__ = ("entry", "prev", "run", "trusted")
+    __slots__ = ("entry", "live", "prev", "trusted")
 
-    def __init__(self, run: str, prev: Row | None, trusted: bool) -> None:
-        self.run = run
+    def __init__(self, live: Row, prev: Row | None, trusted: bool) -> None:
+        self.live = live  # the claim's live row
         self.prev = prev  # the row the claim replaced, put back if it is abandoned
         self.trusted = trusted
         self.entry: Entry | None = None
@@ -70,10 +48,11 @@ class StoreRecords:
         self._core = core
         self.held: dict[str, Held] = {}  # this queue's live claims
         self.found: Record | None = None  # for the claim being made
+        self.counts = (0, 0)  # rows done and failed, as last read
 
     @property
-    def completed(self) -> int:
-        return self._core.conn.counts()[0]
+    def completed(self) -> int:  # read from the database by StoreCore.stats, just before
+        return self.counts[0]
 
     @completed.setter
     def completed(self, n: int) -> None:  # the counts are the database's
@@ -81,7 +60,7 @@ class StoreRecords:
 
     @property
     def failed(self) -> int:
-        return self._core.conn.counts()[1]
+        return self.counts[1]
 
     @failed.setter
     def failed(self, n: int) -> None:
@@ -103,7 +82,7 @@ class StoreRecords:
     def give_back(self, rec: Record, now: float) -> None:
         held = self.held.pop(rec.key, None)
         if held is not None:
-            self._core.write(rec.key, _restore(rec.key, held))
+            self._core.commits.add(rec.key, _restore(held))
 
     def release(self, rec: Record) -> None:
         held = self.held.get(rec.key)
@@ -120,19 +99,20 @@ class StoreRecords:
         except Exception as exc:  # an output that cannot be stored: the row says why
             why = Failure("error", f"job {key!r}: its output could not be stored: {exc!r}", exc_type=type(exc).__name__)
             state, output, encoding, failure = encode_outcome(Failed(why), True)
-        run = held.run
+        ended = dataclasses.replace(held.live, state=state, holder=None, output=output, encoding=encoding,
+                                    failure=failure, attempts=attempts, ended=time.time())  # fmt: skip
 
-        def write(tx: Tx) -> None:
-            tx.settle(key, run, state, output, encoding, failure, attempts)
+        def write(conn: Conn) -> None:
+            conn.settle([ended])
 
-        self._core.write(key, write)
+        self._core.commits.add(key, write)
 
     def abandoned(self, entry: Entry) -> None:
         """``entry``'s claim was abandoned with no row to put back: remove its row."""
         held = self.held.get(entry.key)
         if held is not None and held.entry is entry:
             del self.held[entry.key]
-            self._core.write(entry.key, _restore(entry.key, held))
+            self._core.commits.add(entry.key, _restore(held))
 
     def drop(self, rec: Record) -> None:
         pass
@@ -148,16 +128,15 @@ class StoreRecords:
             assert held.entry is None or held.entry.key == key, key
 
 
-def _restore(key: str, held: Held) -> Op:
-    prev, run = held.prev, held.run
+def _restore(held: Held) -> Write:
+    """The write that takes back a claim: its row goes, or the row it replaced comes back."""
+    prev, key, run = held.prev, held.live.key, held.live.run
 
-    def write(tx: Tx) -> None:
+    def write(conn: Conn) -> None:
         if prev is None:
-            tx.delete(key, run)
+            conn.delete(key, run)
         else:
-            current = tx.get(key)
-            if current is not None and current.run == run:
-                tx.put(prev)
+            conn.restore(key, run, prev)
 
     return write
 

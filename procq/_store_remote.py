@@ -9,10 +9,12 @@ handle on a ``RemoteEntry``: it has what ``JobHandle`` and ``Core.wait_event``
 costs nothing: an entry is watched from its first wait.
 
 The ``Watcher`` is one thread per queue with its own connection. It renews
-the queue's lease every third of it, retries outcome writes the store refused,
-deletes rows past the queue's retention (``StoreCore.sweep_rows``),
-and, while entries are watched, reads their rows every ``Store.poll`` seconds
-(SQLite) or when PostgreSQL notifies that a row ended. A watched row whose
+the queue's lease every third of it, deletes rows past the queue's retention
+(``StoreCore.sweep_rows``), and, while entries are watched, reads their rows
+every ``Store.poll`` seconds (SQLite) or when PostgreSQL notifies that a row
+ended. While this queue holds keys waiting for their ``not_before``, it reads
+their rows' times too (SQLite: every poll; PostgreSQL: when notified of a
+wake), so another queue's ``push(wake=True)`` moves their timers. A watched row whose
 holder's lease expired is rewritten as interrupted (guarded by its run) and
 its joiners are woken with that failure. If the key was claimed again before
 a poll saw the end (its run changed), the entry follows the new run: what its
@@ -79,6 +81,7 @@ class Watcher(threading.Thread):
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopping = False
+        self._failing = False  # the store failed the last round
 
     def watch(self, entry: RemoteEntry) -> None:
         with self._lock:
@@ -111,31 +114,47 @@ class Watcher(threading.Thread):
     def run(self) -> None:
         lease = self.store.lease
         renew_at = time.monotonic() + lease / 3
+        core = self.core
         while not self._stopping:
             with self._lock:
                 watching = bool(self._watched)
+            scheduled = bool(core.scheduled)
             now = time.monotonic()
             wait = max(0.0, renew_at - now)
-            if watching:
+            if watching or scheduled:
                 wait = min(wait, self.store.poll)
-            if watching and self._notified:
-                self.conn.wait(wait)
-            else:
-                self._wake.wait(wait)
-            self._wake.clear()
-            if self._stopping:
-                return
+            told: set[str] = set()
             try:
+                if self._notified:
+                    told = self.conn.wait(wait)
+                else:
+                    self._wake.wait(wait)
+                self._wake.clear()
+                if self._stopping:
+                    return
                 if time.monotonic() >= renew_at:
-                    self.conn.renew(self.core.holder, lease)
+                    self.conn.renew(core.holder, lease)
                     renew_at = time.monotonic() + lease / 3
-                    self.core.flush_refused()
-                    self.core.sweep_rows(self.conn)
+                    core.sweep_rows(self.conn)
                 if watching:
                     self._poll()
+                if scheduled and (not self._notified or not told or "procq_wake" in told):
+                    self._wakes()
+                self._failing = False
             except StoreUnavailable as exc:
-                log.warning("procq store %s: %s (retrying)", self.store.url, exc)
+                if not self._failing:  # once an outage, not once a poll
+                    log.warning("procq store %s: %s (retrying)", self.store.url, exc)
+                self._failing = True
                 renew_at = min(renew_at, time.monotonic() + min(1.0, lease / 3))
+                self._wake.wait(min(1.0, self.store.poll * 10))
+
+    def _wakes(self) -> None:
+        """Timers another queue moved earlier (its ``wake``), on this queue's scheduled rows."""
+        core = self.core
+        rows = self.conn.scheduled(core.holder)
+        with core.lock:
+            core.scheduled.intersection_update(k for k in rows if k in core.keys.live)
+        core.wake_scheduled(rows)
 
     def _poll(self) -> None:
         with self._lock:
@@ -169,14 +188,20 @@ class Watcher(threading.Thread):
                 entry.run, entry.holder = row.run, row.holder
 
     def _interrupt(self, row: Row) -> Failed:
+        """End a live row whose holder's lease expired as interrupted (its own
+        run only), and return how the key ended."""
         failed = interrupted(row)
-        with self.conn.write([row.key]) as tx:
-            now = tx.get(row.key)
-            if now is not None and now.run == row.run and now.state == "live":
-                tx.settle(row.key, row.run, "failed", None, None, failed.failure, row.attempts)
-                return failed.outcome()  # type: ignore[return-value]
-            if now is not None and now.state != "live":
-                return now.outcome()  # type: ignore[return-value]
+        conn = self.conn
+        conn.begin()
+        try:
+            conn.settle([failed])
+            now = conn.read(row.key)
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        if now is not None and now.state != "live":
+            return now.outcome()  # type: ignore[return-value]
         return failed.outcome()  # type: ignore[return-value]
 
     def _resolve(self, ended: list[tuple[RemoteEntry, Completed[Any] | Failed]]) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from procq._store import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailable
+from procq._store import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailable, Taken
 
 __all__ = ["SqliteStore"]
 
@@ -35,8 +35,38 @@ _DDL = [
 ]
 
 
+_MARKS = ", ".join("?" * 12)
+_INSERT_NEW = f"INSERT INTO procq_keys ({COLUMNS}) VALUES ({_MARKS}) ON CONFLICT (key) DO NOTHING"
+_PUT = f"INSERT OR REPLACE INTO procq_keys ({COLUMNS}) VALUES ({_MARKS})"
+_GET_WITH_HOLDER = (
+    f"SELECT {', '.join('k.' + c for c in COLUMNS.split(', '))}, coalesce(h.expires >= ?, 0) "
+    "FROM procq_keys k LEFT JOIN procq_holders h ON h.id = k.holder WHERE k.key = ?"
+)
+# An ended row goes over its own live claim only; with no row (its claim was
+# lost, say to a transaction the store could not commit) it is inserted.
+_SETTLE = (
+    f"INSERT INTO procq_keys ({COLUMNS}) VALUES ({_MARKS}) ON CONFLICT (key) DO UPDATE SET "
+    "state = excluded.state, output = excluded.output, encoding = excluded.encoding, failure = excluded.failure, "
+    "attempts = excluded.attempts, ended = excluded.ended, holder = NULL "
+    "WHERE procq_keys.run = excluded.run AND procq_keys.state = 'live'"
+)
+
+
+_RESTORE = (
+    "UPDATE procq_keys SET state = ?, run = ?, holder = ?, fp = ?, output = ?, encoding = ?, failure = ?, "
+    "attempts = ?, not_before = ?, created = ?, ended = ? WHERE key = ? AND run = ?"
+)
+
+
+def _values(r: Row) -> tuple[Any, ...]:
+    return (r.key, r.state, r.run, r.holder, r.fp, r.output, r.encoding, r.failure,
+            r.attempts, r.not_before, r.created, r.ended)  # fmt: skip
+
+
 class SqliteStore(Store):
     """A SQLite file as a store (``ProcQueue(store="run.db")``)."""
+
+    read_first = True  # a read takes no lock: a done key is answered without the write lock
 
     def __init__(
         self, path: str | os.PathLike[str], lease: float = 10.0, poll: float = 0.01, busy: float = 30.0
@@ -59,6 +89,7 @@ class SqliteConn:
 
     def __init__(self, path: str, busy: float = 30.0) -> None:
         self.path = path
+        self.in_tx = False
         try:
             db = sqlite3.connect(path, timeout=busy, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
@@ -84,32 +115,82 @@ class SqliteConn:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        db = self.db
+        """A short transaction of the connection's own (schema, lease, sweep)."""
+        self.begin()
         try:
-            db.execute("BEGIN IMMEDIATE")
+            yield self.db
+        except BaseException:
+            self.rollback()
+            raise
+        self.commit()
+
+    def begin(self) -> None:
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
+        self.in_tx = True
+
+    def commit(self) -> None:
         try:
-            yield db
-        except BaseException:
-            with suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
-            raise
-        try:
-            db.execute("COMMIT")
+            self.db.execute("COMMIT")
         except sqlite3.Error as exc:
-            with suppress(sqlite3.Error):
-                db.execute("ROLLBACK")
+            self.rollback()
+            raise _unavailable(self.path, exc) from exc
+        self.in_tx = False
+
+    def rollback(self) -> None:
+        self.in_tx = False
+        with suppress(sqlite3.Error):
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
+
+    def _write(self, sql: str, args: Any) -> sqlite3.Cursor:
+        try:
+            return self.db.execute(sql, args)
+        except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
 
-    @contextmanager
-    def write(self, keys: list[str]) -> Iterator[SqliteTx]:
-        # SQLite has one write lock for the whole file: holding it holds every key.
-        with self._tx() as db:
-            try:
-                yield SqliteTx(db)
-            except sqlite3.Error as exc:
-                raise _unavailable(self.path, exc) from exc
+    def claim(self, row: Row, wait: bool) -> Taken | tuple[Row, bool]:
+        # The transaction holds SQLite's one write lock: every key is held.
+        if self._write(_INSERT_NEW, _values(row)).rowcount:
+            return Taken.INSERTED
+        found = self._write(_GET_WITH_HOLDER, (time.time(), row.key)).fetchone()
+        return Row(*found[:-1]), bool(found[-1])
+
+    def lock_all(self, keys: list[str]) -> None:
+        pass  # the write lock holds every key
+
+    def put(self, row: Row) -> None:
+        self._write(_PUT, _values(row))
+
+    def settle(self, rows: list[Row]) -> None:
+        try:
+            self.db.executemany(_SETTLE, [_values(r) for r in rows])
+        except sqlite3.Error as exc:
+            raise _unavailable(self.path, exc) from exc
+
+    def delete(self, key: str, run: str | None) -> bool:
+        if run is None:
+            return self._write("DELETE FROM procq_keys WHERE key = ? AND state != 'live'", (key,)).rowcount > 0
+        return self._write("DELETE FROM procq_keys WHERE key = ? AND run = ?", (key, run)).rowcount > 0
+
+    def restore(self, key: str, run: str, prev: Row) -> None:
+        self._write(_RESTORE, (*_values(prev)[1:], key, run))
+
+    def move_not_before(self, key: str, run: str, not_before: float) -> bool:
+        sql = (
+            "UPDATE procq_keys SET not_before = ? WHERE key = ? AND run = ? AND state = 'live' "
+            "AND (not_before IS NULL OR not_before > ?)"
+        )
+        return self._write(sql, (not_before, key, run, not_before)).rowcount > 0
+
+    def scheduled(self, holder: str) -> dict[str, float]:
+        sql = "SELECT key, not_before FROM procq_keys WHERE holder = ? AND state = 'live' AND not_before IS NOT NULL"
+        return dict(self._query(sql, (holder,)))
+
+    def raw(self) -> sqlite3.Connection:
+        return self.db
 
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         try:
@@ -185,48 +266,9 @@ class SqliteConn:
         with self._tx() as db:
             db.execute("DELETE FROM procq_holders WHERE id = ?", (holder,))
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> set[str]:
         time.sleep(timeout)  # SQLite has no notifications: a joiner polls (see the module docstring)
+        return set()
 
     def close(self) -> None:
         self.db.close()
-
-
-class SqliteTx:
-    """A write transaction on a SQLite store (see ``_store.Tx``)."""
-
-    def __init__(self, db: sqlite3.Connection) -> None:
-        self.db = db
-
-    def get(self, key: str) -> Row | None:
-        found = self.db.execute(f"SELECT {COLUMNS} FROM procq_keys WHERE key = ?", (key,)).fetchone()
-        return Row(*found) if found else None
-
-    def holder_alive(self, holder: str) -> bool:
-        found = self.db.execute("SELECT expires FROM procq_holders WHERE id = ?", (holder,)).fetchone()
-        return found is not None and found[0] >= time.time()
-
-    def put(self, row: Row) -> None:
-        self.db.execute(
-            f"INSERT OR REPLACE INTO procq_keys ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (row.key, row.state, row.run, row.holder, row.fp, row.output, row.encoding, row.failure,
-             row.attempts, row.not_before, row.created, row.ended),
-        )  # fmt: skip
-
-    def settle(
-        self, key: str, run: str, state: str, output: bytes | None, encoding: str | None,
-        failure: str | None, attempts: int,
-    ) -> bool:  # fmt: skip
-        cur = self.db.execute(
-            "UPDATE procq_keys SET state = ?, output = ?, encoding = ?, failure = ?, attempts = ?, ended = ?, "
-            "holder = NULL WHERE key = ? AND run = ? AND state = 'live'",
-            (state, output, encoding, failure, attempts, time.time(), key, run),
-        )
-        return cur.rowcount > 0
-
-    def delete(self, key: str, run: str | None) -> bool:
-        if run is None:
-            cur = self.db.execute("DELETE FROM procq_keys WHERE key = ? AND state != 'live'", (key,))
-        else:
-            cur = self.db.execute("DELETE FROM procq_keys WHERE key = ? AND run = ?", (key, run))
-        return cur.rowcount > 0

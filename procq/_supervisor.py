@@ -93,7 +93,7 @@ from typing import Any
 from procq._channel import Launch, WorkerChannel
 from procq._channel_trusted import TrustedChannel
 from procq._channel_untrusted import UntrustedChannel
-from procq._core import Core, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot, run_wakeups
+from procq._core import Core, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
 from procq._dispatch import Reported
 from procq._processes import children_map, next_sample
 from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
@@ -114,6 +114,7 @@ BOOT_BACKOFF = 0.05
 BOOT_BACKOFF_MAX = 5.0
 #: After this many workers in a row died while starting, a lane's waiting jobs fail.
 BOOT_FAILURES_TO_FAIL_JOBS = 3
+
 
 def channel_kind(lane: LaneState) -> type[WorkerChannel]:
     """The kind of worker ``lane`` runs: a new kind is one more class here."""
@@ -330,7 +331,7 @@ class Supervisor:
                 going = False
         if reports:
             going = self._settle(worker, reports, wakeups)
-        run_wakeups(wakeups)
+        self.core.deliver(wakeups)
         return going
 
     def _settle(self, worker: WorkerSlot, reports: list[Report], wakeups: list[Wakeup]) -> bool:
@@ -453,7 +454,7 @@ class Supervisor:
         channel.release()
         # Waiters first: starting a process takes milliseconds, and the lane
         # already counts the replacement as alive.
-        run_wakeups(wakeups)
+        self.core.deliver(wakeups)
         for idle, entry in self.core.handoffs():  # the dead worker's queued jobs
             idle.channel.send_job(self.core, idle, entry)
         if replace_now:

@@ -71,6 +71,7 @@ class Decoders:
         for decoder in self._lanes.values():
             decoder.close()  # (not joined: a decode may never return)
 
+
 __all__ = ["Decoder", "Decoders"]
 
 

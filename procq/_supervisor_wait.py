@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from procq._entries import WorkerLife, WorkerSlot, run_wakeups
+from procq._entries import WorkerLife, WorkerSlot
 from procq._processes import wait_for_exits
 from procq._supervisor_failures import stopped_failure
 
@@ -218,6 +218,6 @@ def stop_workers(
         w.channel.reap()
         # A worker still holding a job here means the loop itself failed:
         # the job must still end, so no handle hangs.
-        run_wakeups(core.worker_died(w, stopped_failure)[1])
+        core.deliver(core.worker_died(w, stopped_failure)[1])
         w.channel.release()
     core.handoffs()  # (nothing is sent any more)

@@ -37,6 +37,7 @@ from procq._worker_parent import die_with_parent, parent_process
 
 __all__ = ["worker_main"]
 
+
 class _Unloadable:
     """Stands in the function cache for a function that failed to unpickle."""
 

@@ -452,6 +452,7 @@ def _run_job(
             codec.error(job_id, "error", exc, "(the job's function or arguments could not be unpickled in the worker)")
         )
         return
+
     def call() -> Any:
         result = fn(*args, **kwargs) if kwargs else fn(*args)
         check_keys(result)
@@ -466,4 +467,3 @@ def _run_job(
         config.get("max_result_bytes"),
         "encoded as JSON (an untrusted lane's results must be)",
     )
-

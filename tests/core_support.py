@@ -9,6 +9,7 @@ import re
 import select
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from typing import Any, TypeVar
@@ -231,3 +232,13 @@ def assert_all_gone(pids: list[int]) -> None:
             p.kill()
     psutil.wait_procs(alive, timeout=10)
     assert not alive, f"processes outlived their job: {[p.pid for p in alive]}"
+
+
+def wait_until(check: Callable[[], Any], timeout: float = WAIT, what: str = "the condition") -> None:
+    """Poll ``check`` until it is true; fail the test after ``timeout`` seconds
+    (for states nothing signals: a write the store refused, say)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout}s")
+        time.sleep(0.005)

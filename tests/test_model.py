@@ -211,11 +211,7 @@ class KeyMachine(RuleBasedStateMachine):
         """push_and_wait a key that will not block: a completed one, or any key
         not in flight while a worker is free."""
         free = self.free_workers() > 0
-        candidates = [
-            k
-            for k in KEYS
-            if not isinstance(self.keys.get(k), Live) and (free or self.completed(k))
-        ]
+        candidates = [k for k in KEYS if not isinstance(self.keys.get(k), Live) and (free or self.completed(k))]
         if not candidates:
             self.check_every_state()
             return

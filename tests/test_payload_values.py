@@ -71,6 +71,7 @@ def test_other_arguments_still_conflict() -> None:
 
 # --- The classes behind those examples, read straight from the fingerprint ------
 
+
 def _fp(*args: object, **kwargs: object) -> bytes:
     from procq._fingerprint import fingerprint
 

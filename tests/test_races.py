@@ -54,9 +54,7 @@ def fail_key(queue: ProcQueue, key: str, log: str) -> Failed:
 
 
 @pytest.mark.parametrize("before", ["absent", "failed"])
-def test_threads_racing_to_push_one_key_run_it_once(
-    queue: ProcQueue, gates: Gates, log: str, before: str
-) -> None:
+def test_threads_racing_to_push_one_key_run_it_once(queue: ProcQueue, gates: Gates, log: str, before: str) -> None:
     if before == "failed":
         fail_key(queue, "race", log)
     gate = gates("race")
@@ -125,9 +123,7 @@ def test_asyncio_tasks_racing_to_apush_one_key_run_it_once(queue: ProcQueue, gat
     assert read_log(log) == [f"ran {pid}"]
 
 
-def test_tasks_on_several_loops_racing_to_apush_one_key_run_it_once(
-    queue: ProcQueue, gates: Gates, log: str
-) -> None:
+def test_tasks_on_several_loops_racing_to_apush_one_key_run_it_once(queue: ProcQueue, gates: Gates, log: str) -> None:
     gate = gates("loops")
     loops, tasks_per_loop = 4, 4
     job = Job("loops", jobs_core.record_and_wait, args=(log, gate.go), lane="io")
@@ -169,9 +165,7 @@ def test_tasks_on_several_loops_racing_to_apush_one_key_run_it_once(
     assert read_log(log) == [f"ran {pid}"]
 
 
-def test_apush_and_wait_from_racing_loops_gives_one_execution_and_one_answer(
-    queue: ProcQueue, log: str
-) -> None:
+def test_apush_and_wait_from_racing_loops_gives_one_execution_and_one_answer(queue: ProcQueue, log: str) -> None:
     loops, tasks_per_loop = 4, 4
     start = threading.Barrier(loops, timeout=WAIT)
     answers: dict[int, list[int]] = {}

@@ -40,8 +40,12 @@ def test_a_good_environment_reaches_the_worker(trusted: bool) -> None:
 
 @pytest.mark.parametrize("name", ["nofile", "nproc", "fsize", "cpu"])
 def test_an_rlimit_above_what_the_system_allows_is_refused(name: str) -> None:
-    which = {"nofile": resource.RLIMIT_NOFILE, "nproc": resource.RLIMIT_NPROC,
-             "fsize": resource.RLIMIT_FSIZE, "cpu": resource.RLIMIT_CPU}[name]
+    which = {
+        "nofile": resource.RLIMIT_NOFILE,
+        "nproc": resource.RLIMIT_NPROC,
+        "fsize": resource.RLIMIT_FSIZE,
+        "cpu": resource.RLIMIT_CPU,
+    }[name]
     _, hard = resource.getrlimit(which)
     too_big = 2**63 if hard == resource.RLIM_INFINITY else hard + 1  # 2**63: past what any rlimit can hold
     with pytest.raises(ValueError, match=rf"rlimits\[{name!r}\]"):

@@ -57,9 +57,7 @@ def test_unknown_keys_have_no_state(queue: ProcQueue, log: str) -> None:
 
 
 @pytest.mark.key_decides  # pushes other work under a held key on purpose: on_mismatch="ignore"
-def test_pending_and_processing_keys_are_joined_as_inflight(
-    queue: ProcQueue, gates: Gates, log: str
-) -> None:
+def test_pending_and_processing_keys_are_joined_as_inflight(queue: ProcQueue, gates: Gates, log: str) -> None:
     gate = gates("held")
     # The io lane has one worker: "held" occupies it, "behind" waits behind it.
     held = queue.push(Job("held", jobs_core.record_signal_wait, args=(log, gate.started, gate.go), lane="io"))

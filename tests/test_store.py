@@ -21,7 +21,7 @@ import jobs
 import psutil
 import pytest
 import store_jobs
-from core_support import WAIT, Gate
+from core_support import WAIT, Gate, wait_until
 from pg_server import pg_server, pg_url  # noqa: F401 (pg_server: a fixture)
 from process_support import linux_only, subreaper
 
@@ -326,10 +326,13 @@ def test_a_locked_store_refuses_pushes_and_gets_outcomes_once_back(tmp_path: Pat
                 with pytest.raises(StoreUnavailable, match="cannot be used now: database is locked"):
                     q.push(Job("other", store_jobs.echo, args=(1,)))
                 gate.open()
-                assert running.handle.result(timeout=WAIT) == pid  # the running job finishes
+                # The job ends, but its waiter is told only once its outcome is durable.
+                wait_until(lambda: q._core.commits.refused_since is not None and q._core.commits.pending)
+                assert not running.handle.done()
             finally:
                 locker.execute("ROLLBACK")
                 locker.close()
+            assert running.handle.result(timeout=WAIT) == pid  # written once the store is back
             assert q.state("other") is None
             # Its outcome is written once the store is back: another queue gets it.
             with ProcQueue(1, store=SqliteStore(db)) as other:

@@ -1,0 +1,182 @@
+"""How a queue on a store makes its writes durable before anyone hears of
+them: ``Commits`` (the writes waiting, and the wake-ups held back for them)
+and ``Committer``, the thread that commits them.
+
+Two kinds of write reach a queue's database connection:
+
+- **claims**, made by the pushing thread itself inside a *group transaction*
+  that stays open across pushes (``StoreCore.claim``). A claim needs no
+  commit before its push returns: nothing has been answered from it, and if
+  the process dies first the claim dies with it, as if the push came later.
+  The committer commits the group transaction at most ``GROUP_WINDOW`` after
+  it opened, so other processes wait no longer than that for a key it holds;
+- **outcomes** (a job's ended row) and **restores** (a claim given back),
+  queued by the state map's record operations under ``Core.lock`` as
+  ``Write`` closures (``Commits.add``). The supervisor's thread never runs a
+  statement: the committer runs the queued writes in the group transaction,
+  commits, and only then runs the wake-ups those outcomes released.
+
+Wake-ups are held back by sequence: every write takes the next number; a
+wake-up delivered while writes up to number N are not yet committed waits
+for N (``Commits.hold``) and runs right after the commit that reaches N. So a
+waiter is never told of an outcome before its row is durable, and a steady
+stream of new writes never holds back an older wake-up.
+
+A write the store refuses (it is gone, read-only, full) stays queued, with its
+wake-ups, and is tried again every ``RETRY`` seconds until it commits or the
+queue closes; every write is guarded by its claim's ``run``, so running one
+twice changes nothing the first did not.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from procq._entries import Wakeup
+from procq._store import Conn
+
+if TYPE_CHECKING:
+    from procq._store_core import StoreCore
+
+__all__ = ["GROUP_WINDOW", "Commits", "Committer", "Write"]
+
+log = logging.getLogger("procq.store")
+
+Write = Callable[[Conn], None]
+
+#: How long a group transaction of claims may stay open (seconds).
+GROUP_WINDOW = 0.002
+#: How often writes the store refused are tried again (seconds).
+RETRY = 0.25
+
+
+class Commits:
+    """The writes not yet committed, and the wake-ups waiting for them (see
+    the module docstring). Its lock is a leaf: taken under ``Core.lock`` or
+    alone, never around anything else."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pending: list[tuple[int, str, Write]] = []  # (number, key, write)
+        self.written = 0  # the last number given
+        self.committed = 0  # every write up to this number is durable
+        self.keys: collections.Counter[str] = collections.Counter()  # keys with uncommitted writes
+        self._held: collections.deque[tuple[int, list[Wakeup]]] = collections.deque()
+        self.refused_since: float | None = None  # the store refused the last commit (monotonic)
+        self.poke: Callable[[], None] = lambda: None
+
+    def add(self, key: str, write: Write) -> None:
+        with self._lock:
+            self.written += 1
+            self.pending.append((self.written, key, write))
+            self.keys[key] += 1
+        self.poke()
+
+    def hold(self, wakeups: list[Wakeup]) -> bool:
+        """Hold ``wakeups`` back until every write made so far is committed;
+        False (nothing held) when all are already."""
+        with self._lock:
+            if self.committed >= self.written:
+                return False
+            self._held.append((self.written, wakeups))
+            return True
+
+    def take(self) -> list[tuple[int, str, Write]]:
+        with self._lock:
+            return list(self.pending)
+
+    def for_key(self, key: str) -> list[Write]:
+        with self._lock:
+            return [w for _, k, w in self.pending if k == key] if self.keys[key] else []
+
+    def done(self, taken: list[tuple[int, str, Write]]) -> list[Wakeup]:
+        """``taken`` (a prefix of ``pending``) is committed: the wake-ups it released."""
+        wakeups: list[Wakeup] = []
+        with self._lock:
+            if taken:
+                del self.pending[: len(taken)]
+                for _, key, _ in taken:
+                    self.keys[key] -= 1
+                    if not self.keys[key]:
+                        del self.keys[key]
+                self.committed = taken[-1][0]
+            elif not self.pending:
+                self.committed = self.written
+            while self._held and self._held[0][0] <= self.committed:
+                wakeups += self._held.popleft()[1]
+            self.refused_since = None
+        return wakeups
+
+    def release_all(self) -> list[Wakeup]:
+        """Every wake-up still held (the queue is closing and the store is gone)."""
+        with self._lock:
+            wakeups = [w for _, ws in self._held for w in ws]
+            self._held.clear()
+            return wakeups
+
+
+class Committer(threading.Thread):
+    """Commits a store queue's writes and group transactions, then runs the
+    wake-ups they released (see the module docstring)."""
+
+    def __init__(self, core: StoreCore) -> None:
+        super().__init__(name=f"procq-commit-{core.holder}", daemon=True)
+        self.core = core
+        self._cond = threading.Condition(threading.Lock())
+        self._poked = False
+        self._stopping = False
+        core.commits.poke = self.poke
+
+    def poke(self) -> None:
+        """Commit now: writes are waiting."""
+        with self._cond:
+            self._poked = True
+            self._cond.notify()
+
+    def notice(self) -> None:
+        """A group transaction opened: commit it once its window is over."""
+        with self._cond:
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self.join()
+
+    def run(self) -> None:
+        core = self.core
+        while True:
+            with self._cond:
+                while not (self._stopping or self._poked or self._due()):
+                    self._cond.wait(self._timeout())
+                if self._stopping:
+                    return
+                self._poked = False
+            refused = core.commits.refused_since
+            if refused is not None and time.monotonic() - refused < RETRY:
+                continue  # the store refused the last try: wait for the next one
+            try:
+                core.deliver_now(core.commit())
+            except Exception:  # the thread must live on: the writes stay queued for the next try
+                log.exception("procq store %s: committing failed", core.store.url)
+
+    def _due(self) -> bool:
+        now = time.monotonic()
+        since, refused = self.core.group_since, self.core.commits.refused_since
+        if refused is not None:
+            return now - refused >= RETRY
+        return since is not None and now - since >= GROUP_WINDOW
+
+    def _timeout(self) -> float | None:
+        since, refused = self.core.group_since, self.core.commits.refused_since
+        if refused is not None:
+            return max(0.0, refused + RETRY - time.monotonic())
+        if since is not None:
+            return max(0.0, since + GROUP_WINDOW - time.monotonic())
+        return None
