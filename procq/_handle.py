@@ -81,7 +81,7 @@ class JobHandle(Generic[T]):
             def wakeup() -> None:  # runs in whichever thread settled the job
                 loop.call_soon_threadsafe(resolve)
 
-            if self._core.add_callback(entry, wakeup):
+            if self._core.add_callback(entry, wakeup):  # type: ignore[arg-type]  # (an Ended is settled)
                 yield from future.__await__()
         output: T = _unwrap(entry)
         return output
