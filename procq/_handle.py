@@ -60,7 +60,7 @@ class JobHandle(Generic[T]):
             if self._owner is not None:
                 self._owner._here()  # a forked child's copy: no thread there would ever end the job
             timeout = check_wait(timeout)
-            event = self._core.wait_event(entry)
+            event = self._core.wait_event(entry)  # type: ignore[arg-type]  # (an Ended is settled)
             if event is not None and not event.wait(timeout):
                 raise TimeoutError(f"job {entry.key!r} has not finished after {timeout}s; it keeps running")
         output: T = _unwrap(entry)
