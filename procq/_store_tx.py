@@ -125,6 +125,8 @@ class StoreTransaction:
                 )
                 core.rolled_back(fresh, why)
         core.committer.poke()  # outcomes that waited for the transaction
+        if not committed:
+            return
         for batch in self._batches:
             with batch:
                 for room in batch.offers(ThreadRoom):

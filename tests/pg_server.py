@@ -44,37 +44,79 @@ def _as_postgres() -> list[str]:
     return ["runuser", "-u", "postgres", "--"]
 
 
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[str]:
-    """Start a server for the session; yields its socket directory. Stopped (and its files removed) at the end."""
-    root = tempfile.mkdtemp(prefix="procq-pg-")
-    data = os.path.join(root, "data")
-    prefix = _as_postgres()
-    if prefix:
-        user = pwd.getpwnam("postgres")
-        os.chown(root, user.pw_uid, user.pw_gid)
-    started = False
-    try:
-        subprocess.run([*prefix, "initdb", "-D", data, "-U", "postgres", "-A", "trust"],
+class PgServer:
+    """One throwaway server: ``initdb`` in a temporary directory, listening on
+    a unix socket there only. ``stop()`` and ``start()`` may be called again
+    (a test of a store whose server goes away); ``remove()`` ends it for good."""
+
+    def __init__(self) -> None:
+        self.root = tempfile.mkdtemp(prefix="procq-pg-")
+        self.data = os.path.join(self.root, "data")
+        self.prefix = _as_postgres()
+        self.running = False
+        if self.prefix:
+            user = pwd.getpwnam("postgres")
+            os.chown(self.root, user.pw_uid, user.pw_gid)
+        subprocess.run([*self.prefix, "initdb", "-D", self.data, "-U", "postgres", "-A", "trust"],
                        check=True, capture_output=True, timeout=120)  # fmt: skip
-        options = f"-c listen_addresses='' -c unix_socket_directories={root} -c fsync=off -c max_connections=200"
-        subprocess.run([*prefix, "pg_ctl", "-D", data, "-o", options, "-l", os.path.join(root, "log"), "-w", "start"],
+
+    def url(self, db: str = "postgres") -> str:
+        return f"postgresql:///{db}?host={self.root}&user=postgres"
+
+    def start(self) -> None:
+        options = f"-c listen_addresses='' -c unix_socket_directories={self.root} -c fsync=off -c max_connections=200"
+        log = os.path.join(self.root, "log")
+        subprocess.run([*self.prefix, "pg_ctl", "-D", self.data, "-o", options, "-l", log, "-w", "start"],
                        check=True, capture_output=True, timeout=120)  # fmt: skip
-        started = True
-        yield root
-    finally:
-        if started:
-            subprocess.run([*prefix, "pg_ctl", "-D", data, "-m", "immediate", "-w", "stop"],
-                           capture_output=True, timeout=120)  # fmt: skip
-        shutil.rmtree(root, ignore_errors=True)
+        self.running = True
+
+    def stop(self, mode: str = "fast") -> None:
+        subprocess.run([*self.prefix, "pg_ctl", "-D", self.data, "-m", mode, "-w", "stop"],
+                       check=True, capture_output=True, timeout=120)  # fmt: skip
+        self.running = False
+
+    def remove(self) -> None:
+        try:
+            if self.running:
+                self.stop("immediate")
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
-def pg_url(request: pytest.FixtureRequest) -> str:
-    """A fresh database on the session's server, as a ``postgresql://`` URL."""
+def require_pg() -> None:
+    """Skip the calling test when PostgreSQL cannot run here (fail instead in CI)."""
     if PG_SKIP:
         if _REQUIRED:
             pytest.fail(f"the PostgreSQL tests must run in CI: {PG_SKIP}")
         pytest.skip(PG_SKIP)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """Start a server for the session; yields its socket directory. Stopped (and its files removed) at the end."""
+    server = PgServer()
+    try:
+        server.start()
+        yield server.root
+    finally:
+        server.remove()
+
+
+@pytest.fixture
+def own_pg_server() -> Iterator[PgServer]:
+    """A server of the test's own, started; the test may stop and start it."""
+    require_pg()
+    server = PgServer()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.remove()
+
+
+def pg_url(request: pytest.FixtureRequest) -> str:
+    """A fresh database on the session's server, as a ``postgresql://`` URL."""
+    require_pg()
     import psycopg
 
     root = request.getfixturevalue("pg_server")

@@ -76,5 +76,13 @@ def work(url: str, log: str, n: str, seconds: str, lease: str) -> None:
         print(json.dumps(outputs), flush=True)
 
 
+def later(url: str, key: str, log: str) -> None:
+    """Push ``key`` to run an hour from now, say "claimed", then print its output once it ran."""
+    with ProcQueue(1, store=store(url, 10.0)) as q:
+        pushed = q.push(Job(key, store_jobs.counted, args=(log, "ran"), not_before=3600.0))
+        print("claimed", flush=True)
+        print(pushed.handle.result(timeout=60), flush=True)  # type: ignore[union-attr]
+
+
 if __name__ == "__main__":
-    {"race": race, "hold": hold, "stage": stage, "work": work}[sys.argv[1]](*sys.argv[2:])
+    {"race": race, "hold": hold, "stage": stage, "work": work, "later": later}[sys.argv[1]](*sys.argv[2:])
