@@ -22,7 +22,7 @@ import psutil
 import pytest
 import store_jobs
 from core_support import WAIT, Gate, wait_until
-from pg_server import pg_server, pg_url  # noqa: F401 (pg_server: a fixture)
+from pg_server import pg_url
 from process_support import linux_only, subreaper
 
 from procq import (

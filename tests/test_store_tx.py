@@ -17,7 +17,7 @@ import jobs
 import pytest
 import store_jobs
 from core_support import WAIT, Gate, wait_until
-from pg_server import PgServer, own_pg_server, pg_server, pg_url  # noqa: F401 (fixtures)
+from pg_server import PgServer, pg_url
 
 from procq import (
     Cached,
