@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import pwd
 import shutil
@@ -138,26 +139,66 @@ def postgres() -> Iterator[str]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def _pg_available() -> bool:
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        return False
+    return shutil.which("initdb") is not None and shutil.which("pg_ctl") is not None
+
+
+def _median(fn: Any, rounds: int) -> float:
+    return statistics.median(fn() for _ in range(rounds))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--postgres", action="store_true", help="also run PostgreSQL (needs initdb, pg_ctl, psycopg)")
+    parser.add_argument(
+        "--no-postgres", action="store_true", help="skip PostgreSQL (run when initdb, pg_ctl and psycopg are here)"
+    )
     parser.add_argument("--tiny", type=int, default=5000)
     parser.add_argument("--cached", type=int, default=20000)
-    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=30, help="joiner samples")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of tiny and cached; the median is kept")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="procq-bench-")
+    n = itertools.count()
+    rows: list[tuple[str, str, str, str]] = []
+
+    def fresh_db() -> str:
+        return os.path.join(tmp, f"s{next(n)}.db")
+
     try:
-        print(f"tiny, in memory:  {tiny(None, args.tiny):,.0f} jobs/s")
-        print(f"tiny, SQLite:     {tiny(os.path.join(tmp, 'tiny.db'), args.tiny):,.0f} jobs/s")
-        print(f"cached, SQLite, fresh process: {cached(os.path.join(tmp, 'cached.db'), args.cached):,.0f} pushes/s")
-        med, p90 = joiner(os.path.join(tmp, "join.db"), args.rounds)
+        # Interleaved, so the host's drift hits every store alike.
+        memory = _median(lambda: tiny(None, args.tiny), args.repeat)
+        lite = _median(lambda: tiny(fresh_db(), args.tiny), args.repeat)
+        print(f"tiny, in memory:  {memory:,.0f} jobs/s")
+        print(f"tiny, SQLite:     {lite:,.0f} jobs/s ({lite / memory:.2f}x)")
+        rows.append(("tiny jobs/s (push each, wait all)", f"{memory:,.0f}", f"{lite:,.0f} ({lite / memory:.2f}x)", "0.5x"))
+        cached_lite = _median(lambda: cached(fresh_db(), args.cached), args.repeat)
+        print(f"cached, SQLite, fresh process: {cached_lite:,.0f} pushes/s")
+        rows.append(("cached pushes/s, fresh process", "", f"{cached_lite:,.0f}", ">= 50,000"))
+        med, p90 = joiner(fresh_db(), args.rounds)
         print(f"joiner, SQLite:   median {med:.1f} ms, p90 {p90:.1f} ms")
-        if args.postgres:
+        rows.append(("joiner in another process told (median, p90)", "", f"{med:.1f} ms, {p90:.1f} ms", "50 ms"))
+        if not args.no_postgres and _pg_available():
             with postgres() as url:
-                print(f"tiny, PostgreSQL: {tiny(url, args.tiny):,.0f} jobs/s")
-                print(f"cached, PostgreSQL, fresh process: {cached(url, args.cached):,.0f} pushes/s")
+                pg = _median(lambda: tiny(url, args.tiny), args.repeat)
+                print(f"tiny, PostgreSQL: {pg:,.0f} jobs/s ({pg / memory:.2f}x)")
+                ratio = f"{pg:,.0f} ({pg / memory:.2f}x)"
+                rows.append(("tiny jobs/s, PostgreSQL", f"{memory:,.0f}", ratio, "0.25x"))
+                cached_pg = cached(url, args.cached)
+                print(f"cached, PostgreSQL, fresh process: {cached_pg:,.0f} pushes/s")
+                rows.append(("cached pushes/s, PostgreSQL", "", f"{cached_pg:,.0f}", ""))
                 med, p90 = joiner(url, args.rounds)
                 print(f"joiner, PostgreSQL: median {med:.1f} ms, p90 {p90:.1f} ms")
+                rows.append(("joiner told, PostgreSQL (median, p90)", "", f"{med:.1f} ms, {p90:.1f} ms", "10 ms"))
+        print()
+        print("| measure | in memory | store | target |")
+        print("|---|---:|---:|---|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
+        print(f"\nload average (1 min) at end: {os.getloadavg()[0]:.2f}")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -246,13 +246,22 @@ def stable_fingerprint(job: Any) -> bytes:
         kwargs = {**fn.keywords, **(kwargs or {})}
         fn = fn.func
     head = _head(fn)
-    parts: list[str] = []
+    if not args and not kwargs:
+        return head + _NO_ARGS
     try:
-        _encode(args, parts, [MAX_NODES, MAX_BYTES])
-        _encode(kwargs or {}, parts, [MAX_NODES, MAX_BYTES])
+        return head + _args_digest(args, kwargs or {})
     except (_TooCostly, RecursionError):
         return head
-    return head + _digest("".join(parts))
+
+
+def _args_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    parts: list[str] = []
+    _encode(args, parts, [MAX_NODES, MAX_BYTES])
+    _encode(kwargs, parts, [MAX_NODES, MAX_BYTES])
+    return _digest("".join(parts))
+
+
+_NO_ARGS = _args_digest((), {})  # the digest every call without arguments shares
 
 
 def holder_id() -> str:
