@@ -111,8 +111,12 @@ def _make_job(kind: str, i: int, work: str) -> Job[Any]:
         return Job(key, cj.sleep, args=(30.0,), lane=lane, timeout=10.0)
     if kind in ("raises", "bad_unpickle"):
         return Job(key, getattr(cj, kind), args=(key,), lane=lane)
-    fn: Callable[[], Any] = {"segfault": cj.segfault, "sigkill": cj.sigkill, "exit": cj.exit_now,
-                             "unpicklable": cj.unpicklable}[kind]
+    fn: Callable[[], Any] = {
+        "segfault": cj.segfault,
+        "sigkill": cj.sigkill,
+        "exit": cj.exit_now,
+        "unpicklable": cj.unpicklable,
+    }[kind]
     return Job(key, fn, lane=lane)
 
 

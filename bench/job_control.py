@@ -118,28 +118,36 @@ def main() -> None:
     samples, n, lat_n, rounds = (5, 2000, 300, 1) if args.quick else (20, 10000, 2000, 3)
     # An untrusted job costs a fork: a few milliseconds, not microseconds.
     un, un_lat = max(50, n // 20), max(30, lat_n // 20)
-    print(f"procq job control benchmark; {os.cpu_count()} CPUs, {platform.python_implementation()} "
-          f"{platform.python_version()}, {platform.platform()}")
+    print(
+        f"procq job control benchmark; {os.cpu_count()} CPUs, {platform.python_implementation()} "
+        f"{platform.python_version()}, {platform.platform()}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for ignore in (False, True):
             exits, wakes = kill_latency(samples, ignore, tmp)
             what = "job ignores SIGTERM (SIGKILL after 50 ms grace)" if ignore else "job ends on SIGTERM"
-            print(f"kill latency, {what}, {samples} samples: worker gone p50 {statistics.median(exits):.1f} ms, "
-                  f"max {max(exits):.1f} ms; waiter woken p50 {statistics.median(wakes):.1f} ms, "
-                  f"max {max(wakes):.1f} ms  (target: gone within 100 ms: "
-                  f"{'met' if max(exits) <= 100 else 'MISSED'})")
+            print(
+                f"kill latency, {what}, {samples} samples: worker gone p50 {statistics.median(exits):.1f} ms, "
+                f"max {max(exits):.1f} ms; waiter woken p50 {statistics.median(wakes):.1f} ms, "
+                f"max {max(wakes):.1f} ms  (target: gone within 100 ms: "
+                f"{'met' if max(exits) <= 100 else 'MISSED'})"
+            )
     rates: dict[bool, list[float]] = {True: [], False: []}
     lats: dict[bool, list[float]] = {True: [], False: []}
     for r in range(rounds):
-        for trusted in ((True, False) if r % 2 == 0 else (False, True)):
+        for trusted in (True, False) if r % 2 == 0 else (False, True):
             rates[trusted].append(tiny(trusted, n if trusted else un))
             lats[trusted].append(latency(trusted, lat_n if trusted else un_lat))
     t, u = statistics.median(rates[True]), statistics.median(rates[False])
     tl, ul = statistics.median(lats[True]), statistics.median(lats[False])
-    print(f"tiny ({n} / {un} jobs, medians of {rounds} rounds): trusted {t:,.0f} jobs/s, untrusted {u:,.0f} "
-          f"jobs/s (untrusted/trusted {u / t:.3f})")
-    print(f"latency p50 ({lat_n} / {un_lat} samples): trusted {tl:.0f} us, untrusted {ul:.0f} us "
-          f"(untrusted/trusted {ul / tl:.1f})")
+    print(
+        f"tiny ({n} / {un} jobs, medians of {rounds} rounds): trusted {t:,.0f} jobs/s, untrusted {u:,.0f} "
+        f"jobs/s (untrusted/trusted {u / t:.3f})"
+    )
+    print(
+        f"latency p50 ({lat_n} / {un_lat} samples): trusted {tl:.0f} us, untrusted {ul:.0f} us "
+        f"(untrusted/trusted {ul / tl:.1f})"
+    )
 
 
 if __name__ == "__main__":

@@ -86,9 +86,7 @@ def loadavg() -> str:
 # --- the table ------------------------------------------------------------------------
 
 
-def table(
-    workloads: list[Workload], engines: list[str], med: Medians, na: NotApplicableRuns, cfg: Config
-) -> list[str]:
+def table(workloads: list[Workload], engines: list[str], med: Medians, na: NotApplicableRuns, cfg: Config) -> list[str]:
     """One markdown table: a row per metric, a column per engine. A peer's cell
     shows its median and, in brackets, procq / that peer."""
     head = "| workload | metric | better | " + " | ".join(engines) + " |"

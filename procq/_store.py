@@ -59,6 +59,7 @@ __all__ = [
     "StoreUnavailable",
     "Taken",
     "decode_outcome",
+    "decode_output",
     "encode_outcome",
     "interrupted",
     "judge",
@@ -164,6 +165,9 @@ class Conn(Protocol):
         """The not_before of every live row ``holder`` holds that has one."""
 
     def read(self, key: str) -> Row | None: ...
+    def read_done(self, key: str) -> tuple[bytes, str | None, bytes | None, float] | None:
+        """(output, encoding, fp, ended) of the key's row if it is done."""
+
     def rows(self, keys: list[str]) -> dict[str, Row]: ...
     def scan(self, prefix: str | None) -> list[Row]: ...
     def dead_holders(self) -> set[str]:
@@ -319,10 +323,14 @@ def decode_outcome(
 ) -> Completed[Any] | Failed:
     if state == "done":
         assert output is not None
-        # A store is as trusted as the code that opens it: its pickles are loaded.
-        return Completed(pickle.loads(output) if encoding == "pickle" else json.loads(output))
+        return Completed(decode_output(output, encoding))
     assert failure is not None
     return Failed(decode_failure(json.loads(failure)))
+
+
+def decode_output(output: bytes, encoding: str | None) -> Any:
+    # A store is as trusted as the code that opens it: its pickles are loaded.
+    return pickle.loads(output) if encoding == "pickle" else json.loads(output)
 
 
 def encode_failure(failure: Failure) -> str:

@@ -130,6 +130,8 @@ class Committer(threading.Thread):
         self._cond = threading.Condition(threading.Lock())
         self._poked = False
         self._stopping = False
+        self._last = 0.0  # when the last commit ended (monotonic)
+        self._took = 0.0  # how long it took
         core.commits.poke = self.poke
 
     def poke(self) -> None:
@@ -161,10 +163,23 @@ class Committer(threading.Thread):
             refused = core.commits.refused_since
             if refused is not None and time.monotonic() - refused < RETRY:
                 continue  # the store refused the last try: wait for the next one
+            # Commits at most every GROUP_WINDOW: outcomes that arrive in a
+            # stream share a commit (and the pushes get the connection between).
+            # (Or twice as long as the last commit took, where a commit waits
+            # for the disk: pushes keep two thirds of the connection's time.)
+            rest = self._last + max(GROUP_WINDOW, 2 * self._took) - time.monotonic()
+            if rest > 0:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping, rest)
+            began = time.monotonic()
             try:
-                core.deliver_now(core.commit())
+                wakeups = core.commit()
             except Exception:  # the thread must live on: the writes stay queued for the next try
                 log.exception("procq store %s: committing failed", core.store.url)
+                wakeups = []
+            self._last = time.monotonic()
+            self._took = self._last - began
+            core.deliver_now(wakeups)
 
     def _due(self) -> bool:
         now = time.monotonic()

@@ -46,6 +46,7 @@ from procq._store import (
     Store,
     StoreUnavailable,
     Taken,
+    decode_output,
     holder_id,
     interrupted,
     judge,
@@ -176,6 +177,19 @@ class StoreCore(Core):
     # --- claiming -----------------------------------------------------------------------
 
     def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None = None, due: float | None = None) -> Claim:
+        key = job.key
+        if self._read_first() and (job.reuse or self.keys.reuse) != "always" and not self.commits.keys.get(key):
+            # The common answer of a store, a completed key: one read, no lock of the core.
+            # (A key live here, or claimed by another thread meanwhile, has no done row
+            # unless reuse="always", which does not come this way.)
+            with self.db_lock:
+                done = self.conn.read_done(key)
+            if done is not None and (self.retention.ttl is None or time.time() - done[3] < self.retention.ttl):
+                output, encoding, held_fp, _ = done
+                cached = decode_output(output, encoding)
+                if not self.check_payload or held_fp is None:
+                    return new_claim(Claim, (CACHED, cached, None))
+                return new_claim(Claim, (CACHED, cached, conflict(held_fp, stable_fingerprint(job), None)))
         claims, _ = self.claim_all([(job, lane, fp, due)])
         return claims[0]
 
@@ -226,7 +240,7 @@ class StoreCore(Core):
         reuse = job.reuse or self.keys.reuse
         conn = self.conn
         wakeups: list[Wakeup] = []
-        if self.store.read_first:  # a done key answers from a read, with no write lock taken
+        if self._read_first():  # a done key answers from a read, with no write lock taken
             row = conn.read(key)
             if row is not None and row.state == "done" and reuse != "always" and not self.row_expired(row):
                 return self._cached(row, job), wakeups
@@ -281,6 +295,13 @@ class StoreCore(Core):
         else:
             conn.put(row)
         return claim, wakeups
+
+    def _read_first(self) -> bool:
+        """Read a key's row before claiming it? Where a read takes no lock
+        (SQLite), so that a done key costs no write lock; but not while the
+        group transaction is open: it holds the write lock already, and the
+        claim's own statement reads the row."""
+        return self.store.read_first and not self.conn.in_tx
 
     def _cached(self, row: Row, job: Job[Any]) -> Claim:
         return new_claim(Claim, (CACHED, row.outcome().output, self._conflict(row, job)))  # type: ignore[union-attr]

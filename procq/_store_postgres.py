@@ -93,6 +93,7 @@ _RESTORE = (
     "failure = %s, attempts = %s, not_before = %s, created = %s, ended = %s WHERE key = %s AND run = %s"
 )
 _CLAIM = "SELECT * FROM procq_claim(%s, %s, %s, %s, %s, %s, %s)"
+_READ_DONE = "SELECT output, encoding, fp, ended FROM procq_keys WHERE key = %s AND state = 'done'"
 _BATCH = 500  # rows a retention sweep deletes per statement
 # The advisory lock that serialises creating the schema (any constant of our own).
 _SCHEMA_LOCK = 0x70726F6371
@@ -279,6 +280,13 @@ class PostgresConn:
     def read(self, key: str) -> Row | None:
         found = self._query(f"SELECT {COLUMNS} FROM procq_keys WHERE key = %s", (key,))
         return _row(found[0]) if found else None
+
+    def read_done(self, key: str) -> tuple[bytes, str | None, bytes | None, float] | None:
+        found = self._query(_READ_DONE, (key,))
+        if not found:
+            return None
+        output, encoding, fp, ended = found[0]
+        return bytes(output), encoding, None if fp is None else bytes(fp), ended
 
     def rows(self, keys: list[str]) -> dict[str, Row]:
         found = self._query(f"SELECT {COLUMNS} FROM procq_keys WHERE key = ANY(%s)", (keys,))

@@ -132,6 +132,8 @@ class Watcher(threading.Thread):
                 self._wake.clear()
                 if self._stopping:
                     return
+                with self._lock:  # (a key watched while this thread waited counts)
+                    watching = bool(self._watched)
                 if time.monotonic() >= renew_at:
                     self.conn.renew(core.holder, lease)
                     renew_at = time.monotonic() + lease / 3

@@ -22,6 +22,7 @@ from procq._store import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailab
 
 __all__ = ["SqliteStore"]
 
+_READ_DONE = "SELECT output, encoding, fp, ended FROM procq_keys WHERE key = ? AND state = 'done'"
 _BATCH = 500  # rows a retention sweep deletes per transaction
 
 _DDL = [
@@ -201,6 +202,10 @@ class SqliteConn:
     def read(self, key: str) -> Row | None:
         found = self._query(f"SELECT {COLUMNS} FROM procq_keys WHERE key = ?", (key,))
         return Row(*found[0]) if found else None
+
+    def read_done(self, key: str) -> tuple[bytes, str | None, bytes | None, float] | None:
+        found = self._query(_READ_DONE, (key,))
+        return None if not found else found[0]
 
     def rows(self, keys: list[str]) -> dict[str, Row]:
         marks = ",".join("?" * len(keys))
