@@ -12,6 +12,7 @@ see and reap: "no process left" can be checked on both sides.
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import json
 import os
 import signal
@@ -23,11 +24,31 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from process_support import subreaper
 
 TESTS = str(Path(__file__).resolve().parent)
 #: Bound on starting the cluster (processes on 2 busy cores).
 START_TIMEOUT = 60.0
+
+
+def import_distributed() -> Any:
+    """``distributed``, or the calling test module skipped when it is missing
+    (failed under CI, which installs procq[dask]: there it is a broken install).
+
+    Importing it installs tblib's pickling of exceptions for the whole process
+    (``copyreg``); other test modules compare pickles byte for byte, so that is
+    undone here (the client in this process does not need it)."""
+    reducers = dict(copyreg.dispatch_table)
+    try:
+        import distributed
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip("distributed is not installed (pip install 'procq[dask]')", allow_module_level=True)
+    copyreg.dispatch_table.clear()
+    copyreg.dispatch_table.update(reducers)
+    return distributed
 
 
 def _dask(*args: str) -> list[str]:

@@ -15,25 +15,17 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-try:
-    import dask
-    import distributed
-except ImportError:  # pragma: no cover - the dask extra is not installed
-    if os.environ.get("CI") == "true":
-        raise  # CI installs procq[dask]: a missing distributed there is a broken install
-    pytest.skip("distributed is not installed (pip install 'procq[dask]')", allow_module_level=True)
-
 import jobs
 import jobs_dask
 import psutil
+import pytest
 from conftest import _helper_pids
 from core_support import WAIT, Gates, open_queue
-from dask_cluster import Cluster, running_cluster
+from dask_cluster import Cluster, import_distributed, running_cluster
 
-from procq import Cached, Failed, InFlight, Job, JobFailed, ProcQueue, Queued, Retry
-from procq._dask_lane import DaskLane
+from procq import Cached, DaskLane, Failed, InFlight, Job, JobFailed, ProcQueue, Queued, Retry
+
+distributed = import_distributed()  # (or the module is skipped)
 
 LANE = "cluster"
 
@@ -266,6 +258,8 @@ def test_an_existing_client_is_used_and_left_open(cluster: Cluster) -> None:
 
 
 def test_a_scheduler_that_reruns_tasks_is_refused(cluster: Cluster) -> None:
+    import dask
+
     with (
         dask.config.set({"distributed.scheduler.allowed-failures": 3}),
         distributed.LocalCluster(n_workers=0, processes=False, dashboard_address=":0") as reruns,
