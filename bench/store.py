@@ -28,7 +28,6 @@ from typing import Any
 from bench.store_jobs import noop, stamp_when_released
 from procq import Job, Lane, ProcQueue
 
-
 _runs = itertools.count()
 
 

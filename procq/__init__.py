@@ -18,7 +18,8 @@ The public names below are re-exported from private modules, one role each.
 Values and configuration (no state, no threads):
 
 - ``_job``: ``Job``, ``Lane``, ``Retry``, ``Retention`` and the checks behind
-  their arguments. ``_settings``: byte sizes, and a lane's worker settings
+  their arguments. ``_dask_lane``: ``DaskLane``, a lane whose jobs run on a
+  Dask cluster (``procq[dask]``). ``_settings``: byte sizes, and a lane's worker settings
   (env, rlimits, cwd, worker counts against the descriptor limit).
 - ``_values``: where a key is (``Pending`` ... ``Failed``, ``Failure``,
   ``FailureKind``), push outcomes, stats.
@@ -70,7 +71,9 @@ The supervisor's I/O side (its one thread per queue):
   failures it gives jobs.
 - ``_channel``: the ``WorkerChannel`` interface through which the supervisor
   reaches a worker; ``_channel_trusted`` and ``_channel_untrusted`` are its two
-  kinds. ``_processes``: processes, their trees, memory and exits.
+  local kinds, ``_channel_dask`` a slot of a Dask lane (a job at a time, sent
+  as a task through the Dask client's event loop). ``_processes``: processes,
+  their trees, memory and exits.
   ``_undertaker``: the small process per queue that kills the workers'
   process groups should the supervisor's process die.
 - ``_protocol``: what travels on a worker's pipe, framed, and the typed events
@@ -84,7 +87,10 @@ process per job; ``_json_keys``: its results' dict keys, checked).
 not) and may do itself (capabilities, ``no_new_privs``, Landlock), and the
 supervisor's "untraceable" latch. ``_forkserver_guard``: imported only by the
 forkserver procq starts, to make it untraceable and fork only for its parent.
-``_demo`` and ``_demo_jobs``: ``python -m procq demo``.
+``_dask_remote``: the far side of a Dask lane, run by the Dask workers: the
+task that hands each job to a procq worker process there and watches it
+(its death, its time and memory limits, a kill). ``_demo`` and
+``_demo_jobs``: ``python -m procq demo``.
 
 Which thread touches what
 -------------------------
@@ -104,6 +110,9 @@ a lane's decode thread  what its lane's reports left undecoded, with no lock hel
                         may run the job's classes' code); then ``Core.decoded``, or
                         the I/O thread's inbox of decoded messages
 a worker process        nothing of the supervisor's: only its own pipe
+a Dask client's event   a Dask slot's own task state, its inbox (a deque) and its
+loop thread             two pipes' write ends, under the slot's lock; never
+                        ``Core``, never user code
 a child made by fork    nothing of its parent's queue: the fork marks its copy
                         foreign (``WrongProcess``), and it closes nothing at exit
 ======================  ==========================================================
@@ -137,6 +146,7 @@ _SOURCES = {
     "Store": "procq._store",
     "StoreError": "procq._store",
     "StoreUnavailable": "procq._store",
+    "DaskLane": "procq._dask_lane",
     "JobHandle": "procq._handle",
     "ProcQueue": "procq._queue",
     "Job": "procq._job",
@@ -157,6 +167,7 @@ _SOURCES = {
 }
 
 if TYPE_CHECKING:
+    from procq._dask_lane import DaskLane
     from procq._errors import (
         JobFailed,
         JobPicklingError,
@@ -208,6 +219,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cached",
     "Completed",
+    "DaskLane",
     "Failed",
     "Failure",
     "FailureKind",

@@ -8,10 +8,11 @@ the same worker (which jobs it holds, whether it is alive) and keeps the
 channel in ``WorkerSlot.channel``; the core never calls it.
 
 Kinds: ``TrustedChannel`` (``_channel_trusted``: a ``multiprocessing`` child,
-pickled answers read in bulk) and ``UntrustedChannel`` (``_channel_untrusted``:
+pickled answers read in bulk), ``UntrustedChannel`` (``_channel_untrusted``:
 a fresh ``python -I`` that forks a process per job, JSON answers checked one
-by one). A new kind of worker (a remote one, say) is a new subclass of
-``WorkerChannel``, chosen by ``_supervisor.channel_kind``.
+by one) and ``DaskChannel`` (``_channel_dask``: one slot of a ``DaskLane``,
+whose jobs run as tasks on a Dask cluster). A new kind of worker is a new
+subclass of ``WorkerChannel``, chosen by ``channel_kind``.
 
 Sending follows the core's rule of rights to send (``WorkerSlot.sending``, see
 ``_supervisor``): the caller of a ``send_*`` method holds rights, and the
@@ -27,7 +28,7 @@ import pickle
 import signal
 import threading
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from procq._processes import ExecProcess, find_descendants, process_pss, process_rss, signal_group, tree_memory
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from procq._core import Core
     from procq._entries import Entry, LaneState, WorkerSlot
 
-__all__ = ["Launch", "ProcessChannel", "WorkerChannel"]
+__all__ = ["Launch", "ProcessChannel", "WorkerChannel", "channel_kind"]
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Launch:
     context: Any  # the queue's multiprocessing context
     name: str  # the queue's name, in its workers' process names
     alive_fd: int  # reaches EOF when the supervisor's process dies
+    # What a kind of channel keeps per lane for the queue's life (a Dask
+    # lane's client), by lane name; see ``WorkerChannel.close_lane``.
+    lanes: dict[str, Any] = field(default_factory=dict)
 
 
 class WorkerChannel(ABC):
@@ -67,6 +71,12 @@ class WorkerChannel(ABC):
     @abstractmethod
     def start(cls, lane: LaneState, launch: Launch) -> WorkerChannel:
         """Start a worker for ``lane``; raises if it cannot be started."""
+
+    @classmethod
+    def close_lane(cls, lane: LaneState, launch: Launch) -> None:
+        """The queue stopped and every worker of ``lane`` is reaped: close what
+        the kind keeps for the lane (``Launch.lanes``). Nothing, by default."""
+        return None
 
     @abstractmethod
     def send_job(self, core: Core, worker: WorkerSlot, entry: Entry) -> None:
@@ -125,6 +135,20 @@ class WorkerChannel(ABC):
     @abstractmethod
     def release(self) -> None:
         """Close what is left (the death sentinel) once it is reaped and unwatched."""
+
+
+def channel_kind(lane: LaneState) -> type[WorkerChannel]:
+    """The kind of worker ``lane`` runs: a new kind is one more class here.
+    (Imported here, not at the top: each kind's module imports this one, and
+    a Dask lane's needs procq's dask extra.)"""
+    if lane.spec.remote:
+        from procq._channel_dask import DaskChannel
+
+        return DaskChannel
+    from procq._channel_trusted import TrustedChannel
+    from procq._channel_untrusted import UntrustedChannel
+
+    return TrustedChannel if lane.spec.trusted else UntrustedChannel
 
 
 class ProcessChannel(WorkerChannel):

@@ -54,7 +54,7 @@ from procq._worker import worker_main
 if TYPE_CHECKING:
     from procq._entries import LaneState, WorkerSlot
 
-__all__ = ["INLINE_DECODE_BYTES", "TrustedChannel", "describe_error"]
+__all__ = ["INLINE_DECODE_BYTES", "TrustedChannel", "describe_error", "error_report", "result_outcome"]
 
 #: A trusted worker's messages have no size limit but the format's.
 TRUSTED_LIMIT = 1 << 62
@@ -74,7 +74,7 @@ def describe_error(exc: BaseException) -> str:
         return f"<{type(exc).__qualname__}>"
 
 
-def _result_failure(exc: BaseException, pid: int) -> Failed:
+def _result_failure(exc: BaseException, pid: int | None) -> Failed:
     return Failed(
         Failure(
             "error",
@@ -90,7 +90,7 @@ class PickledResult(Undecoded):
 
     __slots__ = ("data", "pid")
 
-    def __init__(self, data: bytes | bytearray, pid: int) -> None:
+    def __init__(self, data: bytes | bytearray, pid: int | None) -> None:
         self.data = data
         self.pid = pid
 
@@ -106,7 +106,7 @@ class _Raised:
 
     __slots__ = ("exc_type", "kind", "pid", "tb", "text")
 
-    def __init__(self, kind: FailureKind, exc_type: str, text: str, tb: str, pid: int) -> None:
+    def __init__(self, kind: FailureKind, exc_type: str, text: str, tb: str, pid: int | None) -> None:
         self.kind = kind
         self.exc_type = exc_type
         self.text = text
@@ -179,13 +179,13 @@ class TrustedChannel(ProcessChannel):
                 break
             job_id, tag = unpack(frame, end)
             if tag == OK:
-                events.append(new(Report, (job_id, self._result(frame, end), False, False)))
+                events.append(new(Report, (job_id, result_outcome(frame, end, self.pid), False, False)))
             elif tag == OK_OBJECTS:
                 events.append(new(Report, (job_id, PickledResult(frame, self.pid), False, False)))
             elif tag == READY:
                 events.append(_READY)
             elif tag == ERROR:
-                events.append(self._error(job_id, frame, end))
+                events.append(error_report(job_id, frame, end, self.pid))
             elif tag == SKIPPED:
                 # q.cancel() gave the job its failure already (Core.jobs_done uses it);
                 # this one only stands in should that ever not be so.
@@ -196,40 +196,42 @@ class TrustedChannel(ProcessChannel):
                 break
         return events
 
-    def _result(self, frame: bytes | bytearray, end: int) -> Completed[Any] | Failed | Undecoded:
-        """An OK message's result, which names no class or function (the
-        worker checked the pickle it made: ``_plain.result_frame``): decoded here,
-        unless it is large."""
-        if end > INLINE_DECODE_BYTES:
-            return PickledResult(frame, self.pid)
-        try:
-            return Completed(pickle.loads(frame))
-        except Exception as exc:  # a broken pickle: decoding it ran nothing, and failed
-            return _result_failure(exc, self.pid)
 
-    def _error(self, job_id: int, frame: bytes | bytearray, end: int) -> Report:
-        """An ERROR message. Kind "protocol" here: the worker refused to send
-        a result over max_result_bytes; it broke nothing and stays. Kind
-        "memory": the job went over its memory limit, which leaves a worker
-        that may be bloated or half broken (and maybe children): it is replaced.
-        Its fields are plain data, decoded here; the exception is decoded here
-        only if it is a built-in one."""
-        try:
-            exc_bytes, exc_type, text, tb, kind = load_data(frame)
-        except Exception as exc:  # our own worker wrote it: only a broken pipe does this
-            failure = Failure("error", f"the job's error could not be decoded in the supervisor: {exc!r}", pid=self.pid)
-            return Report(job_id, Failed(failure), False, False)
-        raised = _Raised(kind, exc_type, text, tb, self.pid)
-        outcome: Completed[Any] | Failed | Undecoded
-        if exc_bytes is None:
-            outcome = raised.failed()
-        else:
-            outcome = PickledError(exc_bytes, raised)
-            if len(exc_bytes) <= INLINE_DECODE_BYTES:
-                try:
-                    outcome = raised.with_exception(load_data(exc_bytes, BuiltinExceptions))
-                except NeedsCode:
-                    pass
-                except Exception as exc:
-                    outcome = raised.unloadable(exc)
-        return Report(job_id, outcome, kind == "memory", False)
+def result_outcome(frame: bytes | bytearray, end: int, pid: int | None) -> Completed[Any] | Failed | Undecoded:
+    """An OK message's result, which names no class or function (the
+    worker checked the pickle it made: ``_plain.result_frame``): decoded here,
+    unless it is large."""
+    if end > INLINE_DECODE_BYTES:
+        return PickledResult(frame, pid)
+    try:
+        return Completed(pickle.loads(frame))
+    except Exception as exc:  # a broken pickle: decoding it ran nothing, and failed
+        return _result_failure(exc, pid)
+
+
+def error_report(job_id: int, frame: bytes | bytearray, end: int, pid: int | None) -> Report:
+    """An ERROR message. Kind "protocol" here: the worker refused to send
+    a result over max_result_bytes; it broke nothing and stays. Kind
+    "memory": the job went over its memory limit, which leaves a worker
+    that may be bloated or half broken (and maybe children): it is replaced.
+    Its fields are plain data, decoded here; the exception is decoded here
+    only if it is a built-in one."""
+    try:
+        exc_bytes, exc_type, text, tb, kind = load_data(frame)
+    except Exception as exc:  # our own worker wrote it: only a broken pipe does this
+        failure = Failure("error", f"the job's error could not be decoded in the supervisor: {exc!r}", pid=pid)
+        return Report(job_id, Failed(failure), False, False)
+    raised = _Raised(kind, exc_type, text, tb, pid)
+    outcome: Completed[Any] | Failed | Undecoded
+    if exc_bytes is None:
+        outcome = raised.failed()
+    else:
+        outcome = PickledError(exc_bytes, raised)
+        if len(exc_bytes) <= INLINE_DECODE_BYTES:
+            try:
+                outcome = raised.with_exception(load_data(exc_bytes, BuiltinExceptions))
+            except NeedsCode:
+                pass
+            except Exception as exc:
+                outcome = raised.unloadable(exc)
+    return Report(job_id, outcome, kind == "memory", False)

@@ -212,10 +212,10 @@ class Dispatch:
         """Send short jobs ahead to a busy worker: while its lane's jobs run
         for less than ``PIPELINE_WINDOW`` on average, keep up to
         ``PIPELINE_DEPTH`` jobs in flight to it, so it goes from one to the
-        next without waiting for the supervisor. Never for untrusted lanes,
-        and never a job with a time or memory limit, or behind one: those
-        start only on a worker with nothing queued, so their limits count
-        from their real start."""
+        next without waiting for the supervisor. Never for untrusted or
+        remote lanes, and never a job with a time or memory limit, or behind
+        one: those start only on a worker with nothing queued, so their
+        limits count from their real start."""
         lane = worker.lane
         spec = lane.spec
         running = worker.entry
@@ -223,6 +223,7 @@ class Dispatch:
             lane.service is None
             or running is None
             or not spec.trusted
+            or spec.remote
             or worker.life is not READY
             or worker.retire_requested
             or running.deadline is not None

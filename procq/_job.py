@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from procq._settings import (
     MAX_WORKERS,
@@ -379,6 +379,11 @@ class Lane:
     cwd: str | os.PathLike[str] | None = None
     kill_grace: float = 0.05
     max_result_values: int = DEFAULT_RESULT_VALUES
+
+    #: Are its workers elsewhere than on this machine (``DaskLane``)? Then the
+    #: limits that act on a job's process (time, memory) are enforced where it
+    #: runs, not by the supervisor, and no job is sent ahead to a busy worker.
+    remote: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if isinstance(self.workers, bool) or not isinstance(self.workers, int):

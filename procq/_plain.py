@@ -17,6 +17,7 @@ import builtins
 import io
 import os
 import pickle
+import re
 import struct
 from typing import Any
 
@@ -44,6 +45,12 @@ CHECKED_BYTES = 1 << 24
 #: NEWOBJ, ...) needs a class or function named first.
 _NAMING_OPCODES = (b"\x82", b"\x83", b"\x84", b"\x93")
 _TEXT_NAMING_OPCODES = (b"c", b"i")
+_NAMING_SEARCH = re.compile(rb"[\x82\x83\x84\x93]").search
+_TEXT_NAMING_SEARCH = re.compile(rb"[ci]").search
+#: Below this size one regular-expression search (a single C call) beats a
+#: memchr per opcode byte, whose Python-level loop costs more than the scan:
+#: most results of small jobs are a few bytes.
+_SMALL = 64
 
 
 def names_nothing(data: bytes | bytearray) -> bool:
@@ -51,7 +58,11 @@ def names_nothing(data: bytes | bytearray) -> bool:
     an opcode that names a class or function are in it. (It errs on the safe
     side: such a byte inside a string or a number counts too.) One memchr per
     opcode byte: gigabytes a second, where a regular expression's character
-    class scans at a few tens of megabytes."""
+    class scans at a few tens of megabytes (but wins on a few bytes)."""
+    if len(data) < _SMALL:
+        if _NAMING_SEARCH(data) is not None:
+            return False
+        return data.count(b"\n") < 2 or _TEXT_NAMING_SEARCH(data) is None
     for op in _NAMING_OPCODES:
         if op in data:
             return False

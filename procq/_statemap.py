@@ -214,8 +214,9 @@ class StateMap:
         worker.entry = entry
         worker.jobs += 1
         worker.started = now
-        timeout = entry.job.timeout if entry.job.timeout is not None else entry.lane.spec.timeout
-        if timeout is not None:
+        spec = entry.lane.spec
+        timeout = entry.job.timeout if entry.job.timeout is not None else spec.timeout
+        if timeout is not None and not spec.remote:  # (a remote lane's time runs where its job runs)
             self.timers.limit(entry, now + timeout)
 
     def finish(self, entry: Entry, outcome: Completed[Any] | Failed, now: float) -> list[Wakeup]:

@@ -58,14 +58,17 @@ class Stopping:
         return doomed
 
     def memory_limited(self) -> list[tuple[WorkerSlot, Entry]]:
-        """Running jobs with a memory limit, with their workers."""
+        """Running jobs with a memory limit, with their workers (on this machine)."""
         if not self.keys.memory_jobs:
             return []
         return [
             (w, w.entry)
             for lane in self.dispatch.lanes.values()
             for w in lane.workers
-            if w.entry is not None and w.entry.memory_limit is not None and w.entry.kill_reason is None
+            if w.entry is not None
+            and w.entry.memory_limit is not None
+            and w.entry.kill_reason is None
+            and not lane.spec.remote  # (measured where it runs)
         ]
 
     def decide_kill(self, worker: WorkerSlot, entry: Entry, failure: Failure) -> bool:

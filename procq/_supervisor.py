@@ -43,6 +43,8 @@ Who owns what, and what each pipe carries::
                                            a process per job and relays its JSON answer, then
                                            its exit; read by a non-blocking FrameReader and
                                            checked message by message; a job ends at its exit
+                         DaskChannel:      one slot of a Dask lane: a job at a time, a task on
+                                           the cluster (``_channel_dask``, ``_dask_remote``)
                        worker process (one pipe each; nothing shared)
                          starts -> sets up (cwd, env, rlimits, closes inherited fds) -> READY
                          RUN / RUN_MANY frame -> run each job under its limits, in order;
@@ -73,12 +75,10 @@ as the child lived. Why an untrusted worker is never read with
 ``recv_bytes``: it blocks until a frame is whole, so a worker that wrote half
 a frame and stopped would stall this thread and every lane with it.
 
-Beside this module: ``_supervisor_wait`` (``Watcher``: the selector and the
-wake-up pipe; ``Timers``: when this thread must next act on its own; the
-last wait for workers), ``_supervisor_decode`` (the lanes' decode threads),
+Beside it: ``_supervisor_wait`` (the selector, the wake-up pipe, its timers,
+the last wait for workers), ``_supervisor_decode`` (decode threads),
 ``_supervisor_failures`` (the failures it gives jobs), ``_channel`` and its
-kinds (a worker's pipe and process) and ``_processes`` (a worker's death,
-memory and process tree). Should this thread die of an exception, the queue
+kinds, ``_processes``. Should this thread die of an exception, the queue
 closes itself at once, saying why (``Core.break_down``).
 """
 
@@ -90,9 +90,7 @@ import threading
 import traceback
 from typing import Any
 
-from procq._channel import Launch, WorkerChannel
-from procq._channel_trusted import TrustedChannel
-from procq._channel_untrusted import UntrustedChannel
+from procq._channel import Launch, channel_kind
 from procq._core import Core, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
 from procq._dispatch import Reported
 from procq._processes import children_map, next_sample
@@ -114,11 +112,6 @@ BOOT_BACKOFF = 0.05
 BOOT_BACKOFF_MAX = 5.0
 #: After this many workers in a row died while starting, a lane's waiting jobs fail.
 BOOT_FAILURES_TO_FAIL_JOBS = 3
-
-
-def channel_kind(lane: LaneState) -> type[WorkerChannel]:
-    """The kind of worker ``lane`` runs: a new kind is one more class here."""
-    return TrustedChannel if lane.spec.trusted else UntrustedChannel
 
 
 class Supervisor:
@@ -481,12 +474,12 @@ class Supervisor:
         descendants = worker.channel.terminate()
         self._timers.kill_later(self.clock() + grace, worker, descendants)
 
+    def _hurried(self) -> bool:
+        return self._cancel or self.core.cancelled
+
     def _kill_all(self, workers: list[WorkerSlot]) -> None:
         for worker in workers:
             worker.channel.kill()
-
-    def _hurried(self) -> bool:
-        return self._cancel or self.core.cancelled
 
     def _shutdown(self) -> None:
         """Stop every worker and reap it (``stop_workers``), then close what this thread owns."""
@@ -494,6 +487,8 @@ class Supervisor:
         if self.core.live_count():  # only if the loop failed: nothing may hang
             self._kill_all(self.core.cancel_all("was cancelled: the queue's supervisor stopped"))
         stop_workers(self.core, self._watcher, self._timers, self._hurried, self._undertaker.forget)
+        for lane in self.core.lanes.values():
+            channel_kind(lane).close_lane(lane, self._launch)
         self._decoders.close()
         self._watcher.close()
         self._undertaker.stop()

@@ -6,6 +6,7 @@ does, it fails only its own job, and the key is Processing until it ends."""
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,12 @@ import jobs_decoding as jd
 import jobs_hardening as hj
 import pytest
 from core_support import failure_of, open_queue
+from hypothesis import given
+from hypothesis import strategies as st
 
 from procq import Completed, Failed, Job, JobFailed, Lane, Processing, Retry
+from procq._plain import names_nothing, result_frame
+from procq._protocol import OK, TRAILER
 
 
 def test_user_code_in_a_result_runs_on_its_lanes_decode_thread() -> None:
@@ -147,3 +152,27 @@ def test_a_lanes_own_bound_on_values() -> None:
 def test_max_result_values_must_be_a_positive_int(bad: Any) -> None:
     with pytest.raises(ValueError, match="lane max_result_values must be an int of at least 1"):
         Lane(trusted=False, max_result_values=bad)
+
+
+_NAMING = b"\x82\x83\x84\x93"
+
+
+@given(st.binary(max_size=200), st.integers(min_value=0, max_value=3))
+def test_the_opcode_scan_errs_only_on_the_safe_side(data: bytes, newlines: int) -> None:
+    """``names_nothing`` (one regular expression for a few bytes, a memchr
+    per opcode byte beyond) clears a pickle exactly when no byte of a naming
+    opcode is in it, or only text ones with fewer than two newlines."""
+    data += b"\n" * newlines
+    expected = not any(b in _NAMING for b in data) and (data.count(b"\n") < 2 or not any(b in b"ci" for b in data))
+    assert names_nothing(data) is expected
+    assert names_nothing(bytearray(data)) is expected
+
+
+@pytest.mark.parametrize("result", [None, 1, "x" * 100, [1.5, b"\x93"], {"a": (1, 2)}, ValueError("v")])
+def test_a_result_needing_no_code_is_marked_plain(result: Any) -> None:
+    data = pickle.dumps(result, protocol=pickle.HIGHEST_PROTOCOL)
+    frame = result_frame(7, result)
+    body = frame if isinstance(frame, bytes) else frame.data + frame.trailer
+    job_id, tag = TRAILER.unpack(body[-TRAILER.size :])
+    assert body[: -TRAILER.size] == data and job_id == 7
+    assert (tag == OK) is (not isinstance(result, BaseException))
