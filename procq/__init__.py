@@ -57,10 +57,12 @@ imported without a store):
   them, URLs, ``StoreError`` / ``StoreUnavailable``. ``_store_sqlite`` and
   ``_store_postgres``: the two databases.
 - ``_store_core``: ``StoreCore``, the ``Core`` of a queue on a store: claims
-  in the database's transactions, ended keys as rows (``StoreRecords``), row
-  writes committed as ``Core.lock`` is released. ``_store_remote``: keys live
-  in other queues (``RemoteEntry``) and the ``Watcher`` thread (the lease,
-  joiners of other queues' keys).
+  in the database's group transaction, ended keys as rows (``StoreRecords``,
+  in ``_store_records``). ``_store_commit``: the queued row writes, the
+  ``Committer`` thread that commits them, and the wake-ups held back until
+  they are durable. ``_store_tx``: ``q.transaction()``. ``_store_remote``:
+  keys live in other queues (``RemoteEntry``) and the ``Watcher`` thread (the
+  lease, joiners of other queues' keys, wakes from other queues).
 
 The supervisor's I/O side (its one thread per queue):
 
@@ -110,6 +112,8 @@ a lane's decode thread  what its lane's reports left undecoded, with no lock hel
                         may run the job's classes' code); then ``Core.decoded``, or
                         the I/O thread's inbox of decoded messages
 a worker process        nothing of the supervisor's: only its own pipe
+a store's committer     the queue's database connection under ``db_lock``; then
+                        the wake-ups its commit released, with no lock held
 a Dask client's event   a Dask slot's own task state, its inbox (a deque) and its
 loop thread             two pipes' write ends, under the slot's lock; never
                         ``Core``, never user code
@@ -117,9 +121,12 @@ a child made by fork    nothing of its parent's queue: the fork marks its copy
                         foreign (``WrongProcess``), and it closes nothing at exit
 ======================  ==========================================================
 
-With a store, ``Core.lock`` also serialises the queue's database connection
-(its claims and row writes run under it; the ``Watcher`` has a connection of
-its own).
+With a store, ``StoreCore.db_lock`` serialises the queue's database
+connection: pushing threads run their claims under it, the ``Committer``
+thread its commits, a ``q.transaction()`` holds it while open; the
+``Watcher`` has a connection of its own. ``db_lock`` is taken before
+``Core.lock``, never while holding it, and no statement runs under
+``Core.lock``; the committer's ``Commits`` lock is a leaf.
 
 Lock order: ``Core.lock`` is the only lock the core has; a worker's write lock
 (``ProcessChannel.write_lock``) and a decode thread's queue lock are taken

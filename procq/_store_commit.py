@@ -14,7 +14,10 @@ Two kinds of write reach a queue's database connection:
   queued by the state map's record operations under ``Core.lock`` as
   ``Write`` closures (``Commits.add``). The supervisor's thread never runs a
   statement: the committer runs the queued writes in the group transaction,
-  commits, and only then runs the wake-ups those outcomes released.
+  commits, and only then runs the wake-ups those outcomes released. It
+  commits at most every ``GROUP_WINDOW``, or every twice the time the last
+  commit took where commits wait for a disk: a stream of outcomes shares
+  commits, and the pushing threads keep the connection most of the time.
 
 Wake-ups are held back by sequence: every write takes the next number; a
 wake-up delivered while writes up to number N are not yet committed waits

@@ -1,15 +1,20 @@
 """The PostgreSQL store: one database, shared by queues on any machine that reaches it.
 
 psycopg 3 (``pip install 'procq[postgres]'``), imported only when a store is
-opened. A claim is one transaction that first takes a transaction-scoped
-advisory lock per key (``pg_advisory_xact_lock``, keys in sorted order so two
-batches never wait on each other in a cycle), then reads and writes the
-keys' rows: every writer of a key's row goes through that lock, so once a
+opened. Every writer of a key's row first takes the key's transaction-scoped
+advisory lock (``pg_advisory_xact_lock`` on a hash of the key), so once a
 claim has found a key free no other transaction can claim it before this one
-ends. Lease times are the database's own clock (``clock_timestamp()``), so
-machines whose clocks differ agree on when a lease expired. A transaction
-that ends a row sends ``NOTIFY procq_ended, '<key>'``, delivered at commit:
-joiners in other queues ``LISTEN`` and read the row at once.
+ends. A claim is one round trip: the server-side function ``procq_claim``
+takes the lock (or, told not to wait, says the key is busy, and the caller
+commits its own group transaction before it waits: no two queues ever wait on
+each other in a cycle), inserts the caller's live row if the key has none,
+else returns the row and whether its holder's lease holds. A batch locks its
+keys in sorted order (``procq_lock_all``). Lease times are the database's own
+clock (``clock_timestamp()``), so machines whose clocks differ agree on when a
+lease expired. A transaction that ends a row sends ``NOTIFY procq_ended,
+'<key>'``, delivered at commit: joiners in other queues ``LISTEN`` and read
+the row at once; a wake sends ``NOTIFY procq_wake`` to the key's holder. A
+connection the server dropped is opened again at its next use.
 """
 
 from __future__ import annotations
