@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 from core_support import Gates, open_queue
-from pg_server import own_pg_server, pg_server  # noqa: F401 (fixtures: a throwaway PostgreSQL server)
+from pg_server import own_pg_server, pg_server, url  # noqa: F401 (fixtures: stores, a throwaway PostgreSQL server)
 
 from procq import ProcQueue
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,12 @@ def pg_url(request: pytest.FixtureRequest) -> str:
     with psycopg.connect(f"postgresql:///postgres?host={root}&user=postgres", autocommit=True) as con:
         con.execute(f"CREATE DATABASE {name}")
     return f"postgresql:///{name}?host={root}&user=postgres"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh store's URL: a SQLite file in the test's directory, then a
+    database of its own on the session's PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'run.db'}"
+    return pg_url(request)

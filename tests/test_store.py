@@ -48,14 +48,6 @@ from procq._store import open_store
 PROGRAM = str(Path(__file__).with_name("store_program.py"))
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh store's URL."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'run.db'}"
-    return pg_url(request)
-
-
 def lines(log: Path) -> list[str]:
     return log.read_text().splitlines() if log.exists() else []
 

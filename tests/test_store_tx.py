@@ -17,7 +17,7 @@ import jobs
 import pytest
 import store_jobs
 from core_support import WAIT, Gate, wait_until
-from pg_server import PgServer, pg_url
+from pg_server import PgServer
 
 from procq import (
     Cached,
@@ -34,13 +34,6 @@ from procq import (
 from procq._store import open_store
 
 PROGRAM = str(Path(__file__).with_name("store_program.py"))
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'run.db'}"
-    return pg_url(request)
 
 
 def mark(url: str) -> str:
