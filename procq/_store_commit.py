@@ -12,7 +12,7 @@ Two kinds of write reach a queue's database connection:
   it opened, so other processes wait no longer than that for a key it holds;
 - **outcomes** (a job's ended row) and **restores** (a claim given back),
   queued by the state map's record operations under ``Core.lock`` as
-  ``Write`` closures (``Commits.add``). The supervisor's thread never runs a
+  ``Write``s (``Commits.add``). The supervisor's thread never runs a
   statement: the committer runs the queued writes in the group transaction,
   commits, and only then runs the wake-ups those outcomes released. It
   commits at most every ``GROUP_WINDOW``, or every twice the time the last
@@ -41,16 +41,34 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from procq._entries import Wakeup
-from procq._store import Conn
+from procq._store import Conn, Row
 
 if TYPE_CHECKING:
     from procq._store_core import StoreCore
 
-__all__ = ["GROUP_WINDOW", "Commits", "Committer", "Write"]
+__all__ = ["GROUP_WINDOW", "Commits", "Committer", "Write", "run_writes"]
 
 log = logging.getLogger("procq.store")
 
-Write = Callable[[Conn], None]
+#: A queued write: an ended row to settle (``Conn.settle``; consecutive ones
+#: go to the database together), or any other write, as a function of the connection.
+Write = Row | Callable[[Conn], None]
+
+
+def run_writes(conn: Conn, writes: list[Write]) -> None:
+    """Make ``writes`` in order, the ended rows among them in batches."""
+    rows: list[Row] = []
+    for write in writes:
+        if type(write) is Row:
+            rows.append(write)
+            continue
+        if rows:
+            conn.settle(rows)
+            rows = []
+        write(conn)  # type: ignore[operator]
+    if rows:
+        conn.settle(rows)
+
 
 #: How long a group transaction of claims may stay open (seconds).
 GROUP_WINDOW = 0.002
@@ -140,8 +158,9 @@ class Committer(threading.Thread):
     def poke(self) -> None:
         """Commit now: writes are waiting."""
         with self._cond:
-            self._poked = True
-            self._cond.notify()
+            if not self._poked:  # (once a commit: not a wake-up of this thread per write)
+                self._poked = True
+                self._cond.notify()
 
     def notice(self) -> None:
         """A group transaction opened: commit it once its window is over."""
@@ -162,9 +181,10 @@ class Committer(threading.Thread):
                     self._cond.wait(self._timeout())
                 if self._stopping:
                     return
-                self._poked = False
             refused = core.commits.refused_since
             if refused is not None and time.monotonic() - refused < RETRY:
+                with self._cond:
+                    self._poked = False
                 continue  # the store refused the last try: wait for the next one
             # Commits at most every GROUP_WINDOW: outcomes that arrive in a
             # stream share a commit (and the pushes get the connection between).
@@ -174,6 +194,8 @@ class Committer(threading.Thread):
             if rest > 0:
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping, rest)
+            with self._cond:
+                self._poked = False  # writes added from here on poke again
             began = time.monotonic()
             try:
                 wakeups = core.commit()

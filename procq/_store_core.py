@@ -53,7 +53,7 @@ from procq._store import (
     open_store,
     stable_fingerprint,
 )
-from procq._store_commit import Commits, Committer
+from procq._store_commit import Commits, Committer, run_writes
 from procq._store_records import Held, StoreRecords, as_record
 from procq._store_remote import RemoteEntry, Watcher
 from procq._values import State
@@ -124,8 +124,7 @@ class StoreCore(Core):
                 if taken:
                     if not conn.in_tx:
                         conn.begin()
-                    for _, _, write in taken:
-                        write(conn)
+                    run_writes(conn, [write for _, _, write in taken])
                 conn.commit()
             except StoreUnavailable as exc:
                 conn.rollback()
@@ -159,8 +158,7 @@ class StoreCore(Core):
             return []
         if self.in_user_tx:
             for key in keys:
-                for write in self.commits.for_key(key):
-                    write(self.conn)
+                run_writes(self.conn, self.commits.for_key(key))
             return []
         wakeups = self.commit()
         if any(counts.get(k) for k in keys):

@@ -101,11 +101,7 @@ class StoreRecords:
             state, output, encoding, failure = encode_outcome(Failed(why), True)
         ended = dataclasses.replace(held.live, state=state, holder=None, output=output, encoding=encoding,
                                     failure=failure, attempts=attempts, ended=time.time())  # fmt: skip
-
-        def write(conn: Conn) -> None:
-            conn.settle([ended])
-
-        self._core.commits.add(key, write)
+        self._core.commits.add(key, ended)
 
     def abandoned(self, entry: Entry) -> None:
         """``entry``'s claim was abandoned with no row to put back: remove its row."""

@@ -10,6 +10,7 @@ joiner of another queue's key polls its row (``Store.poll``, 10 ms).
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import sqlite3
@@ -45,12 +46,17 @@ _GET_WITH_HOLDER = (
 )
 # An ended row goes over its own live claim only; with no row (its claim was
 # lost, say to a transaction the store could not commit) it is inserted.
-_SETTLE = (
-    f"INSERT INTO procq_keys ({COLUMNS}) VALUES ({_MARKS}) ON CONFLICT (key) DO UPDATE SET "
-    "state = excluded.state, output = excluded.output, encoding = excluded.encoding, failure = excluded.failure, "
-    "attempts = excluded.attempts, ended = excluded.ended, holder = NULL "
-    "WHERE procq_keys.run = excluded.run AND procq_keys.state = 'live'"
-)
+_SETTLE_ROWS = 500  # rows an ended-rows statement writes (12 values each, under SQLite's 32,766)
+
+
+@functools.lru_cache(maxsize=64)
+def _settle_sql(n: int) -> str:
+    return (
+        f"INSERT INTO procq_keys ({COLUMNS}) VALUES {', '.join([f'({_MARKS})'] * n)} ON CONFLICT (key) DO UPDATE SET "
+        "state = excluded.state, output = excluded.output, encoding = excluded.encoding, failure = excluded.failure, "
+        "attempts = excluded.attempts, ended = excluded.ended, holder = NULL "
+        "WHERE procq_keys.run = excluded.run AND procq_keys.state = 'live'"
+    )
 
 
 _RESTORE = (
@@ -167,7 +173,10 @@ class SqliteConn:
 
     def settle(self, rows: list[Row]) -> None:
         try:
-            self.db.executemany(_SETTLE, [_values(r) for r in rows])
+            for i in range(0, len(rows), _SETTLE_ROWS):  # one statement a chunk: one step, not one a row
+                chunk = rows[i : i + _SETTLE_ROWS]
+                values = [v for r in chunk for v in _values(r)]
+                self.db.execute(_settle_sql(len(chunk)), values)
         except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
 
