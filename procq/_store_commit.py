@@ -89,6 +89,7 @@ class Commits:
         self.keys: collections.Counter[str] = collections.Counter()  # keys with uncommitted writes
         self._held: collections.deque[tuple[int, list[Wakeup]]] = collections.deque()
         self.refused_since: float | None = None  # the store refused the last commit (monotonic)
+        self.released = False  # release_all() was called
         self.poke: Callable[[], None] = lambda: None
 
     def add(self, key: str, write: Write) -> None:
@@ -100,9 +101,9 @@ class Commits:
 
     def hold(self, wakeups: list[Wakeup]) -> bool:
         """Hold ``wakeups`` back until every write made so far is committed;
-        False (nothing held) when all are already."""
+        False (nothing held) when all are already, or nothing waits any more."""
         with self._lock:
-            if self.committed >= self.written:
+            if self.committed >= self.written or self.released:
                 return False
             self._held.append((self.written, wakeups))
             return True
@@ -134,8 +135,10 @@ class Commits:
         return wakeups
 
     def release_all(self) -> list[Wakeup]:
-        """Every wake-up still held (the queue is closing and the store is gone)."""
+        """Every wake-up still held; from now on none is (the queue is
+        cancelling or closed: nothing waits for the store any more)."""
         with self._lock:
+            self.released = True
             wakeups = [w for _, ws in self._held for w in ws]
             self._held.clear()
             return wakeups

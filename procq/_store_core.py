@@ -385,7 +385,9 @@ class StoreCore(Core):
 
     def settled(self, entry: Any) -> bool:
         # An outcome is given out once its row is committed (see _store_commit).
-        return entry.outcome is not None and (type(entry) is RemoteEntry or not self.commits.keys.get(entry.key))
+        if entry.outcome is None:
+            return False
+        return type(entry) is RemoteEntry or self.commits.released or not self.commits.keys.get(entry.key)
 
     def wait_event(self, entry: Any) -> threading.Event | None:
         if type(entry) is RemoteEntry:

@@ -6,6 +6,7 @@ and restarts its server)."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from procq import (
     ProcQueue,
     ProcQueueError,
     Queued,
+    SqliteStore,
     StoreUnavailable,
 )
 from procq._store import open_store
@@ -224,3 +226,33 @@ def test_a_failed_push_in_an_outage_leaves_the_key_free(own_pg_server: PgServer)
         assert q.push_and_wait(Job("k", store_jobs.echo, args=(1,)), timeout=WAIT) == 1
         state = q.state("k")
         assert not isinstance(state, Failed)
+
+
+def test_closing_without_waiting_never_waits_for_the_store(tmp_path: Path) -> None:
+    """A job ended while the store is locked: its outcome waits for the store,
+    but ``close(wait=False)`` ends at once and gives it out unwritten."""
+    db = tmp_path / "run.db"
+    gate = Gate(tmp_path, "g")
+    locker = sqlite3.connect(db, isolation_level=None)
+    try:
+        q = ProcQueue(1, store=SqliteStore(db, busy=0.1))
+        try:
+            running = q.push(Job("slow", jobs.signal_and_wait, args=(gate.started, gate.go)))
+            assert isinstance(running, Queued)
+            pid = gate.wait_started()
+            locker.execute("BEGIN IMMEDIATE")
+            gate.open()
+            wait_until(lambda: q._core.commits.refused_since is not None and q._core.commits.pending)
+            assert not running.handle.done()
+            closer = threading.Thread(target=q.close, kwargs={"wait": False})
+            closer.start()
+            closer.join(timeout=WAIT)
+            assert not closer.is_alive()
+            assert running.handle.result(timeout=WAIT) == pid
+        finally:
+            q.close(wait=False)
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            locker.execute("ROLLBACK")
+        locker.close()
+        gate.close()
