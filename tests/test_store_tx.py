@@ -256,3 +256,14 @@ def test_closing_without_waiting_never_waits_for_the_store(tmp_path: Path) -> No
             locker.execute("ROLLBACK")
         locker.close()
         gate.close()
+
+
+def test_a_waiter_is_told_only_once_the_outcome_is_committed(url: str) -> None:
+    """Whoever hears of an outcome can find it committed from any other
+    connection at that moment."""
+    with ProcQueue(2, store=url) as q:
+        pushed = [q.push(Job(f"d{i}", store_jobs.echo, args=(i,))) for i in range(40)]
+        for i, p in enumerate(pushed):
+            assert isinstance(p, Queued)
+            assert p.handle.result(timeout=WAIT) == i
+            assert outside(url, f"SELECT state FROM procq_keys WHERE key = 'd{i}'") == [("done",)]
