@@ -68,7 +68,8 @@ The supervisor's I/O side (its one thread per queue):
   what each pipe carries. ``_supervisor_wait``: what it waits on (one
   selector), its timers and its last wait for workers. ``_supervisor_decode``:
   the lanes' decode threads. ``_supervisor_failures``: how it words the
-  failures it gives jobs.
+  failures it gives jobs. ``_log``: what it logs as it decides (the
+  ``procq.worker`` and ``procq.job`` loggers, silent by default).
 - ``_channel``: the ``WorkerChannel`` interface through which the supervisor
   reaches a worker; ``_channel_trusted`` and ``_channel_untrusted`` are its two
   local kinds, ``_channel_dask`` a slot of a Dask lane (a job at a time, sent
