@@ -48,6 +48,7 @@ from typing import IO, Any
 
 from procq._cli_report import Tally, failure_fields
 from procq._job import Job, Lane, Retry
+from procq._store_sqlite import SqliteStore
 from procq._values import Cached, Completed, Failed, InFlight
 
 __all__ = ["main", "parser"]
@@ -88,6 +89,9 @@ example:
 
 #: Items out at once (pushed, their line not yet written), at least this many.
 WINDOW = 64
+#: The store's lease (seconds): a re-run after a kill finds the killed run's
+#: claims expired after at most this long, and runs those items then.
+LEASE = 3.0
 
 
 def parser(prog: str = "procq run") -> argparse.ArgumentParser:
@@ -150,7 +154,7 @@ def _run(fn: Callable[[Any], Any], items: Iterator[tuple[Any, str | None]], sink
     name = f"{fn.__module__}:{fn.__qualname__}"
     retry = Retry(attempts=args.retry) if args.retry > 1 else None
     ended: queue.SimpleQueue[int] = queue.SimpleQueue()  # indices whose job ended (from any thread)
-    out: dict[int, tuple[str, Any, bool]] = {}  # index -> (key, handle, cached)
+    out: dict[int, tuple[str, Any, bool, Any]] = {}  # index -> (key, handle, joined, item)
     users: dict[str, int] = {}  # key -> indices out on it (without a store: forget it at 0)
     window = max(WINDOW, 4 * args.workers)
 
@@ -166,18 +170,34 @@ def _run(fn: Callable[[Any], Any], items: Iterator[tuple[Any, str | None]], sink
         except queue.Empty:
             tally.draw()
             return
-        key, handle, cached = out.pop(index)
-        write(index, key, handle.state, cached)
+        key, handle, joined, item = out.pop(index)
+        state = handle.state
         users[key] -= 1
+        if joined and isinstance(state, Failed) and state.failure.kind == "interrupted":
+            # The claim it joined was a killed run's, found in the store: run it now.
+            push(index, key, item)
+            return
+        write(index, key, state, joined)
         if not users[key]:
             del users[key]
-            if args.store is None:
+            if store is None:
                 q.forget(key)
 
+    def push(index: int, key: str, item: Any) -> None:
+        outcome = q.push(Job(key, fn, args=(item,), retry=retry))
+        if isinstance(outcome, Cached):
+            write(index, key, Completed(outcome.output), True)
+            return
+        handle = outcome.handle
+        out[index] = (key, handle, isinstance(outcome, InFlight), item)
+        users[key] = users.get(key, 0) + 1
+        if not q._core.add_callback(handle._entry, _put(ended, index)):  # type: ignore[arg-type]
+            ended.put(index)  # (it has ended already)
+
+    store = None if args.store is None else SqliteStore(args.store, lease=LEASE)
     tally.start()
     try:
-        with ProcQueue({"run": lane}, store=args.store, on_mismatch="ignore") as q:
-            core = q._core
+        with ProcQueue({"run": lane}, store=store, on_mismatch="ignore") as q:
             for index, (item, error) in enumerate(items):
                 while len(out) >= window:
                     settle(block=True)
@@ -185,15 +205,7 @@ def _run(fn: Callable[[Any], Any], items: Iterator[tuple[Any, str | None]], sink
                 if error is not None:
                     write(index, key, _failure("input", error), False)
                     continue
-                outcome = q.push(Job(key, fn, args=(item,), retry=retry))
-                if isinstance(outcome, Cached):
-                    write(index, key, Completed(outcome.output), True)
-                    continue
-                handle = outcome.handle
-                out[index] = (key, handle, isinstance(outcome, InFlight))
-                users[key] = users.get(key, 0) + 1
-                if not core.add_callback(handle._entry, _put(ended, index)):  # type: ignore[arg-type]
-                    ended.put(index)  # (it has ended already)
+                push(index, key, item)
                 while not ended.empty():
                     settle(block=False)
             while out:
