@@ -90,8 +90,13 @@ supervisor's "untraceable" latch. ``_forkserver_guard``: imported only by the
 forkserver procq starts, to make it untraceable and fork only for its parent.
 ``_dask_remote``: the far side of a Dask lane, run by the Dask workers: the
 task that hands each job to a procq worker process there and watches it
-(its death, its time and memory limits, a kill). ``_demo`` and
-``_demo_jobs``: ``python -m procq demo``.
+(its death, its time and memory limits, a kill).
+
+The command line (``procq``, ``python -m procq``; ``__main__`` picks the
+command): ``_demo`` and ``_demo_jobs``: ``procq demo``. ``_cli``: ``procq run
+MODULE:FUNCTION``, a function over the items of a file, resumable through a
+store; ``_cli_report``: its progress bar and summary. ``examples``: a stage and
+an input for it, shipped with the package.
 
 Which thread touches what
 -------------------------
