@@ -23,6 +23,9 @@ Decisions, and why:
   append-and-dedup, and no half line left by a killed run survives. A line is
   only written once its outcome is durable in the store (a queue on a store
   wakes nobody before the commit), so nothing written can be lost to a kill.
+- **A killed run's claims**: its live rows stay claimed until its lease
+  expires (``LEASE``); a re-run joins them, and an item whose claim ends
+  ``interrupted`` that way is pushed again and runs.
 - **Bounded**: at most ``WINDOW`` items are out at once, and the input is
   read as room frees, so a huge input or an endless stdin streams in bounded
   memory. Without a store, a key is forgotten once its line is written (with
