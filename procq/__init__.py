@@ -70,7 +70,8 @@ The supervisor's I/O side (its one thread per queue):
   what each pipe carries. ``_supervisor_wait``: what it waits on (one
   selector), its timers and its last wait for workers. ``_supervisor_decode``:
   the lanes' decode threads. ``_supervisor_failures``: how it words the
-  failures it gives jobs.
+  failures it gives jobs. ``_log``: what it logs as it decides (the
+  ``procq.worker`` and ``procq.job`` loggers, silent by default).
 - ``_channel``: the ``WorkerChannel`` interface through which the supervisor
   reaches a worker; ``_channel_trusted`` and ``_channel_untrusted`` are its two
   local kinds, ``_channel_dask`` a slot of a Dask lane (a job at a time, sent
@@ -91,8 +92,13 @@ supervisor's "untraceable" latch. ``_forkserver_guard``: imported only by the
 forkserver procq starts, to make it untraceable and fork only for its parent.
 ``_dask_remote``: the far side of a Dask lane, run by the Dask workers: the
 task that hands each job to a procq worker process there and watches it
-(its death, its time and memory limits, a kill). ``_demo`` and
-``_demo_jobs``: ``python -m procq demo``.
+(its death, its time and memory limits, a kill).
+
+The command line (``procq``, ``python -m procq``; ``__main__`` picks the
+command): ``_demo`` and ``_demo_jobs``: ``procq demo``. ``_cli``: ``procq run
+MODULE:FUNCTION``, a function over the items of a file, resumable through a
+store; ``_cli_report``: its progress bar and summary. ``examples``: a stage and
+an input for it, shipped with the package.
 
 Which thread touches what
 -------------------------

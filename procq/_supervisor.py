@@ -75,11 +75,10 @@ as the child lived. Why an untrusted worker is never read with
 ``recv_bytes``: it blocks until a frame is whole, so a worker that wrote half
 a frame and stopped would stall this thread and every lane with it.
 
-Beside it: ``_supervisor_wait`` (the selector, the wake-up pipe, its timers,
-the last wait for workers), ``_supervisor_decode`` (decode threads),
-``_supervisor_failures`` (the failures it gives jobs), ``_channel`` and its
-kinds, ``_processes``. Should this thread die of an exception, the queue
-closes itself at once, saying why (``Core.break_down``).
+Beside it: ``_supervisor_wait`` (selector, wake-ups, timers, the last wait),
+``_supervisor_decode``, ``_supervisor_failures``, ``_log`` (what it logs as
+it decides), ``_channel`` and its kinds, ``_processes``. Should this thread
+die of an exception, the queue closes itself, saying why (``Core.break_down``).
 """
 
 from __future__ import annotations
@@ -90,14 +89,15 @@ import threading
 import traceback
 from typing import Any
 
+from procq import _log
 from procq._channel import Launch, channel_kind
 from procq._core import Core, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
 from procq._dispatch import Reported
-from procq._processes import children_map, next_sample
+from procq._processes import next_sample
 from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 from procq._supervisor_decode import Decoders
-from procq._supervisor_failures import crash_failure, memory_failure, protocol_failure, start_failure
-from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, STOP_GRACE, Timers, Watcher, stop_workers
+from procq._supervisor_failures import crash_failure, protocol_failure, start_failure
+from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, STOP_GRACE, Timers, Watcher, check_memory, stop_workers
 from procq._undertaker import Undertaker
 
 __all__ = ["Supervisor"]
@@ -238,11 +238,12 @@ class Supervisor:
                     self._act(worker, worker.channel.resume(worker, decoded))
             now = self.clock()
             for worker in core.expired(now):
+                _log.timeout_kill(worker, worker.entry)
                 self._terminate(worker)
             for worker, entry in core.due(now):
                 worker.channel.send_job(core, worker, entry)
             if core.memory_jobs and timers.sample_due(now):
-                self._check_memory()
+                check_memory(core)
                 timers.next_sample = next_sample(now, self.clock(), MEMORY_CHECK_INTERVAL)
             for worker in timers.overdue(now):
                 self._eof_overdue(worker)
@@ -259,6 +260,7 @@ class Supervisor:
         the job ended first and the worker has moved on (``Core.spare``)."""
         kill, batch = self.core.spare(worker, entry) if self._watcher.watched(worker) else (True, [])
         if kill:
+            _log.cancelled(worker, entry)
             self._terminate(worker)
         elif batch:
             worker.channel.send_jobs(self.core, worker, batch)
@@ -276,6 +278,7 @@ class Supervisor:
             # Out of processes or memory, most likely: the lane runs short
             # until a later attempt succeeds.
             traceback.print_exc()
+            _log.start_failed(lane, RESTART_BACKOFF)
             self.core.add_worker(None, lane, reserved)
             self._timers.retry_start(lane.name, self.clock() + RESTART_BACKOFF)
             return
@@ -283,6 +286,7 @@ class Supervisor:
         worker = WorkerSlot(lane, channel)
         self._watcher.watch(worker)
         self.core.add_worker(worker, lane, reserved)
+        _log.started(worker)
 
     def _read(self, worker: WorkerSlot) -> bool:
         """Read and act on what the worker sent. False once nothing more can
@@ -383,6 +387,7 @@ class Supervisor:
         entry = worker.entry
         if entry is not None and worker.life is not WorkerLife.RETIRED:
             what = f"closing its pipe and running on ({EOF_GRACE:g}s later it was still alive, and was killed)"
+            _log.violation(worker, entry, what)
             self.core.decide_kill(worker, entry, protocol_failure(worker, entry, what))
         worker.channel.kill()
 
@@ -390,6 +395,7 @@ class Supervisor:
         """The worker broke the protocol: fail its job (if it holds one) with
         kind "protocol", kill it, and let ``_on_death`` replace it."""
         entry = worker.entry
+        _log.violation(worker, entry, what)
         if entry is not None:
             self.core.decide_kill(worker, entry, protocol_failure(worker, entry, what))
         self.core.doom(worker)
@@ -405,22 +411,8 @@ class Supervisor:
         if close_now:
             worker.channel.close()
         self._timers.kill_at[worker] = self.clock() + STOP_GRACE
+        _log.retired(worker)
         self._start_worker(worker.lane, reserved=True)
-
-    def _check_memory(self) -> None:
-        """Kill running jobs whose process tree went over their memory limit."""
-        watched = self.core.memory_limited()
-        if not watched:
-            return
-        children = children_map()
-        for worker, entry in watched:
-            limit = entry.memory_limit
-            assert limit is not None
-            used = worker.channel.job_memory(entry, children)
-            if used <= limit:
-                continue
-            if self.core.decide_kill(worker, entry, memory_failure(worker, entry, limit, used)):
-                worker.channel.kill()
 
     def _on_death(self, worker: WorkerSlot) -> None:
         """Handle a worker that died, or whose pipe reached EOF."""
@@ -436,10 +428,11 @@ class Supervisor:
         crash, sig, how = crash_failure(worker, exitcode)
         lane = worker.lane
         stopping = self._stop or self.core.cancelled or (self.core.closing and self.core.drained.is_set())
-        # (boot_failures is only ever changed on this thread.)
-        retired = worker.life is WorkerLife.RETIRED  # (read before worker_died makes it DEAD)
-        replace_now = not stopping and not worker.life.booting and not lane.boot_failures and not retired
+        # Read before worker_died makes it DEAD and takes its job (boot_failures: only this thread changes it).
+        retired, booting, held = worker.life is WorkerLife.RETIRED, worker.life.booting, worker.entry
+        replace_now = not stopping and not booting and not lane.boot_failures and not retired
         close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
+        _log.died(worker, held, how, sig, exitcode, quiet=stopping or retired or booting)
         self._watcher.unwatch(channel.messages)
         self._watcher.unwatch(channel.sentinel)
         if close_now:
@@ -451,6 +444,7 @@ class Supervisor:
         for idle, entry in self.core.handoffs():  # the dead worker's queued jobs
             idle.channel.send_job(self.core, idle, entry)
         if replace_now:
+            _log.restart(lane, how)
             self._start_worker(lane, reserved=True)
         elif not stopping and not retired:
             # Dying while starting is no job's fault, and starting again at
@@ -459,6 +453,7 @@ class Supervisor:
             failures = lane.boot_failures
             delay = min(BOOT_BACKOFF * 2 ** (failures - 1), BOOT_BACKOFF_MAX)
             self._timers.retry_start(lane.name, self.clock() + delay)
+            _log.backoff(lane, failures, delay, how, failures >= BOOT_FAILURES_TO_FAIL_JOBS)
             if failures >= BOOT_FAILURES_TO_FAIL_JOBS:
                 self.core.fail_waiting(lane, start_failure(lane, failures, how))
 

@@ -1,5 +1,6 @@
-"""What the supervisor's I/O thread waits on, and for how long; and its last
-wait, for every worker to exit when the queue stops (``stop_workers``).
+"""What the supervisor's I/O thread waits on, and for how long; its memory
+samples (``check_memory``); and its last wait, for every worker to exit when
+the queue stops (``stop_workers``).
 
 ``Watcher`` is its one epoll selector: every worker channel's pipe and death
 sentinel, and the wake-up pipe other threads write to (close, cancel, a new
@@ -19,14 +20,24 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from procq import _log
 from procq._entries import WorkerLife, WorkerSlot
-from procq._processes import wait_for_exits
-from procq._supervisor_failures import stopped_failure
+from procq._processes import children_map, wait_for_exits
+from procq._supervisor_failures import memory_failure, stopped_failure
 
 if TYPE_CHECKING:
     from procq._core import Core
 
-__all__ = ["CANCEL_GRACE", "MAX_SLEEP", "MEMORY_CHECK_INTERVAL", "STOP_GRACE", "Timers", "Watcher", "stop_workers"]
+__all__ = [
+    "CANCEL_GRACE",
+    "MAX_SLEEP",
+    "MEMORY_CHECK_INTERVAL",
+    "STOP_GRACE",
+    "Timers",
+    "Watcher",
+    "check_memory",
+    "stop_workers",
+]
 
 #: How long stopping workers get to exit on their own before they are killed.
 STOP_GRACE = 3.0
@@ -191,6 +202,24 @@ class Timers:
         """Every SIGKILL still waiting, taken off the list (the queue stops)."""
         kills, self._kills = self._kills, []
         return kills
+
+
+def check_memory(core: Core) -> None:
+    """Kill running jobs whose process tree went over their memory limit
+    (on the I/O thread, every ``MEMORY_CHECK_INTERVAL`` while any has one)."""
+    watched = core.memory_limited()
+    if not watched:
+        return
+    children = children_map()
+    for worker, entry in watched:
+        limit = entry.memory_limit
+        assert limit is not None
+        used = worker.channel.job_memory(entry, children)
+        if used <= limit:
+            continue
+        if core.decide_kill(worker, entry, memory_failure(worker, entry, limit, used)):
+            _log.memory_kill(worker, entry, limit, used)
+            worker.channel.kill()
 
 
 def stop_workers(

@@ -1,0 +1,135 @@
+"""``procq --help`` and ``procq run``: the commands, the shipped example, the
+output lines, failures by kind, and usage errors (``test_cli_resume``: a
+run killed and resumed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import procq
+import procq.examples
+from procq.__main__ import main
+
+ROOT = Path(procq.__file__).resolve().parent.parent
+
+
+def cli(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "procq", *args], cwd=ROOT, input=stdin, capture_output=True, text=True, timeout=50
+    )
+
+
+def lines(text: str) -> list[dict[str, object]]:
+    return sorted((json.loads(line) for line in text.splitlines()), key=lambda line: line["index"])  # type: ignore[arg-type,return-value]
+
+
+def test_help_lists_the_commands() -> None:
+    proc = cli("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "run " in proc.stdout and "demo " in proc.stdout
+    assert cli().returncode == 2
+
+
+def test_run_help_reads_well() -> None:
+    proc = cli("run", "--help")
+    assert proc.returncode == 0
+    for option in ("--input", "--output", "--workers", "--timeout", "--memory-limit", "--retry", "--untrusted"):
+        assert option in proc.stdout
+    assert "--store FILE" in proc.stdout and "skips them (resume)" in proc.stdout
+    assert "exit:    0 all items done, 1 some failed, 2 usage error, 130 interrupted." in proc.stdout
+
+
+def test_the_shipped_example() -> None:
+    proc = cli("run", "procq.examples.stage:square", "--input", procq.examples.NUMBERS, "--workers", "2")
+    assert proc.returncode == 0, proc.stderr
+    out = lines(proc.stdout)
+    assert [line["output"] for line in out] == [{"n": n, "square": n * n} for n in range(1, 21)]
+    assert re.search(r"^procq run: 20 items in [\d.]+s\n  done +20 ", proc.stderr), proc.stderr
+
+
+def test_a_crash_fails_its_item_alone_and_the_exit_status_says_so() -> None:
+    proc = cli("run", "procq.examples.stage:crash_on_13", "--input", procq.examples.NUMBERS, "--workers", "2")
+    assert proc.returncode == 1
+    out = lines(proc.stdout)
+    assert len(out) == 20
+    [failed] = [line for line in out if line["state"] == "failed"]
+    assert failed["index"] == 12
+    assert failed["failure"]["kind"] == "crashed" and failed["failure"]["signal"] == "SIGSEGV"  # type: ignore[index]
+    assert re.search(r"^  failed +1   crashed 1$", proc.stderr, re.M), proc.stderr
+
+
+def test_failures_by_kind_from_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception, a line that is not JSON, a duplicate (answered from the
+    first), each with its own line."""
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO('3\n"three"\n{oops\n\n3\n'))
+    assert main(["run", "procq.examples.stage:square", "--workers", "1"]) == 1
+    captured = capsys.readouterr()
+    out = lines(captured.out)
+    assert [line["index"] for line in out] == [0, 1, 2, 3]
+    assert out[0]["output"] == {"n": 3, "square": 9} and out[0]["cached"] is False
+    assert out[1]["failure"]["kind"] == "error"  # type: ignore[index]
+    assert out[1]["failure"]["exc_type"] == "TypeError"  # type: ignore[index]
+    assert out[2]["failure"]["kind"] == "input"  # type: ignore[index]
+    assert out[2]["failure"]["message"].startswith("input line 3 is not JSON: ")  # type: ignore[index]
+    assert out[3]["key"] == out[0]["key"] and out[3]["output"] == out[0]["output"] and out[3]["cached"] is True
+    assert re.search(r"^  failed +2   error 1, input 1$", captured.err, re.M), captured.err
+
+
+def test_text_items_timeout_and_output_that_is_not_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "stage_text.py").write_text(
+        "import time\n"
+        "def work(line):\n"
+        "    if line == 'slow':\n"
+        "        time.sleep(60)\n"
+        "    return {1, 2} if line == 'set' else line.upper()\n"
+    )
+    (tmp_path / "in.txt").write_text("abc\nslow\nset\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    args = ["run", "stage_text:work", "--text", "-i", "in.txt", "-o", "out.jsonl", "--timeout", "0.5", "-q"]
+    assert main(args) == 1
+    out = lines((tmp_path / "out.jsonl").read_text())
+    assert out[0]["output"] == "ABC"
+    assert out[1]["failure"]["kind"] == "timeout"  # type: ignore[index]
+    assert out[2]["failure"]["kind"] == "output"  # type: ignore[index]
+
+
+def test_untrusted_and_retry(tmp_path: Path) -> None:
+    proc = cli("run", "procq.examples.stage:square", "--untrusted", "--retry", "2", "-q", stdin="4\n5\n")
+    assert proc.returncode == 0, proc.stderr
+    assert [line["output"]["square"] for line in lines(proc.stdout)] == [16, 25]  # type: ignore[index]
+    assert proc.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["nocolon"], "the function must be given as MODULE:FUNCTION"),
+        (["no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
+        (["procq.examples.stage:nope"], "module 'procq.examples.stage' has no 'nope'"),
+        (["procq.examples.stage:square", "--workers", "0"], "argument -w/--workers: must be at least 1, got 0"),
+        (["procq.examples.stage:square", "--timeout", "-1"], "must be a positive number of seconds"),
+        (["procq.examples.stage:square", "--input", "/no/such/file"], "cannot open /no/such/file"),
+    ],
+)
+def test_usage_errors_exit_2(args: list[str], message: str) -> None:
+    proc = cli("run", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr, proc.stderr
+
+
+def test_the_console_script() -> None:
+    script = Path(sys.executable).with_name("procq")
+    if not script.exists():
+        pytest.skip("procq is not installed as a console script in this environment")
+    proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 0
+    assert proc.stdout.startswith("usage: procq [-h] COMMAND ...")
