@@ -273,6 +273,24 @@ def holder_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
+def holder_gone(holder: str | None) -> bool:
+    """Is ``holder`` a queue of this machine whose process has ended? Then its
+    keys need not wait for its lease to expire. (A process ended but not yet
+    reaped, or a pid used again, reads as alive: the lease decides then.)"""
+    if not holder:
+        return False
+    parts = holder.split(":")  # host:pid:token (see holder_id)
+    if len(parts) < 3 or ":".join(parts[:-2]) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(parts[-2]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def judge(
     row: Row | None, alive: bool, reuse: str, holder: str, expired: Callable[[Row], bool]
 ) -> tuple[Found, Row | None, Row | None]:

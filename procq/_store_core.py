@@ -47,6 +47,7 @@ from procq._store import (
     StoreUnavailable,
     Taken,
     decode_output,
+    holder_gone,
     holder_id,
     interrupted,
     judge,
@@ -257,7 +258,8 @@ class StoreCore(Core):
             found, row = Found.CLAIMED, None
         else:
             assert type(taken) is tuple
-            found, row, ended = judge(taken[0], taken[1], reuse, self.holder, self.row_expired)
+            alive = taken[1] and not holder_gone(taken[0].holder)
+            found, row, ended = judge(taken[0], alive, reuse, self.holder, self.row_expired)
             if ended is not None:
                 conn.settle([ended])
             if found is Found.CLAIMED:
@@ -443,7 +445,7 @@ class StoreCore(Core):
             return None if self.row_expired(row) else row.outcome()
         if row.holder == self.holder:
             return None  # a claim of this queue that is not live any more: its row is on its way out
-        if row.holder in dead:
+        if row.holder in dead or holder_gone(row.holder):
             return interrupted(row).outcome()
         return RemoteEntry(row.key, row.run, row.holder)
 

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from procq._entries import DONE, PENDING, run_wakeups
-from procq._store import Row, StoreUnavailable, interrupted
+from procq._store import Row, StoreUnavailable, holder_gone, interrupted
 from procq._values import Completed, Failed, Failure, Processing, State
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ class Watcher(threading.Thread):
             elif row.state == "live":
                 if dead is None:
                     dead = self.conn.dead_holders()
-                if row.holder in dead:
+                if row.holder in dead or holder_gone(row.holder):
                     outcome = self._interrupt(row)
                 else:
                     self._follow(key, row)

@@ -267,3 +267,28 @@ def test_a_waiter_is_told_only_once_the_outcome_is_committed(url: str) -> None:
             assert isinstance(p, Queued)
             assert p.handle.result(timeout=WAIT) == i
             assert outside(url, f"SELECT state FROM procq_keys WHERE key = 'd{i}'") == [("done",)]
+
+
+def test_keys_of_a_dead_queue_on_this_machine_are_interrupted_without_waiting_for_its_lease(
+    url: str, tmp_path: Path
+) -> None:
+    gate = Gate(tmp_path, "g")
+    holder = subprocess.Popen([sys.executable, PROGRAM, "hold", url, "held", gate.started, gate.go, "3600"])
+    try:
+        gate.wait_started()
+        with ProcQueue(1, store=url) as q:
+            assert isinstance(q.push(Job("held", jobs.signal_and_wait, args=(gate.started, gate.go))), InFlight)
+            holder.kill()
+            holder.wait(timeout=WAIT)  # (reaped: its pid is gone)
+            state = q.state("held")  # its lease has an hour to run
+            assert isinstance(state, Failed) and state.failure.kind == "interrupted"
+            again = q.push(
+                Job("held", store_jobs.echo, args=(2,)),
+            )
+            assert isinstance(again, Queued) and again.handle.result(timeout=WAIT) == 2
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(timeout=WAIT)
+        gate.open()
+        gate.close()
