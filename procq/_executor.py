@@ -9,8 +9,9 @@ never broken.
 Keys. Every procq job has a key. ``submit`` gives each call a fresh one,
 ``"executor:<token>:<n>"`` (a per-executor random token and a counter), so
 procq never merges two submissions by accident, and forgets it once its
-future is resolved (the next ``submit`` or ``shutdown`` drops it, from the
-caller's thread), so a long-lived executor keeps nothing per finished job.
+future is resolved (with a store, the next ``submit`` or ``shutdown`` deletes
+its row, from the caller's thread), so a long-lived executor keeps nothing per
+finished job, nor a reference to its output.
 ``submit(fn, *args, procq_key="k", **kwargs)`` opts into procq's keyed
 dedup instead: a key that is live joins that job, one that completed answers
 with its output, and it is kept as any pushed key is. The keyword is
@@ -169,7 +170,11 @@ class Executor(concurrent.futures.Executor):
             with self._lock:
                 self._futures.discard(future)
             if forget:
-                self._forgettable.append(handle.key)
+                if self.queue._store is None:  # the core's forget is a dict change under its lock: safe here
+                    with contextlib.suppress(ValueError):
+                        self.queue._core.forget(handle.key)
+                else:  # a row's delete, from the caller's thread (never from a committing thread)
+                    self._forgettable.append(handle.key)
 
         future._handle = handle
         handle.add_done_callback(future._settle)

@@ -24,13 +24,14 @@ calls it: the job's end, or ``cancel()``, whichever comes first.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from procq._errors import JobFailed
 from procq._job import check_wait
@@ -144,18 +145,46 @@ def as_completed(items: Iterable[W], timeout: float | None = None) -> Iterator[W
     deadline = None if timeout is None else time.monotonic() + timeout
     unique = list(dict.fromkeys(items))
     total = len(unique)
-    ended: queue.SimpleQueue[W] = queue.SimpleQueue()
+    ended = _Ended[W]()
     for item in unique:
         item.add_done_callback(ended.put)  # type: ignore[attr-defined]
     del unique  # (hold no reference to an item already yielded)
     return _yield_ended(ended, total, deadline)
 
 
-def _yield_ended(ended: queue.SimpleQueue[W], total: int, deadline: float | None) -> Iterator[W]:
-    for yielded in range(total):
-        try:
-            item = ended.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            raise TimeoutError(f"{total - yielded} (of {total}) futures unfinished") from None
-        yield item
-        del item
+class _Ended(Generic[W]):
+    """The items that ended, in order, until ``as_completed`` is done with them.
+    Then it holds none: an item that ends later (after a timeout) is dropped,
+    not kept alive by the callback it still has."""
+
+    __slots__ = ("open", "queue")
+
+    def __init__(self) -> None:
+        self.open = True
+        self.queue: queue.SimpleQueue[W] = queue.SimpleQueue()
+
+    def put(self, item: W) -> None:
+        if self.open:
+            self.queue.put(item)
+
+    def close(self) -> None:
+        self.open = False
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.queue.get_nowait()
+
+
+def _yield_ended(ended: _Ended[W], total: int, deadline: float | None) -> Iterator[W]:
+    try:
+        for yielded in range(total):
+            # (Yielded straight from the call: no local keeps an item once handed out.)
+            yield _next_ended(ended.queue, total - yielded, total, deadline)
+    finally:
+        ended.close()
+
+
+def _next_ended(ended: queue.SimpleQueue[W], left: int, total: int, deadline: float | None) -> W:
+    try:
+        return ended.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except queue.Empty:
+        raise TimeoutError(f"{left} (of {total}) futures unfinished") from None
