@@ -34,6 +34,11 @@ The faces (caller threads and event loops):
   public method. ``_push``: the one push routine behind ``push``/``apush``,
   ``push_all``/``apush_all`` and ``map``, differing only in how a push waits
   for room. ``_map``: ``q.map``. ``_handle``: ``JobHandle``.
+- ``_futures``: ``JobFuture`` (a ``concurrent.futures.Future`` that mirrors a
+  handle) and ``as_completed``. ``_executor``: ``Executor``, the drop-in
+  ``concurrent.futures.Executor`` over a ``ProcQueue``; ``_executor_calls``:
+  what it sends to workers (its initializer's wrapper, ``InitializerFailed``,
+  a map's chunks).
 
 The core (I/O-free; every change under ``Core.lock``):
 
@@ -160,6 +165,9 @@ _SOURCES = {
     "StoreError": "procq._store",
     "StoreUnavailable": "procq._store",
     "DaskLane": "procq._dask_lane",
+    "Executor": "procq._executor",
+    "InitializerFailed": "procq._executor_calls",
+    "as_completed": "procq._futures",
     "JobHandle": "procq._handle",
     "ProcQueue": "procq._queue",
     "Job": "procq._job",
@@ -191,6 +199,9 @@ if TYPE_CHECKING:
         QueueClosed,
         WrongProcess,
     )
+    from procq._executor import Executor
+    from procq._executor_calls import InitializerFailed
+    from procq._futures import as_completed
     from procq._handle import JobHandle
     from procq._job import Job, Lane, Retention, Retry
     from procq._queue import ProcQueue
@@ -233,10 +244,12 @@ __all__ = [
     "Cached",
     "Completed",
     "DaskLane",
+    "Executor",
     "Failed",
     "Failure",
     "FailureKind",
     "InFlight",
+    "InitializerFailed",
     "Job",
     "JobFailed",
     "JobHandle",
@@ -261,4 +274,5 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "WrongProcess",
+    "as_completed",
 ]

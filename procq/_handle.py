@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from procq._errors import JobFailed
@@ -11,6 +11,8 @@ from procq._job import check_wait
 from procq._values import Completed, State
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from procq._core import Core
     from procq._entries import Ended, Entry
     from procq._queue import ProcQueue
@@ -26,6 +28,12 @@ class JobHandle(Generic[T]):
     Any number of handles may refer to one job (every push that joined it gets
     one); they all see the same outcome. A handle refers to the job it was
     given for, not to whatever later runs under the same key.
+
+    It reads like a ``concurrent.futures.Future``: ``result()``,
+    ``exception()``, ``done()``, ``add_done_callback()``, ``cancel()``;
+    ``future()`` gives a real ``Future`` that mirrors it (for ``wait``,
+    ``as_completed``, ``asyncio.wrap_future``), and ``procq.as_completed``
+    takes handles directly.
     """
 
     __slots__ = ("_core", "_entry", "_owner")
@@ -65,6 +73,54 @@ class JobHandle(Generic[T]):
                 raise TimeoutError(f"job {entry.key!r} has not finished after {timeout}s; it keeps running")
         output: T = _unwrap(entry)
         return output
+
+    def exception(self, *, timeout: float | None = None) -> JobFailed | None:
+        """The job's ``JobFailed`` if it failed, else None, waiting for it up to
+        ``timeout`` seconds (``TimeoutError`` past it; the job keeps running)."""
+        try:
+            self.result(timeout=timeout)
+        except JobFailed as failed:
+            return failed
+        return None
+
+    def add_done_callback(self, fn: Callable[[JobHandle[T]], object]) -> None:
+        """Call ``fn(handle)`` when the job ends, or at once if it has.
+
+        It runs in whichever thread ended the job (often procq's I/O thread,
+        with no lock held), so it should be quick and must not block: hand
+        the work to another thread or loop. What it raises is logged (logger
+        ``"procq"``) and otherwise ignored, as ``concurrent.futures`` does.
+        """
+        from procq._futures import run_callback
+
+        if not callable(fn):
+            raise TypeError(f"add_done_callback(): fn must be callable, got {type(fn).__name__}")
+
+        def ended() -> None:
+            run_callback(fn, self)
+
+        if not self._core.add_callback(self._entry, ended):  # type: ignore[arg-type]  # (an Ended is settled)
+            ended()
+
+    def cancel(self) -> bool:
+        """Cancel this handle's job, as ``q.cancel(key)`` does: True if this call
+        cancelled it (a waiting job never runs, a running one is killed; it ends
+        ``Failed`` with kind ``"cancelled"``). False, changing nothing, once the
+        job has ended, or when the key now names another job than this handle's."""
+        if self._core.settled(self._entry) or self._owner is None:
+            return False
+        core = self._core
+        with core.lock:
+            ours = core.keys.live.get(self.key) is self._entry
+        return ours and self._owner.cancel(self.key)
+
+    def future(self) -> Future[T]:
+        """A ``concurrent.futures.Future`` that mirrors this handle: it ends when
+        the job does, with its output or its ``JobFailed``; cancelling it
+        cancels the job if procq has not started it (see ``procq._futures``)."""
+        from procq._futures import JobFuture
+
+        return JobFuture(self, owned=True, unwrap=False)
 
     def __await__(self) -> Generator[Any, None, T]:
         entry = self._entry

@@ -31,22 +31,32 @@ on another thread, say the supervisor's, must not block it).
 
 A failed item's ``JobFailed`` says which item it was: its index in the input
 and a repr cut to ``ITEM_REPR`` characters (for a chunk, the items' range).
+
+Several iterables zip as the built-in ``map`` does (the shortest ends the
+map): an item is then the tuple of arguments, ``fn(*item)`` runs and
+``key(*item)`` names it. ``timeout`` counts from the call to ``map`` (as in
+``Executor.map``): an output not ready by then raises ``TimeoutError``,
+which ends the map like any exception. ``progress`` is told, from the
+consumer's thread as outputs are handed out, how many items are done and the
+total (None when an input has no ``len``); ``True`` draws a tqdm bar.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import queue
 import reprlib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from procq._errors import JobFailed, WrongProcess
+from procq._errors import JobFailed, LaneFull, WrongProcess
 from procq._fingerprint import content_key, fn_name
-from procq._job import Job
+from procq._job import Job, check_wait
 from procq._protocol import dumps
 from procq._values import Cached, PushOutcome, Queued
 
@@ -70,18 +80,72 @@ def _run_chunk(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
     return [fn(item) for item in items]
 
 
+def _run_star_chunk(fn: Callable[..., Any], items: list[tuple[Any, ...]]) -> list[Any]:
+    """A chunk's job of a map over several iterables, in the worker."""
+    return [fn(*item) for item in items]
+
+
+class _Progress:
+    """Reports a map's progress: ``report(done, total)``, or a tqdm bar."""
+
+    __slots__ = ("bar", "done", "report", "total")
+
+    def __init__(self, progress: Any, total: int | None) -> None:
+        self.done = 0
+        self.total = total
+        self.bar: Any = None
+        self.report: Callable[[int, int | None], object] | None = None
+        if progress is True:
+            try:
+                from tqdm.auto import tqdm  # type: ignore[import-not-found,import-untyped,unused-ignore]
+            except ImportError:
+                raise ImportError(
+                    "map(progress=True) draws a tqdm bar, and tqdm is not installed: "
+                    "pip install tqdm, or pass progress=a function of (done, total)"
+                ) from None
+            self.bar = tqdm(total=total)
+        elif callable(progress):
+            self.report = progress
+        else:
+            raise TypeError(
+                f"map(): progress must be None, True (a tqdm bar) or a function of (done, total), "
+                f"got {type(progress).__name__}"
+            )
+
+    def advance(self, count: int) -> None:
+        self.done += count
+        if self.bar is not None:
+            self.bar.update(count)
+        elif self.report is not None:
+            self.report(self.done, self.total)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _total(iterables: tuple[Iterable[Any], ...]) -> int | None:
+    """How many items the map has, if every input knows its length."""
+    try:
+        return min(len(it) for it in iterables)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
 class _Out:
     """One job of the map that is out: its push's outcome and what it covers."""
 
     __slots__ = ("chunked", "count", "first", "items", "key", "ours", "outcome")
 
-    def __init__(self, outcome: PushOutcome, job: Job[Any], count: int, first: int) -> None:
+    def __init__(self, outcome: PushOutcome, job: Job[Any], count: int, first: int, star: bool) -> None:
         self.outcome = outcome
         self.key = job.key
         self.count = count  # items it covers
         self.first = first  # the index of its first item in the map's input
-        self.chunked = job.fn is _run_chunk  # its output is the list of its items' outputs
-        self.items: Sequence[Any] = job.args[1] if self.chunked else job.args  # (to name them if it fails)
+        self.chunked = job.fn is _run_chunk or job.fn is _run_star_chunk  # its output: its items' outputs
+        # (To name them if it fails. An item of a map over several iterables
+        # is the tuple of its arguments: a lone one's job.args.)
+        self.items: Sequence[Any] = job.args[1] if self.chunked else ((job.args,) if star else job.args)
         self.ours = isinstance(outcome, Queued)  # this map claimed the key
 
     def failed(self, failed: JobFailed) -> JobFailed:
@@ -121,61 +185,129 @@ def _short(item: Any) -> str:
 
 def map_jobs(
     q: ProcQueue,
-    fn: Callable[[Any], Any],
-    iterable: Iterable[Any],
-    key: Callable[[Any], str] | None,
+    fn: Callable[..., Any],
+    iterables: tuple[Iterable[Any], ...],
+    key: Callable[..., str] | None,
     lane: str | None,
     ordered: bool,
     return_failures: bool,
     chunksize: int = 1,
     keep: bool = False,
+    timeout: float | None = None,
+    progress: Any = None,
 ) -> Iterator[Any]:
     """Check the arguments now (not at the first ``next``), then iterate lazily."""
     if not callable(fn):
         raise TypeError(f"map(): fn must be callable, got {type(fn).__name__}")
+    if not iterables:
+        raise TypeError("map(): needs at least one iterable")
     if key is not None and not callable(key):
         raise TypeError(f"map(): key must be a function of the item or None, got {type(key).__name__}")
     if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
         raise ValueError(f"map(): chunksize must be an int of at least 1, got {chunksize!r}")
+    timeout = check_wait(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
     lane_state = q._core.lane_for(Job("map", fn, lane=lane))
     spec = lane_state.spec
     # In items, not jobs: a map of big chunks keeps as few out as keeps every
     # worker busy (two each), a map of single items enough to feed them in bulk.
     window = max(2 * spec.workers, min(spec.capacity, WINDOW // chunksize))
-    jobs = _jobs(fn, iter(iterable), key, lane, chunksize)
+    star = len(iterables) > 1
+    items = zip(*iterables, strict=False) if star else iter(iterables[0])
+    report = None if progress is None else _Progress(progress, _total(iterables))
+    jobs = _jobs(fn, items, key, lane, chunksize, star)
+    run = _Run(q, window, return_failures, keep, star, deadline, timeout, report)
     if ordered:
-        return _ordered(q, jobs, window, return_failures, keep)
-    return _unordered(q, jobs, window, return_failures, keep)
+        return _ordered(run, jobs)
+    return _unordered(run, jobs)
+
+
+class _Run:
+    """What one map's iteration works with: its queue and options."""
+
+    __slots__ = ("deadline", "keep", "progress", "q", "return_failures", "star", "timeout", "window")
+
+    def __init__(
+        self,
+        q: ProcQueue,
+        window: int,
+        return_failures: bool,
+        keep: bool,
+        star: bool,
+        deadline: float | None,
+        timeout: float | None,
+        progress: _Progress | None,
+    ) -> None:
+        self.q = q
+        self.window = window
+        self.return_failures = return_failures
+        self.keep = keep
+        self.star = star
+        self.deadline = deadline  # on the monotonic clock; None: no timeout
+        self.timeout = timeout
+        self.progress = progress
+
+    def left(self) -> float | None:
+        """Seconds until the deadline, never below 0 (None: no deadline)."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def timed_out(self) -> TimeoutError:
+        return TimeoutError(f"map(): not every output was ready within its timeout of {self.timeout}s")
+
+    def push(self, job: Job[Any], count: int, first: int) -> _Out:
+        try:
+            return _Out(self.q.push(job, timeout=self.left()), job, count, first, self.star)
+        except LaneFull:
+            if self.deadline is None:
+                raise
+            raise self.timed_out() from None
+
+    def handed_out(self, count: int) -> None:
+        if self.progress is not None:
+            self.progress.advance(count)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
 
 
 def _jobs(
-    fn: Callable[[Any], Any], items: Iterator[Any], key: Callable[[Any], str] | None, lane: str | None, chunksize: int
+    fn: Callable[..., Any],
+    items: Iterator[Any],
+    key: Callable[..., str] | None,
+    lane: str | None,
+    chunksize: int,
+    star: bool,
 ) -> Iterator[tuple[Job[Any], int]]:
     """The map's jobs, made as they are pulled: ``(job, items it covers)``."""
     if chunksize == 1:
         for item in items:
-            yield Job(content_key(fn, item) if key is None else key(item), fn, (item,), lane=lane), 1
+            args = item if star else (item,)
+            name = content_key(fn, item) if key is None else key(*args)
+            yield Job(name, fn, args, lane=lane), 1
         return
     name = fn_name(fn)
+    run_chunk = _run_star_chunk if star else _run_chunk
     while True:
-        chunk = []
-        for item in items:
-            chunk.append(item)
-            if len(chunk) == chunksize:
-                break
+        chunk = list(itertools.islice(items, chunksize))
         if not chunk:
             return
         if key is None:
             digest = hashlib.blake2b(dumps(chunk), digest_size=16).hexdigest()
         else:
-            digest = hashlib.blake2b("\0".join(key(item) for item in chunk).encode(), digest_size=16).hexdigest()
+            names = (key(*item) if star else key(item) for item in chunk)
+            digest = hashlib.blake2b("\0".join(names).encode(), digest_size=16).hexdigest()
         fn_digest = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
-        yield Job(f"map-chunk:{fn_digest}:{len(chunk)}:{digest}", _run_chunk, (fn, chunk), lane=lane), len(chunk)
+        star_mark = "*" if star else ""
+        yield (
+            Job(f"map-chunk{star_mark}:{fn_digest}:{len(chunk)}:{digest}", run_chunk, (fn, chunk), lane=lane),
+            len(chunk),
+        )
         if len(chunk) < chunksize:
             return
 
 
-def _values(q: ProcQueue, out: _Out, return_failures: bool, keep: bool) -> list[Any]:
+def _values(run: _Run, out: _Out) -> list[Any]:
     """The outputs of one job of the map, in item order (its failure, once per item)."""
     outcome = out.outcome
     try:
@@ -183,60 +315,62 @@ def _values(q: ProcQueue, out: _Out, return_failures: bool, keep: bool) -> list[
             value = outcome.output
         else:
             try:
-                value = outcome.handle.result()
+                value = outcome.handle.result(timeout=run.left())
+            except TimeoutError:
+                raise run.timed_out() from None
             except JobFailed as failed:
-                if not return_failures:
+                if not run.return_failures:
                     raise out.failed(failed) from failed.__cause__
                 return out.failed_each(failed)
         return value if out.chunked else [value]
     finally:
-        if out.ours and not keep:
+        if out.ours and not run.keep:
             with contextlib.suppress(ValueError):  # pushed again since, and running: not this map's to drop
-                q._core.forget(out.key)
+                run.q._core.forget(out.key)
 
 
-def _ordered(
-    q: ProcQueue, jobs: Iterator[tuple[Job[Any], int]], window: int, return_failures: bool, keep: bool
-) -> Iterator[Any]:
+def _ordered(run: _Run, jobs: Iterator[tuple[Job[Any], int]]) -> Iterator[Any]:
     consumer = threading.get_ident()
     pending: deque[_Out] = deque()
     pulled = 0  # items pulled from the input so far
     exhausted = False
     try:
         while True:
-            while not exhausted and len(pending) < window:
+            while not exhausted and len(pending) < run.window:
                 try:
                     job, count = next(jobs)
                 except StopIteration:
                     exhausted = True
                     break
-                pending.append(_Out(q.push(job), job, count, pulled))
+                pending.append(run.push(job, count, pulled))
                 pulled += count
             if not pending:
                 return
-            yield from _values(q, pending.popleft(), return_failures, keep)
+            values = _values(run, pending[0])
+            pending.popleft()
+            yield from values
+            run.handed_out(len(values))
     finally:
-        _leave(q, pending, keep, consumer)
+        run.close()
+        _leave(run.q, pending, run.keep, consumer)
 
 
-def _unordered(
-    q: ProcQueue, jobs: Iterator[tuple[Job[Any], int]], window: int, return_failures: bool, keep: bool
-) -> Iterator[Any]:
+def _unordered(run: _Run, jobs: Iterator[tuple[Job[Any], int]]) -> Iterator[Any]:
     consumer = threading.get_ident()
     ended: queue.SimpleQueue[_Out] = queue.SimpleQueue()
     out: set[_Out] = set()  # pushed, outputs not handed out yet
     pulled = 0
     exhausted = False
-    core = q._core
+    core = run.q._core
     try:
         while True:
-            while not exhausted and len(out) < window:
+            while not exhausted and len(out) < run.window:
                 try:
                     job, count = next(jobs)
                 except StopIteration:
                     exhausted = True
                     break
-                one = _Out(q.push(job), job, count, pulled)
+                one = run.push(job, count, pulled)
                 pulled += count
                 out.add(one)
                 outcome = one.outcome
@@ -248,11 +382,17 @@ def _unordered(
                         ended.put(one)  # already ended
             if not out:
                 return
-            done = ended.get()
+            try:
+                done = ended.get(timeout=run.left())
+            except queue.Empty:
+                raise run.timed_out() from None
             out.discard(done)
-            yield from _values(q, done, return_failures, keep)
+            values = _values(run, done)
+            yield from values
+            run.handed_out(len(values))
     finally:
-        _leave(q, sorted(out, key=lambda one: one.first), keep, consumer)
+        run.close()
+        _leave(run.q, sorted(out, key=lambda one: one.first), run.keep, consumer)
 
 
 def _leave(q: ProcQueue, outs: Collection[_Out], keep: bool, consumer: int) -> None:

@@ -273,17 +273,26 @@ class ProcQueue:
 
     def map(
         self,
-        fn: Callable[[Any], T],
+        fn: Callable[..., T],
         iterable: Iterable[Any],
-        *,
-        key: Callable[[Any], str] | None = None,
+        *iterables: Iterable[Any],
+        key: Callable[..., str] | None = None,
         lane: str | None = None,
         ordered: bool = True,
         return_failures: bool = False,
         chunksize: int = 1,
         keep: bool = False,
+        timeout: float | None = None,
+        progress: Any = None,
     ) -> Iterator[Any]:
         """``fn(item)`` for every item, run as jobs: a lazy iterator over the outputs.
+
+        Several iterables zip as for the built-in ``map``, ``fn(*items)`` and
+        ``key(*items)`` (the shortest input ends it). ``timeout`` (seconds from
+        this call) raises ``TimeoutError`` where an output is not ready by then.
+        ``progress``: a function called with ``(done, total)`` items (``total``
+        None for an input without ``len``) as outputs are handed out, or ``True``
+        for a tqdm bar (tqdm must be installed).
 
         Items are pulled from ``iterable`` only as the lane has room (at most
         256 items, and at least two jobs per worker, are out at once), so an
@@ -303,7 +312,9 @@ class ProcQueue:
         from procq._map import map_jobs
 
         self._here()
-        return map_jobs(self, fn, iterable, key, lane, ordered, return_failures, chunksize, keep)
+        return map_jobs(
+            self, fn, (iterable, *iterables), key, lane, ordered, return_failures, chunksize, keep, timeout, progress
+        )
 
     def forget(self, key: str) -> bool:
         """Drop an ended key (completed or failed), as if it was never pushed.

@@ -1,0 +1,276 @@
+"""``procq.Executor``: a drop-in ``concurrent.futures.Executor`` over one ``ProcQueue``.
+
+It takes what ``ProcessPoolExecutor`` takes and behaves as its tests ask
+(``tests/test_executor_cpython.py`` runs CPython's own executor tests on
+it), with procq underneath: a job whose worker crashes fails its own future
+with ``JobFailed`` (naming the signal) and nothing else; the executor is
+never broken.
+
+Keys. Every procq job has a key. ``submit`` gives each call a fresh one,
+``"executor:<token>:<n>"`` (a per-executor random token and a counter), so
+procq never merges two submissions by accident, and forgets it once its
+future is resolved (with a store, the next ``submit`` or ``shutdown`` deletes
+its row, from the caller's thread), so a long-lived executor keeps nothing per
+finished job, nor a reference to its output.
+``submit(fn, *args, procq_key="k", **kwargs)`` opts into procq's keyed
+dedup instead: a key that is live joins that job, one that completed answers
+with its output, and it is kept as any pushed key is. The keyword is
+``procq_key`` rather than ``key`` because ``submit`` passes every other
+keyword to ``fn``, and ``key=`` is a common argument of the functions people
+submit (``sorted``, ``max``); ``procq_lane`` likewise picks a lane.
+
+Futures are ``procq._futures.JobFuture`` objects (real ``Future`` objects),
+resolved from their handles' done callbacks; ``cancel()`` cancels the procq
+job while it waits. Errors: a job that raised sets its own exception, as in
+the stdlib; any other failure (``"crashed"``, ``"timeout"``, ``"memory"``)
+sets ``JobFailed``, whose message names the signal and whose ``.failure``
+says the rest. It is deliberately not ``BrokenProcessPool``: that means "the
+pool is unusable", and here only the one job failed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import itertools
+import os
+import secrets
+import threading
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from procq._errors import QueueClosed
+from procq._executor_calls import Initialized, run_chunk
+from procq._futures import JobFuture
+from procq._job import Job, Lane, Retry
+from procq._queue import ProcQueue
+from procq._values import Cached, Queued
+
+__all__ = ["Executor"]
+
+T = TypeVar("T")
+
+#: The default lane's capacity: ``submit`` never waits for room, as the stdlib's does not.
+UNBOUNDED = 2**62
+
+_executors: weakref.WeakSet[Executor] = weakref.WeakSet()
+_interpreter_exiting = False
+
+
+class Executor(concurrent.futures.Executor):
+    """Run calls in procq worker processes; a drop-in for ``ProcessPoolExecutor``.
+
+    ``max_workers`` (default: the CPU count), ``mp_context`` (a
+    ``multiprocessing`` context or a start method name: ``"forkserver"`` or
+    ``"spawn"``; procq does not run workers with ``"fork"``), ``initializer``
+    and ``initargs`` (run in each worker before its first job of this
+    executor; see ``procq._executor_calls`` for what a failing one does) and
+    ``max_tasks_per_child`` (a worker is replaced after that many jobs) mean
+    what they mean for ``ProcessPoolExecutor``.
+
+    procq's own options: ``lanes`` (as for ``ProcQueue``, instead of
+    ``max_workers``/``max_tasks_per_child``; ``submit(..., procq_lane=name)``
+    picks one, and a full lane makes ``submit`` wait for room), and for every
+    job ``timeout`` (seconds once started), ``memory_limit`` (bytes or
+    ``"512M"``), ``retry`` (a ``Retry``) and ``store`` (keys in a database,
+    as ``ProcQueue(store=...)``). ``queue`` is the ``ProcQueue`` underneath.
+    """
+
+    def __init__(
+        self,
+        max_workers: int | None = None,
+        mp_context: Any = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
+        *,
+        max_tasks_per_child: int | None = None,
+        lanes: int | Mapping[str, int | Lane] | None = None,
+        timeout: float | None = None,
+        memory_limit: int | str | None = None,
+        retry: Retry | None = None,
+        store: Any = None,
+    ) -> None:
+        if lanes is not None and (max_workers is not None or max_tasks_per_child is not None):
+            raise ValueError(
+                "Executor: give either lanes or max_workers/max_tasks_per_child, not both "
+                "(a Lane has workers= and max_jobs_per_worker=)"
+            )
+        if lanes is None:
+            if max_workers is None:
+                max_workers = os.cpu_count() or 1
+            elif isinstance(max_workers, bool) or not isinstance(max_workers, int):
+                raise TypeError(f"max_workers must be an int or None, got {type(max_workers).__name__}")
+            elif max_workers <= 0:
+                raise ValueError("max_workers must be greater than 0")
+            if max_tasks_per_child is not None and (
+                isinstance(max_tasks_per_child, bool) or not isinstance(max_tasks_per_child, int)
+            ):
+                raise TypeError("max_tasks_per_child must be an integer")
+            if max_tasks_per_child is not None and max_tasks_per_child <= 0:
+                raise ValueError("max_tasks_per_child must be >= 1")
+            lanes = {"default": Lane(workers=max_workers, capacity=UNBOUNDED, max_jobs_per_worker=max_tasks_per_child)}
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        if not isinstance(initargs, tuple):
+            raise TypeError(f"initargs must be a tuple, got {type(initargs).__name__}")
+        self._token = secrets.token_hex(6)
+        self._initializer = initializer
+        self._initargs = initargs
+        # Checked by a Job now, not at the first submit:
+        Job("check", int, timeout=timeout, memory_limit=memory_limit, retry=retry)
+        self._timeout, self._memory_limit, self._retry = timeout, memory_limit, retry
+        self.queue = ProcQueue(lanes, start_method=_start_method(mp_context), store=store)
+        self._counter = itertools.count(1)
+        self._lock = threading.Lock()
+        self._shutdown = False
+        self._futures: set[JobFuture[Any]] = set()  # not resolved yet (for shutdown(cancel_futures=True))
+        self._forgettable: deque[str] = deque()  # generated keys of resolved futures, to drop
+        self._closer: threading.Thread | None = None
+        _executors.add(self)
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        """Run ``fn(*args, **kwargs)`` in a worker; a ``Future`` of its result.
+
+        ``procq_key=`` and ``procq_lane=`` are taken by procq, not passed to
+        ``fn`` (see the module docstring). Raises ``RuntimeError`` after
+        ``shutdown()``, as the stdlib does.
+        """
+        key: str | None = kwargs.pop("procq_key", None)
+        lane: str | None = kwargs.pop("procq_lane", None)
+        if self._shutdown:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+        if _interpreter_exiting:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+        self._drop_forgettable()
+        mine = key is None
+        if key is None:
+            key = f"executor:{self._token}:{next(self._counter)}"
+        call: Callable[..., Any] = fn
+        if self._initializer is not None:
+            call = Initialized(fn, self._initializer, self._initargs, self._token)
+        job = Job(
+            key, call, args, kwargs or None, lane=lane, timeout=self._timeout, memory_limit=self._memory_limit,
+            retry=self._retry,
+        )  # fmt: skip
+        try:
+            outcome = self.queue.push(job)
+        except QueueClosed:
+            raise RuntimeError("cannot schedule new futures after shutdown") from None
+        if isinstance(outcome, Cached):
+            return JobFuture.of_output(outcome.output)
+        with self._lock:
+            future: JobFuture[T] = JobFuture(None, owned=isinstance(outcome, Queued), unwrap=True)
+            self._futures.add(future)
+        handle = outcome.handle
+        forget = mine and isinstance(outcome, Queued)
+
+        def ended(_: Any) -> None:
+            with self._lock:
+                self._futures.discard(future)
+            if forget:
+                if self.queue._store is None:  # the core's forget is a dict change under its lock: safe here
+                    with contextlib.suppress(ValueError):
+                        self.queue._core.forget(handle.key)
+                else:  # a row's delete, from the caller's thread (never from a committing thread)
+                    self._forgettable.append(handle.key)
+
+        future._handle = handle
+        handle.add_done_callback(future._settle)
+        handle.add_done_callback(ended)
+        return future
+
+    def map(
+        self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None, chunksize: int = 1
+    ) -> Iterator[T]:
+        """``fn(*args)`` for the items of ``iterables`` zipped, as the stdlib's
+        ``map``: every call is submitted at once, outputs come in order, and
+        ``timeout`` (from this call) raises ``TimeoutError`` at the first output
+        not ready by then. ``chunksize`` items go to a worker per job."""
+        if isinstance(chunksize, bool) or not isinstance(chunksize, int) or chunksize < 1:
+            raise ValueError("chunksize must be >= 1.")
+        if chunksize == 1:
+            return super().map(fn, *iterables, timeout=timeout)
+        chunks = super().map(run_chunk, itertools.repeat(fn), _chunks(iterables, chunksize), timeout=timeout)
+        return _flatten(chunks)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Take no more submissions; with ``cancel_futures`` cancel the jobs that
+        have not started; with ``wait`` return once every job has ended and every
+        worker is reaped. ``wait=False`` returns at once: a thread closes the
+        queue once the remaining jobs end (and the interpreter waits for it at exit)."""
+        with self._lock:
+            self._shutdown = True
+            pending = list(self._futures)
+        if cancel_futures:
+            for future in reversed(pending):  # the latest first: the likeliest to be waiting still
+                future.cancel()
+        if wait:
+            self.queue.close()
+            self._drop_forgettable()
+        else:
+            with self._lock:
+                if self._closer is None:
+                    self._closer = threading.Thread(target=self.queue.close, name="procq-executor-shutdown")
+                    self._closer.start()
+
+    def _drop_forgettable(self) -> None:
+        while True:
+            try:
+                key = self._forgettable.popleft()
+            except IndexError:
+                return
+            with contextlib.suppress(ValueError, QueueClosed):  # (ValueError: live again, pushed since)
+                self.queue.forget(key)
+
+    def __repr__(self) -> str:
+        state = "shut down" if self._shutdown else "running"
+        return f"<procq.Executor {state} {self.queue!r}>"
+
+
+def _start_method(mp_context: Any) -> str | None:
+    """A ``multiprocessing`` context, a start method's name or None, as a start method's name."""
+    if mp_context is None or isinstance(mp_context, str):
+        return mp_context
+    get = getattr(mp_context, "get_start_method", None)
+    if get is None:
+        raise TypeError(
+            "mp_context must be a multiprocessing context, a start method name or None, "
+            f"got {type(mp_context).__name__}"
+        )
+    method: str = get(allow_none=False)
+    return method
+
+
+def _chunks(iterables: tuple[Iterable[Any], ...], size: int) -> Iterator[list[tuple[Any, ...]]]:
+    """The zipped argument tuples, ``size`` at a time."""
+    args = zip(*iterables, strict=False)  # (the shortest ends it, as map() does)
+    while chunk := list(itertools.islice(args, size)):
+        yield chunk
+
+
+def _flatten(chunks: Iterator[list[T]]) -> Iterator[T]:
+    try:
+        for chunk in chunks:
+            chunk.reverse()  # (pop from the end: no reference to an output outlives its yield)
+            while chunk:
+                yield chunk.pop()
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+def _python_exit() -> None:
+    """At interpreter exit (before the non-daemon threads are joined): let every
+    executor's submitted jobs finish, as ``ProcessPoolExecutor`` does, and refuse
+    new ones."""
+    global _interpreter_exiting
+    _interpreter_exiting = True
+    for executor in list(_executors):
+        with contextlib.suppress(Exception):
+            executor.queue.close()
+
+
+threading._register_atexit(_python_exit)  # type: ignore[attr-defined]  # (what concurrent.futures.process uses)

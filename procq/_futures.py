@@ -1,0 +1,190 @@
+"""procq jobs as ``concurrent.futures`` futures, and ``as_completed`` over handles.
+
+``JobFuture`` is a real ``concurrent.futures.Future`` that mirrors one
+``JobHandle``: ``handle.future()`` makes one, and ``procq.Executor.submit``
+returns one. It is resolved by the handle's done callback (through the
+core's completion callbacks, so a queue on a store gives it an outcome only
+once that outcome is durable); no thread waits per future.
+
+Its life, against the stdlib's: a future stays PENDING while its job waits
+and runs (procq tells no one when a job starts), and goes to FINISHED or
+CANCELLED when the job ends. So ``cancel()`` asks procq instead of its own
+state: it cancels the job only while procq still has it waiting (``Pending``),
+and returns False once it has started, as the stdlib does for a running
+future. A job cancelled by any route (``cancel()``, ``q.cancel(key)``,
+``shutdown(cancel_futures=True)``, a close without waiting) ends its future
+cancelled. A future that only joined another push's job (``InFlight``)
+never cancels that job: cancelling it detaches the future alone.
+
+The stdlib's waiters (``wait``, ``as_completed``) learn of a cancellation
+only from ``set_running_or_notify_cancel()``, which may be called once per
+future; ``_notified`` (under ``_settle_lock``) makes sure exactly one path
+calls it: the job's end, or ``cancel()``, whichever comes first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from procq._errors import JobFailed
+from procq._job import check_wait
+from procq._values import Pending
+
+if TYPE_CHECKING:
+    from procq._handle import JobHandle
+
+__all__ = ["JobFuture", "as_completed", "run_callback"]
+
+T = TypeVar("T")
+W = TypeVar("W")
+
+LOGGER = logging.getLogger("procq")
+
+
+def run_callback(fn: Any, arg: Any) -> None:
+    """Call a user's done callback; log what it raises (it runs in some thread
+    of procq's, where an exception would reach no one), as the stdlib does."""
+    try:
+        fn(arg)
+    except Exception:
+        LOGGER.exception("exception calling callback for %r", arg)
+
+
+class JobFuture(Future[T]):
+    """A ``concurrent.futures.Future`` resolved by a procq job (see the module docstring).
+
+    With ``unwrap`` (the executor's futures) a job that raised sets the job's
+    own exception on the future, as ``ProcessPoolExecutor`` does; any other
+    failure (a crash, a timeout, a memory limit) sets ``JobFailed``. Without
+    it (``handle.future()``) every failure is ``JobFailed``, as the handle raises.
+    """
+
+    def __init__(self, handle: JobHandle[T] | None, *, owned: bool, unwrap: bool) -> None:
+        super().__init__()
+        self._handle = handle
+        self._owned = owned  # its job is this future's own claim, to cancel
+        self._unwrap = unwrap
+        self._settle_lock = threading.Lock()
+        self._notified = False  # set_running_or_notify_cancel() was called (at most once)
+        if handle is not None:
+            handle.add_done_callback(self._settle)
+
+    @classmethod
+    def of_output(cls, output: T) -> JobFuture[T]:
+        """A future already resolved with ``output`` (a push answered ``Cached``)."""
+        future: JobFuture[T] = cls(None, owned=False, unwrap=False)
+        future._notified = True
+        future.set_running_or_notify_cancel()
+        future.set_result(output)
+        return future
+
+    @property
+    def key(self) -> str | None:
+        """The key of the job behind the future (None for one made from a cached output)."""
+        return None if self._handle is None else self._handle.key
+
+    def cancel(self) -> bool:
+        """Cancel the job if procq has not started it (see the module docstring)."""
+        if self.done():
+            return self.cancelled()
+        handle = self._handle
+        if self._owned and handle is not None and (not isinstance(handle.state, Pending) or not handle.cancel()):
+            return self.cancelled()  # it started, or ended, meanwhile
+        # (A job cancelled here reaches _settle too, in this thread or another.)
+        if not Future.cancel(self):
+            return False
+        self._notify()
+        return True
+
+    def _notify(self) -> bool:
+        """Call ``set_running_or_notify_cancel()`` unless called before: True if
+        the future is now running (to be resolved by the caller), False if not."""
+        with self._settle_lock:
+            if self._notified:
+                return False
+            self._notified = True
+            return self.set_running_or_notify_cancel()
+
+    def _settle(self, handle: JobHandle[T]) -> None:
+        """The job ended: resolve the future (in whichever thread ended it)."""
+        try:
+            value = handle.result()
+        except JobFailed as failed:
+            if failed.failure.kind == "cancelled":
+                Future.cancel(self)
+                self._notify()
+                return
+            cause = failed.__cause__
+            error: BaseException = (
+                cause if self._unwrap and failed.failure.kind == "error" and isinstance(cause, Exception) else failed
+            )
+            if self._notify():
+                self.set_exception(error)
+            return
+        if self._notify():
+            self.set_result(value)
+
+
+def as_completed(items: Iterable[W], timeout: float | None = None) -> Iterator[W]:
+    """Yield each handle (or future) of ``items`` as it ends, the already ended first.
+
+    ``items`` may mix ``JobHandle`` and ``concurrent.futures.Future`` objects
+    (anything with ``add_done_callback``); duplicates are yielded once. Past
+    ``timeout`` seconds from the call, raises ``TimeoutError`` naming how many
+    had not ended (those keep running). It sleeps on a queue its callbacks feed,
+    never polling.
+    """
+    timeout = check_wait(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    unique = list(dict.fromkeys(items))
+    total = len(unique)
+    ended = _Ended[W]()
+    for item in unique:
+        item.add_done_callback(ended.put)  # type: ignore[attr-defined]
+    del unique  # (hold no reference to an item already yielded)
+    return _yield_ended(ended, total, deadline)
+
+
+class _Ended(Generic[W]):
+    """The items that ended, in order, until ``as_completed`` is done with them.
+    Then it holds none: an item that ends later (after a timeout) is dropped,
+    not kept alive by the callback it still has."""
+
+    __slots__ = ("open", "queue")
+
+    def __init__(self) -> None:
+        self.open = True
+        self.queue: queue.SimpleQueue[W] = queue.SimpleQueue()
+
+    def put(self, item: W) -> None:
+        if self.open:
+            self.queue.put(item)
+
+    def close(self) -> None:
+        self.open = False
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.queue.get_nowait()
+
+
+def _yield_ended(ended: _Ended[W], total: int, deadline: float | None) -> Iterator[W]:
+    try:
+        for yielded in range(total):
+            # (Yielded straight from the call: no local keeps an item once handed out.)
+            yield _next_ended(ended.queue, total - yielded, total, deadline)
+    finally:
+        ended.close()
+
+
+def _next_ended(ended: queue.SimpleQueue[W], left: int, total: int, deadline: float | None) -> W:
+    try:
+        return ended.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except queue.Empty:
+        raise TimeoutError(f"{left} (of {total}) futures unfinished") from None

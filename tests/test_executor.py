@@ -1,0 +1,179 @@
+"""procq.Executor beyond the stdlib's own tests: crashes, keys, initializer, options, futures."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+
+import executor_jobs as ej
+import pytest
+
+import procq
+from procq import Executor, InitializerFailed, JobFailed, Lane, Processing
+
+
+def _wait_until_running(ex: Executor, future: cf.Future[object]) -> None:
+    key = future.key  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 30
+    while not isinstance(ex.queue.state(key), Processing):
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.01)
+
+
+def test_is_a_real_executor_and_future() -> None:
+    with Executor(1) as ex:
+        assert isinstance(ex, cf.Executor)
+        future = ex.submit(pow, 2, 8)
+        assert isinstance(future, cf.Future)
+        assert future.result(timeout=30) == 256
+
+
+def test_a_crash_fails_only_its_own_future() -> None:
+    with Executor(2) as ex:
+        crash = ex.submit(ej.segfault)
+        fine = [ex.submit(ej.mul, i, 2) for i in range(6)]
+        error = crash.exception(timeout=30)
+        assert isinstance(error, JobFailed)
+        assert error.failure.kind == "crashed"
+        assert "SIGSEGV" in str(error)
+        assert [f.result(timeout=30) for f in fine] == [0, 2, 4, 6, 8, 10]
+        assert ex.submit(ej.mul, 3, 3).result(timeout=30) == 9  # not broken
+
+
+def test_a_job_that_raised_sets_its_own_exception() -> None:
+    with Executor(1) as ex:
+        with pytest.raises(ZeroDivisionError) as info:
+            ex.submit(divmod, 1, 0).result(timeout=30)
+        assert "Traceback" in str(info.value.__cause__)  # the child's traceback, as in the stdlib
+
+
+def test_procq_key_dedups_and_kwargs_named_key_reach_fn() -> None:
+    with Executor(1) as ex:
+        assert ex.submit(sorted, [3, 1, 2], key=lambda x: -x).result(timeout=30) == [3, 2, 1]
+        first = ex.submit(ej.mul, 6, 7, procq_key="answer")
+        assert first.result(timeout=30) == 42
+        again = ex.submit(ej.mul, 6, 7, procq_key="answer")
+        assert again.done() and again.result() == 42
+        assert ex.queue.keys(prefix="answer") == ["answer"]
+
+
+def test_generated_keys_are_forgotten_once_resolved() -> None:
+    with Executor(1) as ex:
+        for i in range(5):
+            assert ex.submit(ej.mul, i, i).result(timeout=30) == i * i
+        ex.submit(int).result(timeout=30)
+        deadline = time.monotonic() + 30  # (forgotten by a callback that may run just after result())
+        while ex.queue.keys() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ex.queue.keys() == []
+
+
+def test_initializer_runs_in_each_worker_before_its_first_job() -> None:
+    with Executor(1, initializer=ej.remember, initargs=("ready",)) as ex:
+        assert ex.submit(ej.initialized).result(timeout=30) == ["ready"]
+        assert ex.submit(ej.initialized).result(timeout=30) == ["ready"]  # once per worker
+
+
+def test_max_tasks_per_child_replaces_workers_and_reruns_the_initializer() -> None:
+    with Executor(1, initializer=ej.remember, initargs=(1,), max_tasks_per_child=2) as ex:
+        pids = [ex.submit(ej.getpid).result(timeout=30) for _ in range(4)]
+        assert pids[0] == pids[1] != pids[2] == pids[3]
+        assert ex.submit(ej.initialized).result(timeout=30) == [1]
+
+
+def test_a_failing_initializer_fails_the_job_and_names_it() -> None:
+    with Executor(1, initializer=ej.fail_init) as ex:
+        with pytest.raises(InitializerFailed, match=r"initializer fail_init\(\) failed .* no database here"):
+            ex.submit(int).result(timeout=30)
+        with pytest.raises(InitializerFailed):  # the next job tries again
+            ex.submit(int).result(timeout=30)
+
+
+def test_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="max_workers must be greater than 0"):
+        Executor(0)
+    with pytest.raises(TypeError, match="initializer must be a callable"):
+        Executor(1, initializer=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_tasks_per_child must be >= 1"):
+        Executor(1, max_tasks_per_child=0)
+    with pytest.raises(ValueError, match="either lanes or max_workers"):
+        Executor(2, lanes=2)
+    with pytest.raises(ValueError, match="'fork' is not supported"):
+        Executor(1, mp_context="fork")
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_mp_context_picks_the_start_method(method: str) -> None:
+    with Executor(1, mp_context=multiprocessing.get_context(method)) as ex:
+        assert ex.queue.start_method == method
+        assert ex.submit(abs, -1).result(timeout=30) == 1
+
+
+def test_procq_options_reach_the_jobs() -> None:
+    with Executor(lanes={"a": Lane(workers=1), "b": 1}, timeout=0.5) as ex:
+        with pytest.raises(JobFailed) as info:
+            ex.submit(ej.wait_for_file, "/nonexistent/never", procq_lane="b").result(timeout=30)
+        assert info.value.failure.kind == "timeout"
+
+
+def test_cancel_before_start_cancels_the_job(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    with Executor(1) as ex:
+        blocker = ex.submit(ej.wait_for_file, str(go))
+        waiting = ex.submit(ej.mul, 1, 1)
+        _wait_until_running(ex, blocker)
+        assert waiting.cancel() and waiting.cancelled()
+        assert not blocker.cancel()  # running: like the stdlib, no
+        go.touch()
+        blocker.result(timeout=30)
+        with pytest.raises(cf.CancelledError):
+            waiting.result()
+
+
+def test_callbacks_wait_and_asyncio() -> None:
+    seen: list[int] = []
+    with Executor(2) as ex:
+        future = ex.submit(ej.mul, 2, 3)
+        future.add_done_callback(lambda f: seen.append(f.result()))
+        done, _ = cf.wait([future], timeout=30)
+        assert done == {future}
+
+        async def main() -> int:
+            return await asyncio.wrap_future(ex.submit(ej.mul, 4, 5))
+
+        assert asyncio.run(main()) == 20
+    assert seen == [6]
+
+
+def test_submit_from_a_done_callback() -> None:
+    with Executor(1) as ex:
+        chained: list[cf.Future[int]] = []
+        submitted = threading.Event()
+
+        def chain(f: cf.Future[int]) -> None:
+            chained.append(ex.submit(ej.mul, f.result(), 10))
+            submitted.set()
+
+        ex.submit(ej.mul, 1, 2).add_done_callback(chain)
+        assert submitted.wait(30)
+        assert chained[0].result(timeout=30) == 20
+
+
+def test_shutdown_without_wait_finishes_the_jobs() -> None:
+    ex = Executor(1)
+    futures = [ex.submit(ej.mul, i, 1) for i in range(3)]
+    ex.shutdown(wait=False)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        ex.submit(int)
+    assert [f.result(timeout=30) for f in futures] == [0, 1, 2]
+    assert ex._closer is not None
+    ex._closer.join(30)
+
+
+def test_exported() -> None:
+    assert procq.Executor is Executor
+    assert procq.as_completed is not None
