@@ -30,8 +30,8 @@ Values and configuration (no state, no threads):
 The faces (caller threads and event loops):
 
 - ``_queue``: ``ProcQueue``, its life (open, closing, closed; foreign in a
-  child made by fork, where every method raises ``WrongProcess``) and every
-  public method. ``_push``: the one push routine behind ``push``/``apush``,
+  child made by fork, where every method raises ``WrongProcess``; the at-fork
+  hook is ``_queue_fork``) and every public method. ``_push``: the one push routine behind ``push``/``apush``,
   ``push_all``/``apush_all`` and ``map``, differing only in how a push waits
   for room. ``_map``: ``q.map``. ``_handle``: ``JobHandle``.
 - ``_futures``: ``JobFuture`` (a ``concurrent.futures.Future`` that mirrors a
@@ -65,7 +65,8 @@ imported without a store):
   in the database's group transaction, ended keys as rows (``StoreRecords``,
   in ``_store_records``). ``_store_commit``: the queued row writes, the
   ``Committer`` thread that commits them, and the wake-ups held back until
-  they are durable. ``_store_tx``: ``q.transaction()``. ``_store_remote``:
+  they are durable. ``_store_tx``: ``q.transaction()``. ``_store_read``:
+  ``q.state`` and ``q.keys`` over rows and live keys. ``_store_remote``:
   keys live in other queues (``RemoteEntry``) and the ``Watcher`` thread (the
   lease, joiners of other queues' keys, wakes from other queues).
 

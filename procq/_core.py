@@ -22,21 +22,16 @@ and runs the wake-ups after. The parts, each with its own state:
 
 Their bookkeeping objects (an entry, a worker slot, a lane) are in ``_entries``.
 
-One lock
---------
-``Core.lock`` guards everything below: the state map, each lane's queues and
-worker slots, each live entry's waiters, the timers and the records. One lock,
-not a state-map lock plus a waiter lock, because every transition touches both
-and two locks would only add an ordering rule to get wrong. It is held for a
-few dict and deque operations at a time; never across user code, pickling, a
-pipe send or an await, and no wake-up (event set, callback, future resolution)
-runs under it. The parts never take it: ``Core`` holds it around every call.
+**One lock.** ``Core.lock`` guards all of it: the state map, each lane's queues
+and worker slots, each live entry's waiters, the timers and the records (every
+transition touches several: more locks would only add an order to get wrong).
+It is held for a few dict and deque operations at a time; never across user
+code, pickling, a pipe send or an await, and no wake-up (event set, callback,
+future resolution) runs under it (``deliver`` runs them after). The parts
+never take it: ``Core`` holds it around every call.
 
-Time
-----
-Every time the core reads comes from ``Core.clock`` (``time.monotonic`` unless
-given; a test may set its own). The supervisor's I/O thread sleeps towards
-``next_deadline`` (a waiting job's due time or a running job's deadline) and
+**Time.** Every time the core reads comes from ``Core.clock`` (``time.monotonic``
+unless given). The I/O thread sleeps towards ``next_deadline`` and
 ``on_new_deadline`` wakes it when a push adds an earlier one: no thread polls.
 """
 
@@ -444,18 +439,15 @@ class Core:
     # --- waiting on an entry ----------------------------------------------------
 
     def settled(self, entry: Entry | Ended) -> bool:
-        """May ``entry``'s outcome be given out? (Once it has one; a store's
-        core also waits for it to be durable.)"""
+        """May ``entry``'s outcome be given out? (A store's waits for it to be durable.)"""
         return entry.outcome is not None
 
     def wait_event(self, entry: Entry) -> threading.Event | None:
         """An event set when ``entry`` is DONE, or None if it already is."""
         with self.lock:
-            if entry.outcome is not None:
-                return None
-            if entry.event is None:
+            if entry.outcome is None and entry.event is None:
                 entry.event = threading.Event()
-            return entry.event
+            return None if entry.outcome is not None else entry.event
 
     def add_callback(self, entry: Entry, callback: Wakeup) -> bool:
         """Run ``callback`` (from some thread, no lock held) when ``entry`` is
@@ -499,8 +491,7 @@ class Core:
             )
 
     def live_count(self) -> int:
-        with self.lock:
-            return len(self.keys.live)
+        return len(self.keys.live)  # (a dict's length: read without the lock)
 
     def _check_invariants(self) -> None:
         """Assert the relations between fields that the code relies on (for tests)."""

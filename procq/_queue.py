@@ -8,7 +8,7 @@ methods differ only in the room they wait in when a lane is full (a
 A queue belongs to the process that opened it. A child made with ``os.fork()``
 gets a copy of it: copies of the pipes to the parent's workers, a state map no
 thread of its own keeps up to date, locks perhaps held by threads it does not
-have. So the child's at-fork hook (``_after_fork_in_child``) disowns every
+have. So the child's at-fork hook (``_queue_fork``) disowns every
 copied queue: its life becomes ``FOREIGN`` (every method that would touch the
 workers or the state map raises ``WrongProcess``), its pusher a
 ``ForeignPusher`` (the push path checks nothing of its own) and its finalizer
@@ -19,12 +19,9 @@ parent's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import itertools
-import multiprocessing.process
 import os
-import sys
 import threading
 import time
 import weakref
@@ -37,6 +34,7 @@ from procq._errors import ProcQueueError, QueueClosed, WrongProcess
 from procq._handle import JobHandle
 from procq._job import Job, Lane, Retention, Reuse, check_wait
 from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
+from procq._queue_fork import queues
 from procq._settings import check_descriptors
 from procq._supervisor import Supervisor
 from procq._values import Cached, Completed, Failed, Pending, Processing, PushOutcome, QueueStats, State
@@ -132,7 +130,7 @@ class ProcQueue:
         # An unclosed queue is closed without waiting when it is garbage
         # collected or at interpreter exit, so no worker outlives it.
         self._finalizer = weakref.finalize(self, _close_now, self._core, self._supervisor)
-        _queues.add(self)
+        queues.add(self)
 
     # --- pushing ------------------------------------------------------------
 
@@ -478,52 +476,6 @@ def _unfinished(job: Job[Any], timeout: float | None) -> TimeoutError:
 
 async def _await(handle: JobHandle[T]) -> T:
     return await handle
-
-
-#: How a trusted worker's process is named (``_channel_trusted``).
-_WORKER_NAME = "procq-worker-"
-#: Every queue of this process, for the at-fork hook below.
-_queues: weakref.WeakSet[ProcQueue] = weakref.WeakSet()
-
-
-def _after_fork_in_child() -> None:
-    for q in list(_queues):
-        q._disown()
-    _forget_parents_forkserver()
-    # multiprocessing's exit handler joins every process in its list of
-    # children (and terminates the daemonic ones); the child's copy of that
-    # list names the parent's trusted workers, and reading their sentinels
-    # from here could take an exit status the parent waits for.
-    children: set[Any] = multiprocessing.process._children  # type: ignore[attr-defined]
-    for process in list(children):
-        if process.name.startswith(_WORKER_NAME):
-            children.discard(process)
-
-
-def _forget_parents_forkserver() -> None:
-    """A forked child inherits its parent's record of multiprocessing's
-    forkserver, a process that is not the child's own child: a queue opened in
-    the child would fail to start workers through it (``os.waitpid`` of a
-    process that is not its child), or hang on a lock a thread of the parent
-    held at the fork. Forget it (closing only the child's copy of the
-    descriptor that keeps it alive), so the child starts a forkserver of its own."""
-    module = sys.modules.get("multiprocessing.forkserver")
-    server = getattr(module, "_forkserver", None)
-    if getattr(server, "_forkserver_pid", None) is None:
-        return
-    try:  # private: no public way to do this
-        alive = server._forkserver_alive_fd  # type: ignore[union-attr]
-        server._lock = threading.Lock()  # type: ignore[union-attr]
-        server._forkserver_pid = server._forkserver_address = server._forkserver_alive_fd = None  # type: ignore[union-attr]
-    except AttributeError:  # pragma: no cover - the stdlib's internals changed
-        return
-    if alive is not None:
-        with contextlib.suppress(OSError):
-            os.close(alive)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _close_now(core: Core, supervisor: Supervisor) -> None:

@@ -19,11 +19,9 @@ No other thread of this queue can claim the key between 1 and 3 (claims take
 ``db_lock``), and a key with an outcome not yet committed is committed first
 (``_settle_keys``), so the row read in 2 is never behind the state map.
 
-Outcomes and given-back claims are written by ``StoreRecords`` (the state
-map's ``KeyRecords``) as queued writes, which the ``Committer`` thread commits
-before it delivers the wake-ups they released (``deliver``). A push that finds
-the database gone raises ``StoreUnavailable`` and changes nothing; the writes
-of jobs already running wait for the store to come back.
+Outcomes and given-back claims are queued writes (``StoreRecords``), committed
+by the ``Committer`` before the wake-ups they released (``deliver``). A push
+that finds the database gone raises ``StoreUnavailable`` and changes nothing.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from procq._core import Core
-from procq._entries import ABANDONED, Ended, Entry, LaneState, Wakeup, run_wakeups
+from procq._entries import ABANDONED, Entry, LaneState, Wakeup, run_wakeups
 from procq._job import Job, Lane, Retention
 from procq._statemap import CACHED, FAILED, INFLIGHT, Claim, conflict, new_claim
 from procq._store import (
@@ -49,12 +47,12 @@ from procq._store import (
     decode_output,
     holder_gone,
     holder_id,
-    interrupted,
     judge,
     open_store,
     stable_fingerprint,
 )
 from procq._store_commit import Commits, Committer, run_writes
+from procq._store_read import read_snapshot, read_state
 from procq._store_records import Held, StoreRecords, as_record
 from procq._store_remote import RemoteEntry, Watcher
 from procq._values import State
@@ -108,8 +106,7 @@ class StoreCore(Core):
         if wakeups and (self.keys.cancelled or not self.commits.hold(wakeups)):
             run_wakeups(wakeups)
 
-    def deliver_now(self, wakeups: list[Wakeup]) -> None:
-        run_wakeups(wakeups)
+    deliver_now = staticmethod(run_wakeups)  # wake-ups whose writes are committed
 
     def commit(self) -> list[Wakeup]:
         """Run the queued writes and commit them with the group transaction;
@@ -440,15 +437,6 @@ class StoreCore(Core):
         self.deliver_now(wakeups)
         return deleted
 
-    def _row_state(self, row: Row, dead: set[str]) -> State | RemoteEntry | None:
-        if row.state != "live":
-            return None if self.row_expired(row) else row.outcome()
-        if row.holder == self.holder:
-            return None  # a claim of this queue that is not live any more: its row is on its way out
-        if row.holder in dead or holder_gone(row.holder):
-            return interrupted(row).outcome()
-        return RemoteEntry(row.key, row.run, row.holder)
-
     def _read(self, read: Callable[[], Any], keys: list[str] | None) -> Any:
         """``read()`` under db_lock, after committing the outcomes it could miss."""
         with self.db_lock:
@@ -458,33 +446,10 @@ class StoreCore(Core):
         return found
 
     def state(self, key: str) -> State | None:
-        with self.lock:
-            entry = self.keys.live.get(key)
-            if entry is not None:
-                return entry.state()
-        row = self._read(lambda: self.conn.read(key), [key])
-        if row is None:
-            return None
-        dead = self._read(self.conn.dead_holders, []) if row.state == "live" else set()
-        found = self._row_state(row, dead)
-        return found.state() if type(found) is RemoteEntry else found  # type: ignore[return-value]
+        return read_state(self, key)
 
     def snapshot(self, prefix: str | None, kinds: tuple[type, ...] | None) -> list[Any]:
-        rows = self._read(lambda: self.conn.scan(prefix), None)
-        dead = self._read(self.conn.dead_holders, []) if any(r.state == "live" for r in rows) else set()
-        with self.lock:
-            live = dict(self.keys.live)
-        found: list[Any] = [e for k, e in live.items() if prefix is None or k.startswith(prefix)]
-        for row in rows:
-            if row.key in live:
-                continue
-            got = self._row_state(row, dead)
-            if got is not None:
-                found.append(got if type(got) is RemoteEntry else Ended(row.key, got))  # type: ignore[arg-type]
-        if kinds is not None:
-            found = [e for e in found if type(e.state()) in kinds]
-        found.sort(key=lambda e: e.key)
-        return found
+        return read_snapshot(self, prefix, kinds)
 
     def forget(self, key: str) -> bool:
         with self.db_lock:

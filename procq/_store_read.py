@@ -1,0 +1,59 @@
+"""Reading a store queue's keys: ``q.state(key)``, ``q.keys()`` and
+``q.handles()`` see this queue's live keys and every queue's rows."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from procq._entries import Ended
+from procq._store import Row, holder_gone, interrupted
+from procq._store_remote import RemoteEntry
+from procq._values import State
+
+if TYPE_CHECKING:
+    from procq._store_core import StoreCore
+
+__all__ = ["read_snapshot", "read_state"]
+
+
+def _row_state(core: StoreCore, row: Row, dead: set[str]) -> State | RemoteEntry | None:
+    """What a row says of its key: an outcome, a key live in another queue, or
+    nothing (past its retention, or a claim of this queue on its way out)."""
+    if row.state != "live":
+        return None if core.row_expired(row) else row.outcome()
+    if row.holder == core.holder:
+        return None
+    if row.holder in dead or holder_gone(row.holder):
+        return interrupted(row).outcome()
+    return RemoteEntry(row.key, row.run, row.holder)
+
+
+def read_state(core: StoreCore, key: str) -> State | None:
+    with core.lock:
+        entry = core.keys.live.get(key)
+        if entry is not None:
+            return entry.state()
+    row = core._read(lambda: core.conn.read(key), [key])
+    if row is None:
+        return None
+    dead = core._read(core.conn.dead_holders, []) if row.state == "live" else set()
+    found = _row_state(core, row, dead)
+    return found.state() if type(found) is RemoteEntry else found  # type: ignore[return-value]
+
+
+def read_snapshot(core: StoreCore, prefix: str | None, kinds: tuple[type, ...] | None) -> list[Any]:
+    rows = core._read(lambda: core.conn.scan(prefix), None)
+    dead = core._read(core.conn.dead_holders, []) if any(r.state == "live" for r in rows) else set()
+    with core.lock:
+        live = dict(core.keys.live)
+    found: list[Any] = [e for k, e in live.items() if prefix is None or k.startswith(prefix)]
+    for row in rows:
+        if row.key in live:
+            continue
+        got = _row_state(core, row, dead)
+        if got is not None:
+            found.append(got if type(got) is RemoteEntry else Ended(row.key, got))  # type: ignore[arg-type]
+    if kinds is not None:
+        found = [e for e in found if type(e.state()) in kinds]
+    found.sort(key=lambda e: e.key)
+    return found
