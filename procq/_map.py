@@ -137,7 +137,7 @@ class _Out:
 
     __slots__ = ("chunked", "count", "first", "items", "key", "ours", "outcome")
 
-    def __init__(self, outcome: PushOutcome, job: Job[Any], count: int, first: int, star: bool) -> None:
+    def __init__(self, outcome: PushOutcome[Any], job: Job[Any], count: int, first: int, star: bool) -> None:
         self.outcome = outcome
         self.key = job.key
         self.count = count  # items it covers

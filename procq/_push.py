@@ -134,7 +134,7 @@ class Pusher:
 
     def push(
         self, job: Job[Any], timeout: float | None, wake: bool, room: MakeRoom[R], owner: ProcQueue
-    ) -> tuple[PushOutcome, R | None]:
+    ) -> tuple[PushOutcome[Any], R | None]:
         """Claim ``job.key``; for a fresh claim, pickle the job (releasing the
         claim if that fails) and offer it to its lane. Returns the outcome and
         the room to wait in, if the lane was full. ``wake``: see ``ProcQueue.push``."""
@@ -180,7 +180,7 @@ class Pusher:
                 if isinstance(exc, JobPicklingError):
                     raise JobPicklingError(f"push_all(): nothing was pushed: job #{i} {exc}") from exc
                 raise
-        outcomes: list[PushOutcome] = []
+        outcomes: list[PushOutcome[Any]] = []
         woken: list[tuple[Entry, Job[Any]]] = []
         for job, (kind, value, _) in zip(jobs, claims, strict=True):
             if kind == "queued":
@@ -225,7 +225,7 @@ class Pusher:
         fp = job_fingerprint(job) if core.check_payload else None
         return job, lane, fp, None if job.not_before is None else job.due(time.monotonic())
 
-    def _answer(self, job: Job[Any], kind: str, value: Any, owner: ProcQueue) -> PushOutcome:
+    def _answer(self, job: Job[Any], kind: str, value: Any, owner: ProcQueue) -> PushOutcome[Any]:
         """The outcome of a claim that started nothing."""
         if kind == "cached":
             return Cached(value)
@@ -327,7 +327,7 @@ class Batch:
         self,
         core: Core,
         pusher: Pusher,
-        outcomes: list[PushOutcome],
+        outcomes: list[PushOutcome[Any]],
         fresh: list[Entry],
         woken: list[tuple[Entry, Job[Any]]],
     ) -> None:

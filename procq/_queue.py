@@ -134,7 +134,7 @@ class ProcQueue:
 
     # --- pushing ------------------------------------------------------------
 
-    def push(self, job: Job[T], *, timeout: float | None = None, wake: bool = False) -> PushOutcome:
+    def push(self, job: Job[T], *, timeout: float | None = None, wake: bool = False) -> PushOutcome[T]:
         """Push ``job``: ``Queued(handle)``, ``InFlight(handle)`` or ``Cached(output)``.
 
         Blocks while the job's lane is full; past ``timeout`` seconds raises
@@ -155,7 +155,7 @@ class ProcQueue:
             room.wait()
         return outcome
 
-    async def apush(self, job: Job[T], *, timeout: float | None = None, wake: bool = False) -> PushOutcome:
+    async def apush(self, job: Job[T], *, timeout: float | None = None, wake: bool = False) -> PushOutcome[T]:
         """The asyncio form of :meth:`push`.
 
         While the lane is full the task waits without blocking its loop. A task
@@ -192,7 +192,7 @@ class ProcQueue:
 
         return StoreTransaction(self, self._store)
 
-    def push_all(self, jobs: Iterable[Job[Any]], *, wake: bool = False) -> list[PushOutcome]:
+    def push_all(self, jobs: Iterable[Job[Any]], *, wake: bool = False) -> list[PushOutcome[Any]]:
         """Push many jobs: one outcome per job, in the order given.
 
         Every key is checked and claimed in one critical section; a key that
@@ -207,7 +207,7 @@ class ProcQueue:
                 room.wait()
         return batch.outcomes
 
-    async def apush_all(self, jobs: Iterable[Job[Any]], *, wake: bool = False) -> list[PushOutcome]:
+    async def apush_all(self, jobs: Iterable[Job[Any]], *, wake: bool = False) -> list[PushOutcome[Any]]:
         """The asyncio form of :meth:`push_all`."""
         with self._pusher.claim_all(jobs, wake, self) as batch:
             for room in batch.offers(TaskRoom):
@@ -225,9 +225,9 @@ class ProcQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         outcome = self.push(job, timeout=timeout)
         if isinstance(outcome, Cached):
-            return outcome.output  # type: ignore[no-any-return]
+            return outcome.output
         try:
-            return outcome.handle.result(timeout=_left(deadline))  # type: ignore[no-any-return]
+            return outcome.handle.result(timeout=_left(deadline))
         except TimeoutError:
             raise _unfinished(job, timeout) from None
 
@@ -237,9 +237,9 @@ class ProcQueue:
         deadline = None if timeout is None else time.monotonic() + timeout
         outcome = await self.apush(job, timeout=timeout)
         if isinstance(outcome, Cached):
-            return outcome.output  # type: ignore[no-any-return]
+            return outcome.output
         if deadline is None:
-            return await outcome.handle  # type: ignore[no-any-return]
+            return await outcome.handle
         try:
             return await asyncio.wait_for(_await(outcome.handle), _left(deadline))
         except asyncio.TimeoutError:

@@ -81,11 +81,11 @@ class StoreTransaction:
         self._check()
         return self._core.conn.raw().execute(sql, params)
 
-    def push(self, job: Job[Any], *, wake: bool = False) -> PushOutcome:
+    def push(self, job: Job[Any], *, wake: bool = False) -> PushOutcome[Any]:
         """Push ``job`` in the transaction: answered now, started at commit."""
         return self.push_all([job], wake=wake)[0]
 
-    def push_all(self, jobs: Iterable[Job[Any]], *, wake: bool = False) -> list[PushOutcome]:
+    def push_all(self, jobs: Iterable[Job[Any]], *, wake: bool = False) -> list[PushOutcome[Any]]:
         """Push many jobs in the transaction, as ``ProcQueue.push_all`` does."""
         self._check()
         batch = self._queue._pusher.claim_all(jobs, wake, self._queue)

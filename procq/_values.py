@@ -155,7 +155,9 @@ class Cached(Generic[T]):
         self.__dict__["output"] = output  # (made at every cached push: kept cheap)
 
 
-PushOutcome = Queued[Any] | InFlight[Any] | Cached[Any]
+#: What a push answers, generic in the job's output: ``PushOutcome[int]`` for a
+#: ``Job[int]``. (A generic alias: a bare ``PushOutcome`` means ``PushOutcome[Any]``.)
+PushOutcome = Queued[T] | InFlight[T] | Cached[T]
 
 
 # --- Stats --------------------------------------------------------------------
