@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, ParamSpec, TypeVar
 
 from procq._settings import (
     MAX_WORKERS,
@@ -26,6 +26,9 @@ from procq._settings import (
     parse_size,
 )
 from procq._values import RETRYABLE_KINDS, FailureKind
+
+if TYPE_CHECKING:
+    from procq._job_of import JobOf
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -45,6 +48,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 #: How many waiting jobs a lane holds when its capacity is not given.
 DEFAULT_CAPACITY = 1024
@@ -182,6 +187,26 @@ class Job(Generic[T]):
         fields["reuse"] = reuse
         fields["retry"] = retry
         fields["not_before"] = not_before
+
+    @staticmethod
+    def of(
+        key: str,
+        fn: Callable[P, R],
+        *,
+        lane: str | None = None,
+        timeout: float | None = None,
+        memory_limit: int | str | None = None,
+        reuse: Reuse | None = None,
+        retry: Retry | None = None,
+        not_before: datetime.datetime | float | None = None,
+    ) -> JobOf[P, R]:
+        """A typed builder: ``Job.of(key, fn, lane=...)(*args, **kwargs)`` is
+        ``Job(key, fn, args, kwargs, lane=...)``, with the call's arguments
+        checked by mypy against ``fn``'s parameters (see ``_job_of``)."""
+        from procq._job_of import JobOf
+
+        options = {"lane": lane, "timeout": timeout, "memory_limit": memory_limit, "reuse": reuse}
+        return JobOf(key, fn, {**options, "retry": retry, "not_before": not_before})
 
     def __getstate__(self) -> dict[str, Any]:
         # Not the payload fingerprint procq may keep here (see

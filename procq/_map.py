@@ -63,7 +63,7 @@ from procq._values import Cached, PushOutcome, Queued
 if TYPE_CHECKING:
     from procq._queue import ProcQueue
 
-__all__ = ["map_jobs"]
+__all__ = ["map_jobs", "prepare"]
 
 #: At most this many of a map's items are out at once (and at least two jobs per worker).
 WINDOW = 256
@@ -197,6 +197,25 @@ def map_jobs(
     progress: Any = None,
 ) -> Iterator[Any]:
     """Check the arguments now (not at the first ``next``), then iterate lazily."""
+    run, jobs = prepare(q, fn, iterables, key, lane, return_failures, chunksize, keep, timeout, progress)
+    if ordered:
+        return _ordered(run, jobs)
+    return _unordered(run, jobs)
+
+
+def prepare(
+    q: ProcQueue,
+    fn: Callable[..., Any],
+    iterables: tuple[Iterable[Any], ...],
+    key: Callable[..., str] | None,
+    lane: str | None,
+    return_failures: bool,
+    chunksize: int,
+    keep: bool,
+    timeout: float | None,
+    progress: Any,
+) -> tuple[_Run, Iterator[tuple[Job[Any], int]]]:
+    """A map's arguments, checked, as its run and its lazy jobs (for ``map`` and ``amap``)."""
     if not callable(fn):
         raise TypeError(f"map(): fn must be callable, got {type(fn).__name__}")
     if not iterables:
@@ -216,10 +235,7 @@ def map_jobs(
     items = zip(*iterables, strict=False) if star else iter(iterables[0])
     report = None if progress is None else _Progress(progress, _total(iterables))
     jobs = _jobs(fn, items, key, lane, chunksize, star)
-    run = _Run(q, window, return_failures, keep, star, deadline, timeout, report)
-    if ordered:
-        return _ordered(run, jobs)
-    return _unordered(run, jobs)
+    return _Run(q, window, return_failures, keep, star, deadline, timeout, report), jobs
 
 
 class _Run:

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from procq._config import check_policies, parse_lanes, worker_context
@@ -34,7 +34,9 @@ from procq._errors import ProcQueueError, QueueClosed, WrongProcess
 from procq._handle import JobHandle
 from procq._job import Job, Lane, Retention, Reuse, check_wait
 from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
+from procq._queue_async import AsyncFace
 from procq._queue_fork import queues
+from procq._queue_maps import MapFace
 from procq._settings import check_descriptors
 from procq._supervisor import Supervisor
 from procq._values import Cached, Completed, Failed, Pending, Processing, PushOutcome, QueueStats, State
@@ -61,7 +63,7 @@ class _Life(enum.Enum):
     FOREIGN = "foreign"  # a copy in a child made by fork: it belongs to another process (WrongProcess)
 
 
-class ProcQueue:
+class ProcQueue(MapFace, AsyncFace):
     """Runs keyed jobs in supervised worker processes.
 
     ``lanes`` is an int (one lane, named ``"default"``, with that many
@@ -268,51 +270,6 @@ class ProcQueue:
         return self._supervisor.cancel(key)
 
     # --- keys ---------------------------------------------------------------
-
-    def map(
-        self,
-        fn: Callable[..., T],
-        iterable: Iterable[Any],
-        *iterables: Iterable[Any],
-        key: Callable[..., str] | None = None,
-        lane: str | None = None,
-        ordered: bool = True,
-        return_failures: bool = False,
-        chunksize: int = 1,
-        keep: bool = False,
-        timeout: float | None = None,
-        progress: Any = None,
-    ) -> Iterator[Any]:
-        """``fn(item)`` for every item, run as jobs: a lazy iterator over the outputs.
-
-        Several iterables zip as for the built-in ``map``, ``fn(*items)`` and
-        ``key(*items)`` (the shortest input ends it). ``timeout`` (seconds from
-        this call) raises ``TimeoutError`` where an output is not ready by then.
-        ``progress``: a function called with ``(done, total)`` items (``total``
-        None for an input without ``len``) as outputs are handed out, or ``True``
-        for a tqdm bar (tqdm must be installed).
-
-        Items are pulled from ``iterable`` only as the lane has room (at most
-        256 items, and at least two jobs per worker, are out at once), so an
-        endless or huge input runs in bounded memory. Each job's key is ``key(item)``,
-        or a content hash of ``fn`` and the item (``"map:<fn digest>:<item
-        digest>"``): an item whose key is live or kept answers from the queue
-        like any push. ``chunksize`` items go to a job together (its key is
-        made from theirs), for many small items. By default a key this map
-        claimed is forgotten once its output has been handed out, so a long
-        map leaves nothing behind; ``keep=True`` keeps them (subject to the
-        queue's retention). With ``ordered=True`` outputs come in input order,
-        else as jobs end. A failed job raises ``JobFailed`` where its output
-        would come (ending the iteration), or with ``return_failures=True`` is
-        yielded as the ``JobFailed`` exception itself (once per item of a
-        failed chunk).
-        """
-        from procq._map import map_jobs
-
-        self._here()
-        return map_jobs(
-            self, fn, (iterable, *iterables), key, lane, ordered, return_failures, chunksize, keep, timeout, progress
-        )
 
     def forget(self, key: str) -> bool:
         """Drop an ended key (completed or failed), as if it was never pushed.
