@@ -18,8 +18,9 @@ The public names below are re-exported from private modules, one role each.
 Values and configuration (no state, no threads):
 
 - ``_job``: ``Job``, ``Lane``, ``Retry``, ``Retention`` and the checks behind
-  their arguments. ``_dask_lane``: ``DaskLane``, a lane whose jobs run on a
-  Dask cluster (``procq[dask]``). ``_settings``: byte sizes, and a lane's worker settings
+  their arguments; ``_job_of``: ``Job.of``, a job whose arguments mypy
+  checks. ``_dask_lane``: ``DaskLane``, a lane whose jobs run on a Dask
+  cluster (``procq[dask]``). ``_settings``: byte sizes, and a lane's worker settings
   (env, rlimits, cwd, worker counts against the descriptor limit).
 - ``_values``: where a key is (``Pending`` ... ``Failed``, ``Failure``,
   ``FailureKind``), push outcomes, stats.
@@ -33,7 +34,10 @@ The faces (caller threads and event loops):
   child made by fork, where every method raises ``WrongProcess``; the at-fork
   hook is ``_queue_fork``) and every public method. ``_push``: the one push routine behind ``push``/``apush``,
   ``push_all``/``apush_all`` and ``map``, differing only in how a push waits
-  for room. ``_map``: ``q.map``. ``_handle``: ``JobHandle``.
+  for room. ``_queue_maps``: ``q.map`` and ``q.amap``, typed; the maps
+  themselves are ``_map`` and ``_map_async``. ``_queue_async``: opening and
+  closing from an event loop (``ProcQueue.aopen``, ``aclose``, ``async
+  with``) and what cancelling them does. ``_handle``: ``JobHandle``.
 - ``_futures``: ``JobFuture`` (a ``concurrent.futures.Future`` that mirrors a
   handle) and ``as_completed``. ``_executor``: ``Executor``, the drop-in
   ``concurrent.futures.Executor`` over a ``ProcQueue``; ``_executor_calls``:

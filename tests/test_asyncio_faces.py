@@ -146,7 +146,7 @@ def test_amap_failures_and_timeout() -> None:
             with pytest.raises(JobFailed, match="item 0"):
                 async for _ in q.amap(jobs.boom, ["b"]):
                     pass
-            with pytest.raises(TimeoutError, match="timeout of 0.2s"):
+            with pytest.raises(TimeoutError, match=r"timeout of 0\.2s"):
                 async for _ in q.amap(jobs.sleep, [5.0], timeout=0.2):
                     pass
             _nothing_left(q)
