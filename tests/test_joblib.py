@@ -134,12 +134,14 @@ def test_importing_registers_the_backend_by_name() -> None:
 
 
 def test_scikit_learn_cross_val_score_in_procq_workers() -> None:
-    sklearn = pytest.importorskip("sklearn", reason="scikit-learn is not installed (an optional workload)")
-    from sklearn.datasets import make_classification
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import cross_val_score
-
-    assert sklearn
+    try:
+        from sklearn.datasets import make_classification
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.model_selection import cross_val_score
+    except ImportError:
+        if os.environ.get("CI") == "true":  # the test extra brings scikit-learn
+            raise
+        pytest.skip("scikit-learn is not installed (pip install -e '.[test]')")
     X, y = make_classification(n_samples=200, n_features=8, random_state=0)
     model = LogisticRegression(max_iter=500)
     expected = cross_val_score(model, X, y, cv=4, n_jobs=1)
