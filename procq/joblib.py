@@ -15,12 +15,14 @@ kernel's OOM killer) fails only the batch it held, with ``JobFailed`` naming the
 signal (``failure.kind == "crashed"``). joblib then raises that error from
 ``Parallel(...)``: joblib ends the whole call at the first failing batch, for
 every backend, so the other batches' results are dropped; that is joblib's
-rule, not procq's. What differs from loky is what breaks. loky treats a dead
-worker as a broken pool: it raises ``TerminatedWorkerError`` for the call,
-kills every worker of the executor (whatever they were running) and starts a
-new pool for the next call. procq kills no other worker for it; the dead one is
-replaced, and a managed backend (``with Parallel(...) as p``) keeps the same
-workers for its next call.
+rule, not procq's, and joblib then asks the backend to abort the call's other
+batches: here, waiting ones are dropped and running ones' workers killed and
+replaced (loky kills its workers too). What differs from loky is the error and
+what it means. loky reports a dead worker as ``TerminatedWorkerError``, a
+broken executor that it shuts down and rebuilds before the next call; the error
+names the signal but not which task died. procq reports the batch that died
+(its key, the signal, the worker's pid), the queue is never broken, and a
+managed backend (``with Parallel(...) as p``) goes on with the same queue.
 
 Each batch joblib dispatches is one procq job with a key of its own,
 ``"joblib:<token>:<n>"``, forgotten once its result is handed to joblib, so a
