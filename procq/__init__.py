@@ -110,6 +110,10 @@ MODULE:FUNCTION``, a function over the items of a file, resumable through a
 store; ``_cli_report``: its progress bar and summary. ``examples``: a stage and
 an input for it, shipped with the package.
 
+Fitting other tools (imported only by whoever uses them): ``joblib``
+(``procq.joblib``, public): importing it registers the joblib backend
+``"procq"``, each ``Parallel`` batch a procq job (``procq[joblib]``).
+
 Which thread touches what
 -------------------------
 ======================  ==========================================================

@@ -1,0 +1,280 @@
+"""``procq.joblib``: a joblib backend that runs ``Parallel`` batches as procq jobs.
+
+Importing this module registers the backend under the name ``"procq"`` (joblib
+has no entry point for backends, so the import is what makes the name known)::
+
+    import joblib
+    import procq.joblib  # registers backend="procq"
+
+    with joblib.parallel_config(backend="procq", n_jobs=4):
+        scores = cross_val_score(model, X, y, cv=5, n_jobs=4)  # or Parallel(...)(...)
+
+What it gives over joblib's default (loky): every batch runs in a procq worker
+that the supervisor watches, and a worker that dies (segfault, SIGKILL, the
+kernel's OOM killer) fails only the batch it held, with ``JobFailed`` naming the
+signal (``failure.kind == "crashed"``). joblib then raises that error from
+``Parallel(...)``: joblib ends the whole call at the first failing batch, for
+every backend, so the other batches' results are dropped; that is joblib's
+rule, not procq's, and joblib then asks the backend to abort the call's other
+batches: here, waiting ones are dropped and running ones' workers killed and
+replaced (loky kills its workers too). What differs from loky is the error and
+what it means. loky reports a dead worker as ``TerminatedWorkerError``, a
+broken executor that it shuts down and rebuilds before the next call; the error
+names the signal but not which task died. procq reports the batch that died
+(its key, the signal, the worker's pid), the queue is never broken, and a
+managed backend (``with Parallel(...) as p``) goes on with the same queue.
+
+Each batch joblib dispatches is one procq job with a key of its own,
+``"joblib:<token>:<n>"``, forgotten once its result is handed to joblib, so a
+long run keeps nothing per finished batch. ``n_jobs`` is the number of worker
+processes (``-1``: one per CPU, as in joblib). ``n_jobs=1`` makes joblib run
+the batches in the calling process, as it does for every backend: there is no
+worker and so no isolation then.
+
+Options, as ``parallel_config(backend="procq", ...)`` keywords:
+
+- ``timeout``: seconds a batch may run in its worker before it is killed and
+  fails (``failure.kind == "timeout"``). It limits a batch, which may hold
+  several tasks (joblib sizes batches itself; ``Parallel(batch_size=1)`` makes
+  it per task). Not joblib's own ``Parallel(timeout=...)``, which still works.
+- ``memory_limit``: bytes or ``"512M"``: a batch whose worker grows past it is
+  killed and fails (``"memory"``).
+- ``retry``: a ``procq.Retry``, applied to each batch.
+- ``start_method``: ``"forkserver"`` or ``"spawn"`` (procq's default otherwise).
+- ``inner_max_num_threads``: the thread count for OpenMP, BLAS and the like in
+  the workers, as for loky; by default each worker gets ``cpu_count // n_jobs``
+  unless the variable is already set.
+
+Each ``Parallel`` call (``configure`` to ``terminate``) opens one
+``ProcQueue`` and closes it at the end, so no worker outlives the call; a
+``with Parallel(...) as p`` block keeps one queue for all its calls.
+
+joblib's completion callbacks run on a thread of this backend, never on
+procq's I/O thread: joblib's callback dispatches the next batch (pickling it)
+and, after an error, cancels the rest, and procq asks its own callbacks not to
+block. Nested ``Parallel`` calls inside a batch use joblib's threading backend
+one level down and its sequential backend below that, as loky's workers do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import secrets
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import joblib
+from joblib._parallel_backends import (
+    AutoBatchingMixin,
+    FallbackToBackend,
+    ParallelBackendBase,
+    SequentialBackend,
+    ThreadingBackend,
+)
+
+from procq._errors import JobFailed
+from procq._handle import JobHandle
+from procq._job import Job, Lane, Retry
+from procq._queue import ProcQueue
+from procq._values import Queued
+
+__all__ = ["NAME", "ProcqBackend", "register"]
+
+#: The name ``parallel_config(backend=...)`` and ``Parallel(backend=...)`` know it by.
+NAME = "procq"
+
+#: A lane's capacity: joblib bounds what it dispatches (``pre_dispatch``), so a
+#: push never waits for room (it may run on the callback thread).
+_UNBOUNDED = 2**62
+
+LOGGER = logging.getLogger("procq")
+
+
+class _Callbacks:
+    """One thread that runs joblib's completion callbacks, in the order the batches ended.
+
+    procq calls a handle's done callbacks on whichever thread ended the job,
+    often its I/O thread, and they must not block; joblib's callback pickles
+    and pushes the next batch, or cancels every other batch after an error.
+    So a done callback only puts the handle here."""
+
+    def __init__(self) -> None:
+        self._inbox: queue.SimpleQueue[tuple[Callable[[], object], str] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="procq-joblib-callbacks", daemon=True)
+        self._thread.start()
+
+    def put(self, call: Callable[[], object], what: str) -> None:
+        self._inbox.put((call, what))
+
+    def stop(self) -> None:
+        """Run what is queued, then end the thread (not waited for from the thread itself)."""
+        self._inbox.put(None)
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while (item := self._inbox.get()) is not None:
+            call, what = item
+            try:
+                call()
+            except Exception:
+                LOGGER.exception("exception in joblib's callback for %s", what)
+
+
+class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]  # (joblib is untyped)
+    """joblib's ``ParallelBackendBase`` over a ``ProcQueue``: each batch is a procq job.
+
+    Made by joblib from ``parallel_config(backend="procq", **options)``; see the
+    module docstring for the options and for what a crash does.
+    """
+
+    supports_retrieve_callback = True
+    supports_inner_max_num_threads = True
+    supports_sharedmem = False
+    uses_threads = False
+
+    def __init__(
+        self,
+        nesting_level: int | None = None,
+        inner_max_num_threads: int | None = None,
+        *,
+        timeout: float | None = None,
+        memory_limit: int | str | None = None,
+        retry: Retry | None = None,
+        start_method: str | None = None,
+    ) -> None:
+        super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads)
+        # Checked now, when parallel_config is entered, not at the first batch:
+        Lane(timeout=timeout, memory_limit=memory_limit)
+        Job("check", int, retry=retry)
+        self._timeout, self._memory_limit, self._retry = timeout, memory_limit, retry
+        self._start_method = start_method
+        self._token = secrets.token_hex(6)
+        self._counter = itertools.count(1)
+        self._queue: ProcQueue | None = None
+        self._workers = 0
+        self._callbacks: _Callbacks | None = None
+        self._lock = threading.Lock()
+        self._live: dict[str, JobHandle[Any]] = {}  # batches pushed and not ended (what an abort cancels)
+
+    def effective_n_jobs(self, n_jobs: int | None) -> int:
+        """How many workers ``n_jobs`` means: ``-1`` all CPUs, ``-2`` all but one, and so on."""
+        if n_jobs == 0:
+            raise ValueError("n_jobs == 0 in Parallel has no meaning")
+        if n_jobs is None:
+            return 1
+        if n_jobs < 0:
+            return max((os.cpu_count() or 1) + 1 + n_jobs, 1)
+        return n_jobs
+
+    def configure(
+        self, n_jobs: int | None = 1, parallel: Any = None, prefer: Any = None, require: Any = None, **_: Any
+    ) -> int:
+        """Open the queue for a ``Parallel`` call (or keep the open one, if it has
+        as many workers); ``n_jobs == 1`` falls back to joblib's sequential backend."""
+        workers = self.effective_n_jobs(n_jobs)
+        if workers == 1:
+            raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
+        self.parallel = parallel
+        if self._queue is not None and self._workers != workers:
+            self._close()
+        if self._queue is None:
+            lane = Lane(
+                workers=workers,
+                capacity=_UNBOUNDED,
+                timeout=self._timeout,
+                memory_limit=self._memory_limit,
+                env=self._prepare_worker_env(n_jobs=workers),
+            )
+            self._queue = ProcQueue({"joblib": lane}, start_method=self._start_method)
+            self._workers = workers
+            self._callbacks = _Callbacks()
+        return workers
+
+    def submit(self, func: Callable[[], Any], callback: Callable[[Any], object] | None = None) -> JobHandle[Any]:
+        """Push one batch as a job; ``callback(handle)`` runs on the callback thread once it ends."""
+        q, callbacks = self._queue, self._callbacks
+        if q is None or callbacks is None:
+            raise RuntimeError("the procq joblib backend is not configured (or was terminated)")
+        key = f"joblib:{self._token}:{next(self._counter)}"
+        outcome = q.push(Job(key, func, lane="joblib", retry=self._retry))
+        assert isinstance(outcome, Queued)  # (a fresh key)
+        handle = outcome.handle
+        with self._lock:
+            self._live[key] = handle
+
+        def finish() -> None:
+            try:
+                if callback is not None:
+                    callback(handle)
+            finally:
+                q.forget(key)  # (the handle keeps the outcome for retrieve_result_callback)
+
+        def ended(_: JobHandle[Any]) -> None:
+            with self._lock:
+                self._live.pop(key, None)
+            callbacks.put(finish, key)
+
+        handle.add_done_callback(ended)
+        return handle
+
+    # joblib before 1.5 calls apply_async; 1.5 and later call submit.
+    apply_async = submit
+
+    def retrieve_result_callback(self, out: JobHandle[Any]) -> Any:
+        """The batch's results; a task's own exception is raised as itself (as
+        with loky), any other failure (crash, timeout, memory) as ``JobFailed``."""
+        try:
+            return out.result()
+        except JobFailed as failed:
+            cause = failed.__cause__
+            if failed.failure.kind == "error" and isinstance(cause, Exception):
+                raise cause from cause.__cause__
+            raise
+
+    def abort_everything(self, ensure_ready: bool = True) -> None:
+        """joblib stops the call after an error: cancel every batch still waiting
+        or running (a running one's worker is killed and replaced). The queue
+        stays open either way; ``terminate`` closes it."""
+        q = self._queue
+        with self._lock:
+            keys = list(self._live)
+        if q is not None:
+            for key in keys:
+                q.cancel(key)
+
+    def terminate(self) -> None:
+        """The end of a ``Parallel`` call: close the queue (nothing is left
+        running by then but batches joblib abandoned, which are killed)."""
+        self._close()
+        self.reset_batch_stats()
+
+    def _close(self) -> None:
+        q, callbacks = self._queue, self._callbacks
+        self._queue, self._callbacks, self._workers = None, None, 0
+        if q is not None:
+            q.close(wait=False)
+        if callbacks is not None:
+            callbacks.stop()
+        with self._lock:
+            self._live.clear()
+
+    def get_nested_backend(self) -> tuple[Any, int | None]:
+        """What a ``Parallel`` inside a batch uses: threads one level down,
+        then sequential, never more processes below procq's workers."""
+        level = (self.nesting_level or 0) + 1
+        if level > 1:
+            return SequentialBackend(nesting_level=level), None
+        return ThreadingBackend(nesting_level=level), None
+
+
+def register() -> None:
+    """Register ``ProcqBackend`` with joblib as ``"procq"`` (done on import)."""
+    joblib.register_parallel_backend(NAME, ProcqBackend)
+
+
+register()

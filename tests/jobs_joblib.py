@@ -1,0 +1,72 @@
+"""Task functions for test_joblib: what joblib's batches call in procq's workers."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import joblib
+
+
+def square_and_pid(i: int) -> tuple[int, int]:
+    return i * i, os.getpid()
+
+
+def crash_at(i: int, at: int, signum: int) -> int:
+    """``i``, except for item ``at``, whose worker kills itself with ``signum``."""
+    if i == at:
+        os.kill(os.getpid(), signum)
+    return i
+
+
+def raise_at(i: int, at: int) -> int:
+    if i == at:
+        raise ValueError(f"item {i} is bad")
+    return i
+
+
+def nap(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+def _add(path: Path, delta: int) -> int:
+    """Add ``delta`` to the running count in ``path`` (under a file lock); the new count.
+    The file holds "running max" and keeps the highest count seen."""
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        running, high = (int(n) for n in (f.read().split() or ["0", "0"]))
+        running += delta
+        f.seek(0)
+        f.truncate()
+        f.write(f"{running} {max(high, running)}")
+        return running
+
+
+def counted(path: str, seconds: float) -> int:
+    """Count itself as running in ``path`` for ``seconds``: the file's second
+    number ends as the most tasks that ran at once."""
+    _add(Path(path), 1)
+    try:
+        time.sleep(seconds)
+    finally:
+        _add(Path(path), -1)
+    return os.getpid()
+
+
+def _inner(j: int) -> tuple[int, int, str]:
+    return j, os.getpid(), threading.current_thread().name
+
+
+def nested(i: int) -> tuple[str, list[tuple[int, int, str]]]:
+    """A ``Parallel`` inside a batch: which backend it got, and where its tasks ran."""
+    backend, _ = joblib.parallel.get_active_backend()
+    return type(backend).__name__, joblib.Parallel(n_jobs=2)(joblib.delayed(_inner)(j) for j in range(4))
+
+
+SIGNALS = {"SIGSEGV": signal.SIGSEGV, "SIGKILL": signal.SIGKILL}
