@@ -101,8 +101,7 @@ def preload_worker(context: Any) -> None:
 
     First on the list, ``_forkserver_guard`` makes the server untraceable and
     has it fork only for its parent. A forkserver started by someone else
-    before this runs has neither (see the README's "Running code you don't
-    trust").
+    before this runs has neither (see docs/untrusted.md).
     """
     try:
         from multiprocessing import forkserver

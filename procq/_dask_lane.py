@@ -60,7 +60,7 @@ class DaskLane(Lane):
     worker died (``distributed.scheduler.allowed-failures`` set to 0), so
     that a job whose Dask worker died fails once, as a local job whose worker
     died does, instead of running again behind procq's back: the queue
-    refuses to open otherwise (see the README's "Running on a cluster").
+    refuses to open otherwise (see docs/cluster.md).
     """
 
     cluster: Any = None

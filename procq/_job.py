@@ -353,7 +353,7 @@ class Lane:
       gets SIGTERM, ``kill_grace`` seconds later SIGKILL, and the job fails
       with kind ``"timeout"``.
     - ``memory_limit``: bytes (or ``"512M"``, ``"2G"``) a job may use; past it
-      the job fails with kind ``"memory"`` (see the README for how it is enforced).
+      the job fails with kind ``"memory"`` (see docs/stopping.md for how it is enforced).
 
     Worker recycling (between jobs; no job fails for it):
 

@@ -1,5 +1,5 @@
 """Pipeline stages for ``procq run``: each takes one item (a JSON value) and
-returns a JSON value. ``square`` is the one the README runs."""
+returns a JSON value. ``square`` is the one docs/ecosystem.md runs."""
 
 from __future__ import annotations
 
