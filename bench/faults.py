@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import multiprocessing
 import time
@@ -46,7 +47,7 @@ def _tally(row: Row, fn: Callable[[int], int], n: int, get: Callable[[], object]
         out = get()
     except (TimeoutError, multiprocessing.TimeoutError):
         row.hung += 1
-    except Exception as e:  # noqa: BLE001 - every engine reports a crash its own way
+    except Exception as e:  # every engine reports a crash its own way
         if fn is healthy:
             row.wrong += 1
             row.note = row.note or f"failures are {type(e).__name__}"
@@ -62,11 +63,11 @@ def run_ppe(wait: float) -> Row:
     ctx = multiprocessing.get_context(START_METHOD)
     with cf.ProcessPoolExecutor(WORKERS, mp_context=ctx) as ex:
         futures = [ex.submit(fn, n) for n, fn in enumerate(JOBS)]
-        for n, (fn, f) in enumerate(zip(JOBS, futures)):
+        for n, (fn, f) in enumerate(zip(JOBS, futures, strict=True)):
             _tally(row, fn, n, lambda f=f: f.result(timeout=wait))  # type: ignore[misc]
         try:
             row.usable = ex.submit(healthy, 7).result(timeout=wait) == 49
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             row.note = f"every failure and every later `submit` is {type(e).__name__}"
     return row
 
@@ -77,12 +78,10 @@ def run_pool(wait: float) -> Row:
     try:
         results = [pool.apply_async(fn, (n,)) for n, fn in enumerate(JOBS)]
         deadline = time.monotonic() + wait
-        for n, (fn, r) in enumerate(zip(JOBS, results)):
+        for n, (fn, r) in enumerate(zip(JOBS, results, strict=True)):
             _tally(row, fn, n, lambda r=r: r.get(max(0.0, deadline - time.monotonic())))  # type: ignore[misc]
-        try:
+        with contextlib.suppress(multiprocessing.TimeoutError):
             row.usable = pool.apply_async(healthy, (7,)).get(wait) == 49
-        except multiprocessing.TimeoutError:
-            pass
         if row.hung:
             row.note = f"no answer after {wait:g} s; pool terminated"
     finally:
@@ -98,7 +97,7 @@ def run_procq(wait: float) -> Row:
     with procq.Executor(WORKERS, mp_context=START_METHOD) as ex:
         futures = [ex.submit(fn, n) for n, fn in enumerate(JOBS)]
         signals = set()
-        for n, (fn, f) in enumerate(zip(JOBS, futures)):
+        for n, (fn, f) in enumerate(zip(JOBS, futures, strict=True)):
             _tally(row, fn, n, lambda f=f: f.result(timeout=wait))  # type: ignore[misc]
             if isinstance(f.exception(timeout=0) if f.done() else None, procq.JobFailed):
                 signals.add(f.exception().failure.signal)  # type: ignore[union-attr]
@@ -117,9 +116,8 @@ def table(rows: list[Row]) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(
-            f"| {r.engine} | {r.answered} | {r.reported} | {r.wrong} | {r.hung} | {'yes' if r.usable else 'no'} | {r.note} |"
-        )
+        usable = "yes" if r.usable else "no"
+        lines.append(f"| {r.engine} | {r.answered} | {r.reported} | {r.wrong} | {r.hung} | {usable} | {r.note} |")
     return "\n".join(lines)
 
 
