@@ -86,8 +86,13 @@ resume:  items are matched by content: equal items run once, and a re-run
          item exactly once.
 exit:    0 all items done, 1 some failed, 2 usage error, 130 interrupted.
 
-example:
-  procq run procq.examples.stage:square --input numbers.jsonl --store run.db
+examples:
+  # square the numbers 1 to 20 with the example stage that ships with procq
+  seq 1 20 | procq run procq.examples.stage:square
+
+  # your own stage: def clean(item): ... in mystage.py in this directory;
+  # run it again after a crash or Ctrl-C and only the unfinished items run
+  procq run mystage:clean --input items.jsonl --output cleaned.jsonl --store run.db
 """
 
 #: Items out at once (pushed, their line not yet written), at least this many.
@@ -101,17 +106,25 @@ def parser(prog: str = "procq run") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog, description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("function", metavar="MODULE:FUNCTION", help="the function to run, e.g. mypkg.stage:clean")
+    p.add_argument(
+        "function", metavar="MODULE:FUNCTION", help="the function to call with each item, e.g. mystage:clean"
+    )
     p.add_argument("-i", "--input", metavar="FILE", default="-", help="items, one per line ('-': stdin, the default)")
-    p.add_argument("-o", "--output", metavar="FILE", default="-", help="where to write the JSON lines ('-': stdout)")
+    p.add_argument(
+        "-o", "--output", metavar="FILE", default="-", help="where to write the JSON lines ('-': stdout, the default)"
+    )
     p.add_argument("--text", action="store_true", help="each input line is one string item (not parsed as JSON)")
     p.add_argument(
         "-w", "--workers", type=_positive_int, default=os.cpu_count() or 1, metavar="N",
         help="worker processes (default: the number of CPUs, %(default)s here)",
     )  # fmt: skip
-    p.add_argument("--timeout", type=_seconds, metavar="SECONDS", help="fail an item that runs longer (kind timeout)")
     p.add_argument(
-        "--memory-limit", metavar="SIZE", help="fail an item whose process tree uses more, e.g. 512M, 2G (kind memory)"
+        "--timeout", type=_seconds, metavar="SECONDS", help='fail an item that runs longer than this (kind "timeout")'
+    )
+    p.add_argument(
+        "--memory-limit",
+        metavar="SIZE",
+        help='fail an item whose processes use more memory, e.g. 512M or 2G (kind "memory")',
     )
     p.add_argument(
         "--retry", type=_positive_int, default=1, metavar="N",
