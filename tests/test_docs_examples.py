@@ -20,10 +20,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from pg_server import pg_url
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-MARK = re.compile(r"<!--\s*(not run|needs):\s*(.*?)\s*-->")
+MARK = re.compile(r"<!--\s*(not run|needs|twice at once):\s*(.*?)\s*-->")
 FENCE = re.compile(r"^(\s*)```(\S*)(.*)$")
 
 
@@ -35,6 +36,7 @@ class Block:
     output: str | None = None
     not_run: str | None = None
     needs: str | None = None
+    twice: bool = False  # two copies at once, given a PostgreSQL store's URL
 
     @property
     def id(self) -> str:
@@ -58,6 +60,8 @@ def blocks(path: Path) -> list[Block]:
             mark = MARK.search(lines[i - 1]) if i else None
             if mark and mark.group(1) == "not run":
                 b.not_run = mark.group(2)
+            elif mark and mark.group(1) == "twice at once":
+                b.twice = True
             elif mark:
                 b.needs = mark.group(2)
             found.append(b)
@@ -71,7 +75,7 @@ def blocks(path: Path) -> list[Block]:
 ALL = [b for page in PAGES for b in blocks(page)]
 
 
-@pytest.mark.parametrize("block", ALL, ids=[b.id for b in ALL])
+@pytest.mark.parametrize("block", [b for b in ALL if not b.twice], ids=[b.id for b in ALL if not b.twice])
 def test_example_runs(block: Block, tmp_path: Path) -> None:
     if block.not_run is not None:
         pytest.skip(f"{block.id} {block.not_run}")
@@ -82,6 +86,30 @@ def test_example_runs(block: Block, tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{block.id} exited {proc.returncode}:\n{proc.stderr}"
     if block.output is not None:
         assert proc.stdout.rstrip() == block.output.rstrip(), f"{block.id} printed:\n{proc.stdout}"
+
+
+TWICE = [b for b in ALL if b.twice]
+
+
+@pytest.mark.parametrize("block", TWICE, ids=[b.id for b in TWICE])
+def test_two_copies_of_an_example_share_a_postgresql_store(
+    block: Block, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """Two programs on one store split the work: every page is run by exactly one of them."""
+    url = pg_url(request)
+    (tmp_path / "example.py").write_text(block.code)
+    copies = [
+        subprocess.Popen([sys.executable, "example.py", url], cwd=tmp_path, stdout=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    ran = []
+    for p in copies:
+        out, _ = p.communicate(timeout=50)
+        assert p.returncode == 0, f"{block.id} exited {p.returncode}"
+        found = re.fullmatch(r"this program ran (\d+) of 50 pages\n", out)
+        assert found, f"{block.id} printed:\n{out}"
+        ran.append(int(found.group(1)))
+    assert sum(ran) == 50
 
 
 def test_marks_say_why() -> None:
