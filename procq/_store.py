@@ -41,7 +41,7 @@ import pickle
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
@@ -365,8 +365,3 @@ def _failure_dict(failure: Failure) -> dict[str, Any]:
 def decode_failure(d: dict[str, Any]) -> Failure:
     history = tuple(decode_failure(h) for h in d.pop("history", ()))
     return Failure(**d, history=history)
-
-
-def iter_chunks(items: list[str], n: int) -> Iterator[list[str]]:
-    for i in range(0, len(items), n):
-        yield items[i : i + n]
