@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import pickle
+import select
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -52,11 +54,15 @@ def child_main(conn: Connection) -> None:
 
 
 class _Child:
-    __slots__ = ("conn", "process", "sent")
+    __slots__ = ("conn", "process", "readable", "sent")
 
     def __init__(self, process: Any, conn: Connection) -> None:
         self.process = process
         self.conn = conn
+        # One poll object, registered once: ``Connection.poll`` builds a
+        # selector per call, which costs more than the round trip it guards.
+        self.readable = select.poll()
+        self.readable.register(conn.fileno(), select.POLLIN)
         self.sent: collections.deque[tuple[int, Callable[..., Any], tuple[Any, ...]]] = collections.deque()
 
 
@@ -130,7 +136,7 @@ class RawPipes:
             self._revive(slot)
         child = self.children[slot]
         try:
-            if timeout is not None and not child.conn.poll(timeout):
+            if timeout is not None and not child.readable.poll(math.ceil(max(0.0, timeout) * 1000)):
                 return
             job_id, ok, value = _loads(child.conn.recv_bytes())
         except (EOFError, OSError):
