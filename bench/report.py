@@ -167,6 +167,15 @@ def _latency(med: Medians, cfg: Config) -> list[Verdict]:
         )
     if p99 is not None:
         out.append(("met" if p99 < 1000 else "missed", f"latency p99 < 1 ms: procq {p99:,.0f} us"))
+    floor99 = med.get(("raw pipe", "latency", "p99_us"))
+    if p99 is not None and floor99 is not None:
+        out.append(
+            (
+                "met" if p99 <= 5 * floor99 else "missed",
+                f"latency p99 <= 5x the raw pipe floor's: procq {p99:,.0f} us vs floor {floor99:,.0f} us "
+                f"(x{p99 / floor99:.2f})",
+            )
+        )
     return out
 
 
