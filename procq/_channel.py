@@ -66,6 +66,8 @@ class WorkerChannel(ABC):
     messages: Any
     #: What the selector watches for the worker's death.
     sentinel: Any
+    #: May a caller waiting on the worker's job read its pipe (``wait_readable``, ``read``)?
+    leadable = False
 
     @classmethod
     @abstractmethod
@@ -95,6 +97,10 @@ class WorkerChannel(ABC):
         """The events that have arrived (without blocking on a partial message),
         up to and including the first violation. Raises ``EOFError`` once the
         worker's end is closed."""
+
+    def wait_readable(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` for ``read`` to have something (only if ``leadable``)."""
+        raise NotImplementedError
 
     def resume(self, worker: WorkerSlot, decoded: Any) -> list[Event]:
         """What a ``DecodeLater`` this channel gave decoded to (on the I/O

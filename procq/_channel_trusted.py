@@ -167,6 +167,11 @@ class TrustedChannel(ProcessChannel):
         reader = FrameReader(parent_conn.fileno(), TRUSTED_LIMIT, wait_whole=True)
         return cls(process, parent_conn, sentinel, reader)
 
+    leadable = True
+
+    def wait_readable(self, timeout: float) -> bool:
+        return self._reader.wait(timeout)
+
     def read(self, worker: WorkerSlot) -> list[Event]:
         frames = self._reader.read()
         events: list[Event] = []

@@ -92,8 +92,10 @@ class Core:
         self.default_lane = self.dispatch.default_lane
         self.drained = self.keys.drained  # set while closing and nothing is live
         # Called (no lock held) when a new deadline may be earlier than the one
-        # the I/O thread is sleeping towards.
+        # the I/O thread is sleeping towards. ``lead``: a caller's wait on a
+        # running job, reading its worker's pipe itself (``_supervisor_lead``).
         self.on_new_deadline: Wakeup = lambda: None
+        self.lead: Callable[[Entry, threading.Event, float | None], bool] | None = None
 
     @property  # the queue's door, as the faces and the supervisor read it (see StateMap)
     def closing(self) -> bool:
@@ -302,12 +304,13 @@ class Core:
 
     def sent(self, worker: WorkerSlot, n: int = 1) -> bool:
         """A sender is done with ``worker``'s pipe (``n`` rights to send, used
-        for one frame). True: the worker died or was retired meanwhile and the
-        caller, the last sender, must close the pipe."""
+        for one frame). True: the worker died or was retired meanwhile, or the
+        queue stopped, and the caller, the last sender, must close the pipe."""
         with self.lock:
             worker.sending -= n
             life = worker.life
-            return (life is WorkerLife.DEAD or life is WorkerLife.RETIRED) and worker.sending == 0
+            gone = life is WorkerLife.DEAD or life is WorkerLife.RETIRED or self.keys.stopped
+            return gone and worker.sending == 0
 
     def jobs_done(
         self, worker: WorkerSlot, reports: list[Report], wakeups: list[Wakeup] | None = None,

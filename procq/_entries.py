@@ -202,6 +202,7 @@ class WorkerSlot:
         "life",
         "pid",
         "queue",
+        "reading",
         "retire_requested",
         "sending",
         "started",
@@ -222,6 +223,9 @@ class WorkerSlot:
         # not reported back yet. The pipe is closed only when this is 0, so a
         # descriptor is never closed (and reused) under a sender.
         self.sending = 0
+        # Held by whichever thread reads the pipe: the I/O thread, or a caller
+        # waiting on the job the worker runs (``_supervisor_lead``).
+        self.reading = threading.Lock()
         self.life = WorkerLife.BOOTING
         self.jobs = 0  # jobs it has been given (0: a fresh worker)
         # A report asked for it to be replaced (``max_worker_rss``) while it had

@@ -69,7 +69,8 @@ class JobHandle(Generic[T]):
                 self._owner._here()  # a forked child's copy: no thread there would ever end the job
             timeout = check_wait(timeout)
             event = self._core.wait_event(entry)  # type: ignore[arg-type]  # (an Ended is settled)
-            if event is not None and not event.wait(timeout):
+            lead = self._core.lead
+            if event is not None and not (event.wait(timeout) if lead is None else lead(entry, event, timeout)):  # type: ignore[arg-type]
                 raise TimeoutError(f"job {entry.key!r} has not finished after {timeout}s; it keeps running")
         output: T = _unwrap(entry)
         return output

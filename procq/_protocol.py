@@ -86,8 +86,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import pickle
+import select
 import socket
 import struct
 import sys
@@ -375,7 +377,7 @@ class FrameReader:
     from (one copy, as the pipe forces, and no wake-up per piece of it).
     """
 
-    __slots__ = ("_buffer", "_limit", "_sock", "_trailer", "_wait_whole", "_what")
+    __slots__ = ("_buffer", "_limit", "_poll", "_sock", "_trailer", "_wait_whole", "_what")
 
     #: Bytes asked for per read (below malloc's mmap threshold: cheap to allocate).
     CHUNK = 1 << 16
@@ -384,11 +386,19 @@ class FrameReader:
         # A duplicate of the descriptor, read with MSG_DONTWAIT: the original
         # stays blocking for the senders that share it.
         self._sock = socket.socket(fileno=os.dup(fd))
+        self._poll: select.poll | None = None  # made by the first ``wait``
         self._limit = limit
         self._what = what or f"the limit of {limit}"
         self._wait_whole = wait_whole
         self._trailer = trailer
         self._buffer = b""
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for something to read (or EOF)."""
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self._sock.fileno(), select.POLLIN)
+        return bool(self._poll.poll(math.ceil(timeout * 1000)))
 
     def read(self) -> list[bytes | bytearray]:
         """The frames completed by what has arrived. Raises ``EOFError`` at

@@ -64,7 +64,8 @@ may meet the I/O thread's next jobs there).
 
 Why not a thread hop for every send: a push that finds an idle worker sending
 itself saves a wake-up of this thread and a context switch per job, which is
-most of a tiny job's latency. Why not poll: the selector wakes on exactly the
+most of a tiny job's latency; nor for an answer: a caller waiting on its job
+may read the worker's pipe itself (``_supervisor_lead``). Why not poll: the selector wakes on exactly the
 events above and sleeps otherwise. Why several jobs in flight to a busy
 worker: with one, the worker waits for the supervisor between every two jobs,
 and the supervisor pays a wake-up, a read and a write for each; with several,
@@ -75,7 +76,7 @@ as the child lived. Why an untrusted worker is never read with
 ``recv_bytes``: it blocks until a frame is whole, so a worker that wrote half
 a frame and stopped would stall this thread and every lane with it.
 
-Beside it: ``_supervisor_wait`` (selector, wake-ups, timers, the last wait),
+Beside it: ``_supervisor_wait`` (selector, wake-ups, timers, the last wait), ``_supervisor_lead``,
 ``_supervisor_decode``, ``_supervisor_failures``, ``_log`` (what it logs as
 it decides), ``_channel`` and its kinds, ``_processes``. Should this thread
 die of an exception, the queue closes itself, saying why (``Core.break_down``).
@@ -83,6 +84,7 @@ die of an exception, the queue closes itself, saying why (``Core.break_down``).
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
@@ -97,6 +99,7 @@ from procq._processes import next_sample
 from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 from procq._supervisor_decode import Decoders
 from procq._supervisor_failures import crash_failure, protocol_failure, start_failure
+from procq._supervisor_lead import Handoffs, Leader
 from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, STOP_GRACE, Timers, Watcher, check_memory, stop_workers
 from procq._undertaker import Undertaker
 
@@ -133,10 +136,16 @@ class Supervisor:
         # Decode threads, for what this thread must not decode itself (see _supervisor_decode).
         self._decoders = Decoders(core, name, self.wake)
         self._undecoded: list[tuple[Entry, Undecoded]] = []  # (reused: filled by Core.jobs_done)
+        # What waiting callers that read their workers' pipes hand to this thread (``_supervisor_lead``).
+        self._handoffs = Handoffs(self._watcher)
+        core.lead = Leader(core, self._watcher, self._handoffs, self).wait
         # Workers whose running job q.cancel() ended, to be killed by the I/O thread.
         self._pending_terminations: list[tuple[WorkerSlot, Entry]] = []
         self._stop = False
         self._cancel = False
+        # When this thread's wait ends at the latest (``Core.clock``), for a leader
+        # whose settle gave a job a deadline or a due time (``_supervisor_lead``).
+        self.asleep_until = math.inf
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name=f"procq-supervisor-{name}", daemon=True)
@@ -226,7 +235,11 @@ class Supervisor:
                 self._kill_all(core.cancel_all("was cancelled: the queue was closed without waiting"))
             while self._pending_terminations:  # from q.cancel(), on other threads
                 self._cancel_running(*self._pending_terminations.pop())
-            timeout = timers.timeout(core.next_deadline(), core.memory_jobs > 0, self.clock())
+            self._handoffs.run()
+            self.asleep_until = math.inf  # (a leader's new deadline until then wakes this thread: see below)
+            now = self.clock()
+            timeout = timers.timeout(core.next_deadline(), core.memory_jobs > 0, now)
+            self.asleep_until = math.inf if timeout is None else now + timeout
             for worker, messages in watcher.select(timeout):
                 if messages:
                     self._read(worker)
@@ -235,7 +248,7 @@ class Supervisor:
             while self._decoders.decoded:
                 worker, decoded = self._decoders.decoded.popleft()
                 if watcher.watched(worker):  # (else it broke, closed or died: nothing more of it counts)
-                    self._act(worker, worker.channel.resume(worker, decoded))
+                    self.act(worker, worker.channel.resume(worker, decoded))
             now = self.clock()
             for worker in core.expired(now):
                 _log.timeout_kill(worker, worker.entry)
@@ -288,22 +301,29 @@ class Supervisor:
         self.core.add_worker(worker, lane, reserved)
         _log.started(worker)
 
-    def _read(self, worker: WorkerSlot) -> bool:
-        """Read and act on what the worker sent. False once nothing more can
-        be read from it (EOF, or it broke the protocol).
+    def _read(self, worker: WorkerSlot, wait: bool = False) -> bool:
+        """Read and act on what the worker sent, unless a waiting caller is
+        reading it (``_supervisor_lead``; ``wait``: wait for it to let go).
+        False once nothing more can be read from it (EOF, or it broke the protocol).
 
         Every report that has arrived is settled at once, then the jobs they
         freed room for go to the same worker in one frame. Waiters are woken
         after that, once for them all: a thread waiting on many handles wakes
         once per read, not once per job."""
+        reading = worker.reading
+        if not reading.acquire(blocking=wait):
+            return True
         try:
-            events = worker.channel.read(worker)
-        except EOFError:
-            self._on_eof(worker)
-            return False
-        return self._act(worker, events) and bool(events)
+            try:
+                events = worker.channel.read(worker)
+            except EOFError:
+                self._on_eof(worker)
+                return False
+            return self.act(worker, events) and bool(events)
+        finally:
+            reading.release()
 
-    def _act(self, worker: WorkerSlot, events: list[Event]) -> bool:
+    def act(self, worker: WorkerSlot, events: list[Event]) -> bool:
         """Act on a worker's events, in order (see ``_read``). False once
         nothing more must be read from it (it broke the protocol)."""
         wakeups: list[Wakeup] = []
@@ -340,11 +360,21 @@ class Supervisor:
         undecoded = self._undecoded
         batch, status, taken = self.core.jobs_done(worker, reports, wakeups, undecoded)
         if undecoded:
-            self._decoders.lane(worker.lane).outcomes(undecoded)
+            self.decode(worker, undecoded)
             undecoded.clear()
         if batch:  # (only ever with Reported.DONE)
             worker.channel.send_jobs(self.core, worker, batch)
-        elif status is Reported.RETIRE:
+            return True
+        return self.after_settle(worker, reports, status, taken)
+
+    def decode(self, worker: WorkerSlot, undecoded: list[tuple[Entry, Undecoded]]) -> None:
+        """Settle outcomes that need decoding on the lane's decode thread."""
+        self._decoders.lane(worker.lane).outcomes(undecoded)
+
+    def after_settle(self, worker: WorkerSlot, reports: list[Report], status: Reported, taken: int) -> bool:
+        """Retire the worker, or fail it for a report about another job, as
+        its settled reports asked. False if a report broke the protocol."""
+        if status is Reported.RETIRE:
             self._retire(worker)
         elif status is Reported.UNEXPECTED:
             held = worker.entry
@@ -366,7 +396,7 @@ class Supervisor:
     def _drain(self, worker: WorkerSlot) -> None:
         """Act on whatever a dead worker wrote before it died."""
         try:
-            while self._watcher.watched(worker) and self._read(worker):
+            while self._watcher.watched(worker) and self._read(worker, wait=True):
                 pass
         except (EOFError, OSError):
             pass
@@ -484,6 +514,7 @@ class Supervisor:
         stop_workers(self.core, self._watcher, self._timers, self._hurried, self._undertaker.forget)
         for lane in self.core.lanes.values():
             channel_kind(lane).close_lane(lane, self._launch)
+        self._handoffs.finish()
         self._decoders.close()
         self._watcher.close()
         self._undertaker.stop()

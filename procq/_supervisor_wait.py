@@ -62,6 +62,9 @@ class Watcher:
         self._wake_lock = threading.Lock()
         self._wake_closed = False
         self._by_object: dict[Any, WorkerSlot] = {}  # each watched pipe and sentinel -> its worker
+        # Pipes a caller reads itself for now (``pause``): watched, not in the selector.
+        self._paused: set[Any] = set()
+        self._lock = threading.Lock()  # registrations: ``pause`` and ``resume`` come from other threads
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, self._wake_r)
 
@@ -83,9 +86,10 @@ class Watcher:
     def watch(self, worker: WorkerSlot) -> None:
         """Wait on the worker channel's messages and death."""
         channel = worker.channel
-        for obj in (channel.messages, channel.sentinel):
-            self._by_object[obj] = worker
-            self._selector.register(obj, selectors.EVENT_READ, obj)
+        with self._lock:
+            for obj in (channel.messages, channel.sentinel):
+                self._by_object[obj] = worker
+                self._selector.register(obj, selectors.EVENT_READ, obj)
 
     def watched(self, worker: WorkerSlot) -> bool:
         """Is the worker's pipe still read (not at EOF, not broken, not retired)?"""
@@ -94,8 +98,30 @@ class Watcher:
     def unwatch(self, obj: Any) -> None:
         """Stop waiting on ``obj`` (before it is closed: a closed descriptor
         cannot be taken out of an epoll set)."""
-        if self._by_object.pop(obj, None) is not None:
+        with self._lock:
+            if self._by_object.pop(obj, None) is not None and obj not in self._paused:
+                self._selector.unregister(obj)
+            self._paused.discard(obj)
+
+    def pause(self, worker: WorkerSlot) -> bool:
+        """Stop waiting on the worker's messages while another thread reads
+        them (from any thread). False if they are not watched (any more)."""
+        obj = worker.channel.messages
+        with self._lock:
+            if obj not in self._by_object or obj in self._paused:
+                return False
             self._selector.unregister(obj)
+            self._paused.add(obj)
+            return True
+
+    def resume(self, worker: WorkerSlot) -> None:
+        """Wait on the worker's messages again, after ``pause`` (from any thread)."""
+        obj = worker.channel.messages
+        with self._lock:
+            if obj in self._paused:
+                self._paused.discard(obj)
+                if obj in self._by_object:
+                    self._selector.register(obj, selectors.EVENT_READ, obj)
 
     def workers(self) -> set[WorkerSlot]:
         return set(self._by_object.values())
@@ -122,8 +148,10 @@ class Watcher:
             pass
 
     def close(self) -> None:
-        self._by_object.clear()
-        self._selector.close()
+        with self._lock:
+            self._by_object.clear()
+            self._paused.clear()
+            self._selector.close()
         with self._wake_lock:
             self._wake_closed = True
             os.close(self._wake_r)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import jobs
 import pytest
 
+import procq._protocol
 from procq import Failure, Job, JobFailed, JobHandle, Lane, ProcQueue, Queued
 
 T = TypeVar("T")
@@ -123,10 +124,12 @@ def run_noting_waits(fn: Callable[[], T], waiting: threading.Event) -> T:
     so ``waiting`` stays clear. (A profiler only observes calls; it changes
     nothing in the engine.)
     """
-    threading_file = threading.__file__
+    # A thread waiting on a job a worker runs may wait on that worker's pipe
+    # instead (procq/_supervisor_lead.py): procq's FrameReader.wait.
+    wait_files = {threading.__file__, procq._protocol.__file__}
 
     def profile(frame: Any, event: str, arg: Any) -> None:
-        if event == "call" and frame.f_code.co_name == "wait" and frame.f_code.co_filename == threading_file:
+        if event == "call" and frame.f_code.co_name == "wait" and frame.f_code.co_filename in wait_files:
             waiting.set()
 
     sys.setprofile(profile)

@@ -1,0 +1,116 @@
+"""A caller waiting on its own running job reads the worker's answer itself
+(procq/_supervisor_lead.py), and everything the I/O thread would have done
+with that answer still happens: crashes, recycling, timeouts and cancels
+while a caller leads end the same way as without one."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jobs
+import pytest
+from core_support import WAIT, Gates, failure_of, hold, open_queue, wait_until
+
+from procq import Job, JobFailed, Lane
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _leading(q: Any) -> bool:
+    """Is some caller reading a worker's pipe (the I/O thread passing over it)?"""
+    return bool(q._supervisor._watcher._paused)
+
+
+def _lead_in_thread(handle: Any, **kwargs: Any) -> tuple[threading.Thread, list[Any]]:
+    """Wait on ``handle`` in a thread of its own; what it got (value or exception), and on which thread."""
+    got: list[Any] = []
+
+    def wait() -> None:
+        try:
+            got.append(handle.result(**kwargs))
+        except BaseException as exc:  # the test reads it
+            got.append(exc)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    return thread, got
+
+
+def test_a_waiter_settles_its_own_job_on_its_own_thread(gates: Gates) -> None:
+    with open_queue(1) as q:
+        handle, _, gate = hold(q, gates, "held")
+        ended_on: list[threading.Thread] = []
+        handle.add_done_callback(lambda _: ended_on.append(threading.current_thread()))
+        thread, got = _lead_in_thread(handle, timeout=WAIT)
+        wait_until(lambda: _leading(q), what="the waiter reading the worker's pipe")
+        gate.open()
+        thread.join(WAIT)
+        assert got and not isinstance(got[0], BaseException), got
+        assert ended_on == [thread]  # settled by the waiter, not the I/O thread
+        assert not _leading(q)
+        assert q.push_and_wait(Job("next", jobs.square, args=(5,)), timeout=WAIT) == 25
+
+
+def test_a_waiters_timeout_leaves_the_job_running(gates: Gates) -> None:
+    with open_queue(1) as q:
+        handle, _, gate = hold(q, gates, "held")
+        with pytest.raises(TimeoutError):
+            handle.result(timeout=0.2)
+        assert not _leading(q)
+        gate.open()
+        assert isinstance(handle.result(timeout=WAIT), int)
+
+
+@pytest.mark.parametrize("how", ["sigkill", "cancel"])
+def test_a_job_ended_under_a_leading_waiter_wakes_it(gates: Gates, how: str) -> None:
+    with open_queue(1) as q:
+        handle, pid, _ = hold(q, gates, "held")
+        thread, got = _lead_in_thread(handle, timeout=WAIT)
+        wait_until(lambda: _leading(q), what="the waiter reading the worker's pipe")
+        if how == "sigkill":
+            os.kill(pid, signal.SIGKILL)
+        else:
+            assert q.cancel("held")
+        thread.join(WAIT)
+        assert len(got) == 1 and isinstance(got[0], JobFailed), got
+        failure = got[0].failure
+        if how == "sigkill":
+            assert (failure.kind, failure.signal) == ("crashed", "SIGKILL"), failure
+        else:
+            assert failure.kind == "cancelled", failure
+        # The worker is replaced and the queue goes on.
+        assert q.push_and_wait(Job("next", jobs.square, args=(6,)), timeout=WAIT) == 36
+
+
+def test_many_waiters_with_crashes_and_recycled_workers() -> None:
+    """Threads that each push and wait on their own jobs, on workers recycled
+    every three jobs, with every seventh job killing its worker: every answer
+    is right, every crash reported as such, nothing left behind."""
+
+    def run(i: int) -> tuple[int, Any]:
+        if i % 7 == 3:
+            handle = q.push(Job(f"crash-{i}", jobs.sigkill_self)).handle
+            return i, failure_of(handle, "crashed")
+        return i, q.push(Job(f"square-{i}", jobs.square, args=(i,))).handle.result(timeout=WAIT)
+
+    with open_queue({"default": Lane(workers=2, max_jobs_per_worker=3)}) as q, ThreadPoolExecutor(8) as threads:
+        for i, got in threads.map(run, range(120)):
+            if i % 7 == 3:
+                assert got.signal == "SIGKILL", got
+            else:
+                assert got == i * i
+        assert q.stats().completed == 120 - len(range(3, 120, 7))
+
+
+def test_a_result_that_needs_decoding_reaches_its_leading_waiter() -> None:
+    """An object whose unpickling names a class is decoded on the lane's
+    decode thread, never by the waiter that read it."""
+    value = {"when": datetime.date(2026, 12, 3), "n": [1, 2.5]}
+    with open_queue(1) as q:
+        for i in range(20):
+            assert q.push(Job(f"objects-{i}", jobs.identity, args=(value,))).handle.result(timeout=WAIT) == value
