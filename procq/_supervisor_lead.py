@@ -67,10 +67,14 @@ class Leader:
                 break
             reading = worker.reading
             if reading.acquire(blocking=False):
+                wakeups: list[Wakeup] = []
                 try:
-                    going = self._lead(worker, entry, deadline)
+                    going = self._lead(worker, entry, deadline, wakeups)
                 finally:
                     reading.release()
+                # Woken with the pipe let go: a done callback that waits on
+                # another job of this worker does not wait on this thread.
+                self._core.deliver(wakeups)
                 if not going:
                     break
                 continue
@@ -84,9 +88,10 @@ class Leader:
             return event.wait()
         return event.wait(max(0.0, deadline - time.monotonic()))
 
-    def _lead(self, worker: WorkerSlot, entry: Entry, deadline: float | None) -> bool:
-        """One wait on the worker's pipe, and what it brought settled. False:
-        stop leading (the job moved on, the worker is going, time is up)."""
+    def _lead(self, worker: WorkerSlot, entry: Entry, deadline: float | None, wakeups: list[Wakeup]) -> bool:
+        """One wait on the worker's pipe, and what it brought settled (its
+        wake-ups in ``wakeups``, for the caller to run). False: stop leading
+        (the job moved on, the worker is going, time is up)."""
         core = self._core
         with core.lock:
             if worker.life is not WorkerLife.READY or entry.worker is not worker:
@@ -105,14 +110,14 @@ class Leader:
                     events = worker.channel.read(worker)
                 except EOFError:
                     return False  # the I/O thread sees it too, and handles the death
-                return self._act(worker, events)
+                return self._act(worker, events, wakeups)
             finally:
                 self._watcher.resume(worker)
         finally:
             if core.sent(worker):
                 self._handoffs.close(worker)
 
-    def _act(self, worker: WorkerSlot, events: list[Event]) -> bool:
+    def _act(self, worker: WorkerSlot, events: list[Event], wakeups: list[Wakeup]) -> bool:
         """Settle the reports read, as the I/O thread would; hand it whatever
         else. False once something was handed over (stop leading)."""
         if not events:
@@ -126,7 +131,6 @@ class Leader:
         if limit is not None and worker.channel.rss() > limit:
             reports[-1] = reports[-1]._replace(retire=True)
         core = self._core
-        wakeups: list[Wakeup] = []
         undecoded: list[tuple[Entry, Undecoded]] = []
         batch, status, taken = core.jobs_done(worker, reports, wakeups, undecoded)
         going = True
@@ -138,7 +142,6 @@ class Leader:
         elif status is not Reported.DONE:
             later(worker, lambda: io.after_settle(worker, reports, status, taken))
             going = False
-        core.deliver(wakeups)
         # A job started here (sent ahead) may have a time limit or a memory
         # limit, a failure may be due again after its backoff: the I/O thread
         # must not sleep past what it now has to do.
