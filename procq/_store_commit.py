@@ -165,6 +165,10 @@ class Committer(threading.Thread):
 
     def poke(self) -> None:
         """Commit now: writes are waiting."""
+        if self._poked:
+            # Poked already, and not yet taken the writes (it resets the flag
+            # before it takes them): this write goes with that commit.
+            return
         with self._cond:
             if not self._poked:  # (once a commit: not a wake-up of this thread per write)
                 self._poked = True
@@ -209,6 +213,17 @@ class Committer(threading.Thread):
             if rest > 0:
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping, rest)
+            since = core.group_since
+            left = 0.0 if since is None else since + 2 * GROUP_WINDOW - time.monotonic()
+            if left > 0:
+                # Pushes are coming: the push that finds the group open for
+                # GROUP_WINDOW commits these writes with it (taking the connection
+                # from the pushing thread would cost it more); this thread looks
+                # again when the group is due. (Still poked meanwhile: writes
+                # added need not wake it.)
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping, left)
+                continue
             with self._cond:
                 self._poked = False  # writes added from here on poke again
             if not commits.pending and not self._due():
