@@ -203,6 +203,9 @@ class Store:
     url: str
     #: Read a key's row before claiming it (a done key then costs no write).
     read_first = True
+    #: A push commits the group transaction it finds due (``_store_commit``):
+    #: where a commit is a local write, not a round trip to a server.
+    pushes_commit = False
 
     def __init__(self, lease: float = 10.0, poll: float = 0.01) -> None:
         if not lease > 0 or not poll > 0:

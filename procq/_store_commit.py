@@ -8,20 +8,23 @@ Two kinds of write reach a queue's database connection:
   that stays open across pushes (``StoreCore.claim``). A claim needs no
   commit before its push returns: nothing has been answered from it, and if
   the process dies first the claim dies with it, as if the push came later.
-  A push that finds the group transaction open for ``GROUP_WINDOW`` commits
-  it itself, under the ``db_lock`` it holds already (a stream of pushes then
-  never waits for the committer to take the lock, commit and hand it back);
-  the committer commits a group left open ``2 * GROUP_WINDOW`` (the pushes
-  stopped), so other processes wait no longer than that for a key it holds;
+  The committer commits the group transaction at most ``GROUP_WINDOW`` after
+  it opened, so other processes wait no longer than that for a key it holds.
+  Where a commit is a local write (SQLite: ``Store.pushes_commit``), a push
+  that finds the group open for ``GROUP_WINDOW`` commits it itself, under the
+  ``db_lock`` it holds already (a stream of pushes then never waits for the
+  committer to take the lock, commit and hand it back), and the committer
+  commits a group left open ``2 * GROUP_WINDOW`` (the pushes stopped);
 - **outcomes** (a job's ended row) and **restores** (a claim given back),
   queued by the state map's record operations under ``Core.lock`` as
   ``Write``s (``Commits.add``). The supervisor's thread never runs a
   statement: the committer (or a push's commit) runs the queued writes in the
   group transaction, commits, and only then runs the wake-ups those outcomes
-  released. The committer commits at most every ``2 * GROUP_WINDOW`` after
-  the last commit (any thread's), or every twice the time the last commit
-  took where commits wait for a disk: a stream of outcomes shares commits,
-  and the pushing threads keep the connection most of the time.
+  released. The committer commits at most every window (``GROUP_WINDOW``,
+  twice that where pushes commit) after the last commit (any thread's), or
+  every twice the time the last commit took where commits wait for a disk: a
+  stream of outcomes shares commits, and the pushing threads keep the
+  connection most of the time.
 
 Wake-ups are held back by sequence: every write takes the next number; a
 wake-up delivered while writes up to number N are not yet committed waits
@@ -204,17 +207,17 @@ class Committer(threading.Thread):
                 with self._cond:
                     self._poked = False
                 continue  # the store refused the last try: wait for the next one
-            # Commits at most every 2 * GROUP_WINDOW: outcomes that arrive in a
-            # stream share a commit, and a stream of pushes, which commits every
-            # GROUP_WINDOW, commits them first. (Or twice as long as the last
-            # commit took, where a commit waits for the disk: pushes keep two
-            # thirds of the connection's time.)
-            rest = commits.last + 2 * max(GROUP_WINDOW, commits.took) - time.monotonic()
+            # Commits at most every window (core.window): outcomes that arrive
+            # in a stream share a commit (and where pushes commit, a stream of
+            # pushes commits them first). (Or twice as long as the last commit
+            # took, where a commit waits for the disk: pushes keep two thirds of
+            # the connection's time.)
+            rest = commits.last + max(core.window, 2 * commits.took) - time.monotonic()
             if rest > 0:
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping, rest)
             since = core.group_since
-            left = 0.0 if since is None else since + 2 * GROUP_WINDOW - time.monotonic()
+            left = since + core.window - time.monotonic() if since is not None and core.pushes_commit else 0.0
             if left > 0:
                 # Pushes are coming: the push that finds the group open for
                 # GROUP_WINDOW commits these writes with it (taking the connection
@@ -240,12 +243,12 @@ class Committer(threading.Thread):
         since, refused = self.core.group_since, self.core.commits.refused_since
         if refused is not None:
             return now - refused >= RETRY
-        return since is not None and now - since >= 2 * GROUP_WINDOW  # (pushes commit from GROUP_WINDOW)
+        return since is not None and now - since >= self.core.window
 
     def _timeout(self) -> float | None:
         since, refused = self.core.group_since, self.core.commits.refused_since
         if refused is not None:
             return max(0.0, refused + RETRY - time.monotonic())
         if since is not None:
-            return max(0.0, since + 2 * GROUP_WINDOW - time.monotonic())
+            return max(0.0, since + self.core.window - time.monotonic())
         return None

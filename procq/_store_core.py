@@ -85,6 +85,7 @@ class StoreCore(Core):
         self.in_user_tx = False  # a ``q.transaction()`` has the connection (under db_lock)
         self.scheduled: set[str] = set()  # keys claimed with a not_before, for the watcher's wakes
         self.retention = retention or Retention()
+        self.window = 2 * GROUP_WINDOW if self.store.pushes_commit else GROUP_WINDOW  # the committer's (_store_commit)
         self.records_ = StoreRecords(self)
         self._runs = itertools.count(1)
         try:
@@ -168,6 +169,11 @@ class StoreCore(Core):
             )
         return wakeups
 
+    @property
+    def pushes_commit(self) -> bool:
+        """Does a push commit the group it finds due now? (Not while the store refuses commits.)"""
+        return self.store.pushes_commit and self.commits.refused_since is None
+
     def _lost(self) -> None:
         """The store failed under a claim (db_lock held): drop the group transaction."""
         self.conn.rollback()
@@ -233,7 +239,7 @@ class StoreCore(Core):
                 self.abandon_all(fresh, "the store could not be reached")
                 raise
             since = self.group_since  # (None inside the caller's transaction)
-            if since is not None and time.monotonic() - since >= GROUP_WINDOW and self.commits.refused_since is None:
+            if since is not None and time.monotonic() - since >= GROUP_WINDOW and self.pushes_commit:
                 wakeups += self.commit()  # pushes in a stream commit their group (see _store_commit)
         self.deliver_now(wakeups)
         return claims, conflict_at

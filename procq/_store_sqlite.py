@@ -102,6 +102,7 @@ class SqliteStore(Store):
     """A SQLite file as a store (``ProcQueue(store="run.db")``)."""
 
     read_first = True  # a read takes no lock: a done key is answered without the write lock
+    pushes_commit = True  # a commit is a write to a local file (see _store_commit)
 
     def __init__(
         self, path: str | os.PathLike[str], lease: float = 10.0, poll: float = 0.01, busy: float = 30.0
