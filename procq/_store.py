@@ -42,8 +42,8 @@ import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Protocol
+from dataclasses import asdict, replace
+from typing import Any, NamedTuple, Protocol
 
 from procq._errors import ProcQueueError
 from procq._fingerprint import MAX_BYTES, MAX_NODES, _digest, _encode, _head, _TooCostly
@@ -81,9 +81,10 @@ class StoreUnavailable(StoreError):
     outcomes are written once it is back."""
 
 
-@dataclass(frozen=True)
-class Row:
-    """One key's row (see the module docstring)."""
+class Row(NamedTuple):
+    """One key's row (see the module docstring). A named tuple, not a frozen
+    dataclass: it goes to the database as it is (its fields are the columns,
+    in ``COLUMNS`` order), and one is made and copied per job."""
 
     key: str
     state: str  # 'live' | 'done' | 'failed'
@@ -137,7 +138,8 @@ class Conn(Protocol):
         """Roll back, and never raise (a broken connection is rolled back by its end)."""
 
     def claim(self, row: Row, wait: bool) -> Taken | tuple[Row, bool]:
-        """Hold ``row.key`` and insert ``row`` if the key has no row
+        """Hold ``row.key`` and insert ``row`` (a fresh live row: no outcome,
+        attempts 1) if the key has no row
         (``INSERTED``); else return the key's row and whether its holder's
         lease holds. ``BUSY``: another transaction holds the key and
         ``wait`` was false."""
@@ -201,6 +203,9 @@ class Store:
     url: str
     #: Read a key's row before claiming it (a done key then costs no write).
     read_first = True
+    #: A push commits the group transaction it finds due (``_store_commit``):
+    #: where a commit is a local write, not a round trip to a server.
+    pushes_commit = False
 
     def __init__(self, lease: float = 10.0, poll: float = 0.01) -> None:
         if not lease > 0 or not poll > 0:
@@ -320,7 +325,7 @@ def interrupted(row: Row) -> Row:
         "interrupted",
         f"job {row.key!r} was interrupted: its queue ({row.holder}) stopped renewing its lease before the job ended",
     )
-    return replace(row, state="failed", failure=encode_failure(failure), ended=time.time())
+    return row._replace(state="failed", failure=encode_failure(failure), ended=time.time())
 
 
 # --- outcomes in rows ---------------------------------------------------------------

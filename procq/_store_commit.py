@@ -9,15 +9,22 @@ Two kinds of write reach a queue's database connection:
   commit before its push returns: nothing has been answered from it, and if
   the process dies first the claim dies with it, as if the push came later.
   The committer commits the group transaction at most ``GROUP_WINDOW`` after
-  it opened, so other processes wait no longer than that for a key it holds;
+  it opened, so other processes wait no longer than that for a key it holds.
+  Where a commit is a local write (SQLite: ``Store.pushes_commit``), a push
+  that finds the group open for ``GROUP_WINDOW`` commits it itself, under the
+  ``db_lock`` it holds already (a stream of pushes then never waits for the
+  committer to take the lock, commit and hand it back), and the committer
+  commits a group left open ``2 * GROUP_WINDOW`` (the pushes stopped);
 - **outcomes** (a job's ended row) and **restores** (a claim given back),
   queued by the state map's record operations under ``Core.lock`` as
   ``Write``s (``Commits.add``). The supervisor's thread never runs a
-  statement: the committer runs the queued writes in the group transaction,
-  commits, and only then runs the wake-ups those outcomes released. It
-  commits at most every ``GROUP_WINDOW``, or every twice the time the last
-  commit took where commits wait for a disk: a stream of outcomes shares
-  commits, and the pushing threads keep the connection most of the time.
+  statement: the committer (or a push's commit) runs the queued writes in the
+  group transaction, commits, and only then runs the wake-ups those outcomes
+  released. The committer commits at most every window (``GROUP_WINDOW``,
+  twice that where pushes commit) after the last commit (any thread's), or
+  every twice the time the last commit took where commits wait for a disk: a
+  stream of outcomes shares commits, and the pushing threads keep the
+  connection most of the time.
 
 Wake-ups are held back by sequence: every write takes the next number; a
 wake-up delivered while writes up to number N are not yet committed waits
@@ -90,6 +97,8 @@ class Commits:
         self._held: collections.deque[tuple[int, list[Wakeup]]] = collections.deque()
         self.refused_since: float | None = None  # the store refused the last commit (monotonic)
         self.released = False  # release_all() was called
+        self.last = 0.0  # when the last commit ended (monotonic), by any thread
+        self.took = 0.0  # how long it took
         self.poke: Callable[[], None] = lambda: None
 
     def add(self, key: str, write: Write) -> None:
@@ -154,21 +163,26 @@ class Committer(threading.Thread):
         self._cond = threading.Condition(threading.Lock())
         self._poked = False
         self._stopping = False
-        self._last = 0.0  # when the last commit ended (monotonic)
-        self._took = 0.0  # how long it took
+        self._idle = False  # waiting with no time set (no group open): a new group must wake it
         core.commits.poke = self.poke
 
     def poke(self) -> None:
         """Commit now: writes are waiting."""
+        if self._poked:
+            # Poked already, and not yet taken the writes (it resets the flag
+            # before it takes them): this write goes with that commit.
+            return
         with self._cond:
             if not self._poked:  # (once a commit: not a wake-up of this thread per write)
                 self._poked = True
                 self._cond.notify()
 
     def notice(self) -> None:
-        """A group transaction opened: commit it once its window is over."""
+        """A group transaction opened: commit it once its window is over.
+        (A committer already waiting for a time reads the new group then.)"""
         with self._cond:
-            self._cond.notify()
+            if self._idle:
+                self._cond.notify()
 
     def stop(self) -> None:
         with self._cond:
@@ -178,10 +192,14 @@ class Committer(threading.Thread):
 
     def run(self) -> None:
         core = self.core
+        commits = core.commits
         while True:
             with self._cond:
                 while not (self._stopping or self._poked or self._due()):
-                    self._cond.wait(self._timeout())
+                    timeout = self._timeout()
+                    self._idle = timeout is None
+                    self._cond.wait(timeout)
+                self._idle = False
                 if self._stopping:
                     return
             refused = core.commits.refused_since
@@ -189,24 +207,35 @@ class Committer(threading.Thread):
                 with self._cond:
                     self._poked = False
                 continue  # the store refused the last try: wait for the next one
-            # Commits at most every GROUP_WINDOW: outcomes that arrive in a
-            # stream share a commit (and the pushes get the connection between).
-            # (Or twice as long as the last commit took, where a commit waits
-            # for the disk: pushes keep two thirds of the connection's time.)
-            rest = self._last + max(GROUP_WINDOW, 2 * self._took) - time.monotonic()
+            # Commits at most every window (core.window): outcomes that arrive
+            # in a stream share a commit (and where pushes commit, a stream of
+            # pushes commits them first). (Or twice as long as the last commit
+            # took, where a commit waits for the disk: pushes keep two thirds of
+            # the connection's time.)
+            rest = commits.last + max(core.window, 2 * commits.took) - time.monotonic()
             if rest > 0:
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping, rest)
+            since = core.group_since
+            left = since + core.window - time.monotonic() if since is not None and core.pushes_commit else 0.0
+            if left > 0:
+                # Pushes are coming: the push that finds the group open for
+                # GROUP_WINDOW commits these writes with it (taking the connection
+                # from the pushing thread would cost it more); this thread looks
+                # again when the group is due. (Still poked meanwhile: writes
+                # added need not wake it.)
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping, left)
+                continue
             with self._cond:
                 self._poked = False  # writes added from here on poke again
-            began = time.monotonic()
+            if not commits.pending and not self._due():
+                continue  # a push committed them meanwhile: no need of the connection
             try:
                 wakeups = core.commit()
             except Exception:  # the thread must live on: the writes stay queued for the next try
                 log.exception("procq store %s: committing failed", core.store.url)
                 wakeups = []
-            self._last = time.monotonic()
-            self._took = self._last - began
             core.deliver_now(wakeups)
 
     def _due(self) -> bool:
@@ -214,12 +243,12 @@ class Committer(threading.Thread):
         since, refused = self.core.group_since, self.core.commits.refused_since
         if refused is not None:
             return now - refused >= RETRY
-        return since is not None and now - since >= GROUP_WINDOW
+        return since is not None and now - since >= self.core.window
 
     def _timeout(self) -> float | None:
         since, refused = self.core.group_since, self.core.commits.refused_since
         if refused is not None:
             return max(0.0, refused + RETRY - time.monotonic())
         if since is not None:
-            return max(0.0, since + GROUP_WINDOW - time.monotonic())
+            return max(0.0, since + self.core.window - time.monotonic())
         return None

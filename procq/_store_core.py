@@ -51,8 +51,8 @@ from procq._store import (
     open_store,
     stable_fingerprint,
 )
-from procq._store_commit import Commits, Committer, run_writes
-from procq._store_read import read_snapshot, read_state
+from procq._store_commit import GROUP_WINDOW, Commits, Committer, run_writes
+from procq._store_read import forget_key, read_snapshot, read_state
 from procq._store_records import Held, StoreRecords, as_record
 from procq._store_remote import RemoteEntry, Watcher
 from procq._values import State
@@ -85,6 +85,7 @@ class StoreCore(Core):
         self.in_user_tx = False  # a ``q.transaction()`` has the connection (under db_lock)
         self.scheduled: set[str] = set()  # keys claimed with a not_before, for the watcher's wakes
         self.retention = retention or Retention()
+        self.window = 2 * GROUP_WINDOW if self.store.pushes_commit else GROUP_WINDOW  # the committer's (_store_commit)
         self.records_ = StoreRecords(self)
         self._runs = itertools.count(1)
         try:
@@ -118,6 +119,7 @@ class StoreCore(Core):
             taken = self.commits.take()
             if not taken and not conn.in_tx:
                 return self.commits.done([])
+            began = time.monotonic()
             try:
                 if taken:
                     if not conn.in_tx:
@@ -138,6 +140,8 @@ class StoreCore(Core):
                 self.group_since = None
                 log.exception("procq store %s: %d writes could not be made", self.store.url, len(taken))
             self.group_since = None
+            self.commits.last = time.monotonic()
+            self.commits.took = self.commits.last - began
             return self.commits.done(taken)
 
     def _begin(self) -> None:
@@ -165,6 +169,11 @@ class StoreCore(Core):
             )
         return wakeups
 
+    @property
+    def pushes_commit(self) -> bool:
+        """Does a push commit the group it finds due now? (Not while the store refuses commits.)"""
+        return self.store.pushes_commit and self.commits.refused_since is None
+
     def _lost(self) -> None:
         """The store failed under a claim (db_lock held): drop the group transaction."""
         self.conn.rollback()
@@ -186,12 +195,14 @@ class StoreCore(Core):
                 if not self.check_payload or held_fp is None:
                     return new_claim(Claim, (CACHED, cached, None))
                 return new_claim(Claim, (CACHED, cached, conflict(held_fp, stable_fingerprint(job), None)))
+            claims, _ = self.claim_all([(job, lane, fp, due)], read=False)  # (read just now: no done row)
+            return claims[0]
         claims, _ = self.claim_all([(job, lane, fp, due)])
         return claims[0]
 
-    def claim_all(self, items: list[Item]) -> tuple[list[Claim], int | None]:
+    def claim_all(self, items: list[Item], read: bool = True) -> tuple[list[Claim], int | None]:
         """As ``Core.claim_all``, through the store: one transaction holds
-        every key of the batch until it commits."""
+        every key of the batch until it commits. ``read``: see ``_claim``."""
         claims: list[Claim] = []
         fresh: list[Entry] = []
         conflict_at: int | None = None
@@ -211,7 +222,7 @@ class StoreCore(Core):
                         if local:
                             claim = self.keys.claim(job, lane, fp, due, self.clock())
                     if not local:
-                        claim, more = self._claim(job, lane, fp, due)
+                        claim, more = self._claim(job, lane, fp, due, read)
                         wakeups += more
                     if claim.conflict is not None and conflict_at is None:
                         conflict_at = i
@@ -227,16 +238,22 @@ class StoreCore(Core):
                     self._lost()
                 self.abandon_all(fresh, "the store could not be reached")
                 raise
+            since = self.group_since  # (None inside the caller's transaction)
+            if since is not None and time.monotonic() - since >= GROUP_WINDOW and self.pushes_commit:
+                wakeups += self.commit()  # pushes in a stream commit their group (see _store_commit)
         self.deliver_now(wakeups)
         return claims, conflict_at
 
-    def _claim(self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None) -> tuple[Claim, list[Wakeup]]:
-        """Claim a key this queue does not hold (db_lock held): its row decides."""
+    def _claim(
+        self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, read: bool
+    ) -> tuple[Claim, list[Wakeup]]:
+        """Claim a key this queue does not hold (db_lock held): its row decides.
+        ``read``: read the row first (False: ``claim`` has, and found it not done)."""
         key = job.key
         reuse = job.reuse or self.keys.reuse
         conn = self.conn
         wakeups: list[Wakeup] = []
-        if self._read_first():  # a done key answers from a read, with no write lock taken
+        if read and self._read_first():  # a done key answers from a read, with no write lock taken
             row = conn.read(key)
             if row is not None and row.state == "done" and reuse != "always" and not self.row_expired(row):
                 return self._cached(row, job), wakeups
@@ -452,30 +469,7 @@ class StoreCore(Core):
         return read_snapshot(self, prefix, kinds)
 
     def forget(self, key: str) -> bool:
-        with self.db_lock:
-            with self.lock:
-                if key in self.keys.live:
-                    return self.keys.forget(key, self.clock())  # raises: a live key
-            wakeups = self._settle_keys([key])
-            row = self.conn.read(key)
-            if row is None:
-                forgotten = False
-            else:
-                if row.state == "live" and row.holder != self.holder and row.holder not in self.conn.dead_holders():
-                    raise ValueError(
-                        f"cannot forget key {key!r}: it is live in another queue; only a key that ended "
-                        "(completed or failed) can be forgotten"
-                    )
-                try:
-                    self._begin()
-                    forgotten = self.conn.delete(key, row.run)
-                    wakeups += self.commit()
-                except StoreUnavailable:
-                    if not self.in_user_tx:
-                        self._lost()
-                    raise
-        self.deliver_now(wakeups)
-        return forgotten
+        return forget_key(self, key)
 
     def stats(self) -> Any:
         self.records_.counts = self._read(self.conn.counts, None)

@@ -1,19 +1,20 @@
 """Reading a store queue's keys: ``q.state(key)``, ``q.keys()`` and
-``q.handles()`` see this queue's live keys and every queue's rows."""
+``q.handles()`` see this queue's live keys and every queue's rows; and
+``q.forget(key)``, which reads a key's row before deleting it."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from procq._entries import Ended
-from procq._store import Row, holder_gone, interrupted
+from procq._store import Row, StoreUnavailable, holder_gone, interrupted
 from procq._store_remote import RemoteEntry
 from procq._values import State
 
 if TYPE_CHECKING:
     from procq._store_core import StoreCore
 
-__all__ = ["read_snapshot", "read_state"]
+__all__ = ["forget_key", "read_snapshot", "read_state"]
 
 
 def _row_state(core: StoreCore, row: Row, dead: set[str]) -> State | RemoteEntry | None:
@@ -57,3 +58,31 @@ def read_snapshot(core: StoreCore, prefix: str | None, kinds: tuple[type, ...] |
         found = [e for e in found if type(e.state()) in kinds]
     found.sort(key=lambda e: e.key)
     return found
+
+
+def forget_key(core: StoreCore, key: str) -> bool:
+    """``q.forget(key)``: delete an ended key's row (its uncommitted outcome committed first)."""
+    with core.db_lock:
+        with core.lock:
+            if key in core.keys.live:
+                return core.keys.forget(key, core.clock())  # raises: a live key
+        wakeups = core._settle_keys([key])
+        row = core.conn.read(key)
+        if row is None:
+            forgotten = False
+        else:
+            if row.state == "live" and row.holder != core.holder and row.holder not in core.conn.dead_holders():
+                raise ValueError(
+                    f"cannot forget key {key!r}: it is live in another queue; only a key that ended "
+                    "(completed or failed) can be forgotten"
+                )
+            try:
+                core._begin()
+                forgotten = core.conn.delete(key, row.run)
+                wakeups += core.commit()
+            except StoreUnavailable:
+                if not core.in_user_tx:
+                    core._lost()
+                raise
+    core.deliver_now(wakeups)
+    return forgotten

@@ -5,7 +5,6 @@ the state map in step."""
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -99,8 +98,8 @@ class StoreRecords:
         except Exception as exc:  # an output that cannot be stored: the row says why
             why = Failure("error", f"job {key!r}: its output could not be stored: {exc!r}", exc_type=type(exc).__name__)
             state, output, encoding, failure = encode_outcome(Failed(why), True)
-        ended = dataclasses.replace(held.live, state=state, holder=None, output=output, encoding=encoding,
-                                    failure=failure, attempts=attempts, ended=time.time())  # fmt: skip
+        ended = held.live._replace(state=state, holder=None, output=output, encoding=encoding,
+                                   failure=failure, attempts=attempts, ended=time.time())  # fmt: skip
         self._core.commits.add(key, ended)
 
     def abandoned(self, entry: Entry) -> None:

@@ -38,7 +38,15 @@ _DDL = [
 
 
 _MARKS = ", ".join("?" * 12)
-_INSERT_NEW = f"INSERT INTO procq_keys ({COLUMNS}) VALUES ({_MARKS}) ON CONFLICT (key) DO NOTHING"
+# A claim's live row (a fresh one: no outcome, attempts 1; see Conn.claim) with
+# its constant columns written in the statement: a push binds 5 values, not 12
+# (binding None or bytes is slow in sqlite3: each goes through its adapter
+# lookup), and 6 where it has a not_before.
+_CLAIM = (
+    "INSERT INTO procq_keys (key, state, run, holder, fp, attempts, created, not_before) "
+    "VALUES (?, 'live', ?, ?, ?, 1, ?, {}) ON CONFLICT (key) DO NOTHING"
+)
+_CLAIM_AT, _CLAIM_NOW = _CLAIM.format("?"), _CLAIM.format("NULL")
 _PUT = f"INSERT OR REPLACE INTO procq_keys ({COLUMNS}) VALUES ({_MARKS})"
 _GET_WITH_HOLDER = (
     f"SELECT {', '.join('k.' + c for c in COLUMNS.split(', '))}, coalesce(h.expires >= ?, 0) "
@@ -46,10 +54,33 @@ _GET_WITH_HOLDER = (
 )
 # An ended row goes over its own live claim only; with no row (its claim was
 # lost, say to a transaction the store could not commit) it is inserted.
-_SETTLE_ROWS = 500  # rows an ended-rows statement writes (12 values each, under SQLite's 32,766)
+_SETTLE_ROWS = 256  # rows an ended-rows statement writes (12 values each, under SQLite's 32,766)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
+def _end_sql(n: int) -> str:
+    """Ended rows over their own live claims, ``n`` at a time: 8 values a row
+    (the upsert, ``_settle_sql``, binds 12, half of them None or bytes, which
+    sqlite3 binds slowly), for the rows that have their claims, nearly all."""
+    values = ", ".join(["(?, ?, ?, ?, ?, ?, ?, ?)"] * n)
+    return (
+        "UPDATE procq_keys SET state = v.column3, output = v.column4, encoding = v.column5, failure = v.column6, "
+        f"attempts = v.column7, ended = v.column8, holder = NULL FROM (VALUES {values}) AS v "
+        "WHERE procq_keys.key = v.column1 AND procq_keys.run = v.column2 AND procq_keys.state = 'live'"
+    )
+
+
+def _chunks(rows: list[Row]) -> Iterator[list[Row]]:
+    """``rows`` in chunks of a power of two rows (at most ``_SETTLE_ROWS``):
+    a connection prepares a few statements once, not one per batch size."""
+    i, n = 0, len(rows)
+    while i < n:
+        size = min(_SETTLE_ROWS, 1 << ((n - i).bit_length() - 1))
+        yield rows[i : i + size]
+        i += size
+
+
+@functools.lru_cache(maxsize=16)
 def _settle_sql(n: int) -> str:
     return (
         f"INSERT INTO procq_keys ({COLUMNS}) VALUES {', '.join([f'({_MARKS})'] * n)} ON CONFLICT (key) DO UPDATE SET "
@@ -59,21 +90,19 @@ def _settle_sql(n: int) -> str:
     )
 
 
+_UPDATE_FROM = sqlite3.sqlite_version_info >= (3, 33)  # UPDATE ... FROM: SQLite 3.33 (2020)
+
 _RESTORE = (
     "UPDATE procq_keys SET state = ?, run = ?, holder = ?, fp = ?, output = ?, encoding = ?, failure = ?, "
     "attempts = ?, not_before = ?, created = ?, ended = ? WHERE key = ? AND run = ?"
 )
 
 
-def _values(r: Row) -> tuple[Any, ...]:
-    return (r.key, r.state, r.run, r.holder, r.fp, r.output, r.encoding, r.failure,
-            r.attempts, r.not_before, r.created, r.ended)  # fmt: skip
-
-
 class SqliteStore(Store):
     """A SQLite file as a store (``ProcQueue(store="run.db")``)."""
 
     read_first = True  # a read takes no lock: a done key is answered without the write lock
+    pushes_commit = True  # a commit is a write to a local file (see _store_commit)
 
     def __init__(
         self, path: str | os.PathLike[str], lease: float = 10.0, poll: float = 0.01, busy: float = 30.0
@@ -104,6 +133,9 @@ class SqliteConn:
         except sqlite3.Error as exc:
             raise _unavailable(path, exc) from exc
         self.db = db
+        # The cached-key read's own cursor: no cursor made and freed per push.
+        # (fetchone() of a key's one row steps to its end: the read ends with it.)
+        self._reads = db.cursor()
         try:
             with self._tx():
                 for ddl in _DDL:
@@ -160,7 +192,12 @@ class SqliteConn:
 
     def claim(self, row: Row, wait: bool) -> Taken | tuple[Row, bool]:
         # The transaction holds SQLite's one write lock: every key is held.
-        if self._write(_INSERT_NEW, _values(row)).rowcount:
+        values = (row.key, row.run, row.holder, row.fp, row.created)
+        if row.not_before is None:
+            taken = self._write(_CLAIM_NOW, values).rowcount
+        else:
+            taken = self._write(_CLAIM_AT, (*values, row.not_before)).rowcount
+        if taken:
             return Taken.INSERTED
         found = self._write(_GET_WITH_HOLDER, (time.time(), row.key)).fetchone()
         return Row(*found[:-1]), bool(found[-1])
@@ -169,14 +206,22 @@ class SqliteConn:
         pass  # the write lock holds every key
 
     def put(self, row: Row) -> None:
-        self._write(_PUT, _values(row))
+        self._write(_PUT, row)
 
     def settle(self, rows: list[Row]) -> None:
+        # One statement a chunk: one step, not one a row. Nearly every row goes
+        # over its claim (_end_sql); if any did not, the upsert writes those with
+        # no row, leaving alone the ones just ended (no longer live).
         try:
-            for i in range(0, len(rows), _SETTLE_ROWS):  # one statement a chunk: one step, not one a row
-                chunk = rows[i : i + _SETTLE_ROWS]
-                values = [v for r in chunk for v in _values(r)]
-                self.db.execute(_settle_sql(len(chunk)), values)
+            ended = 0
+            if _UPDATE_FROM:
+                for chunk in _chunks(rows):
+                    values = [v for r in chunk for v in (r.key, r.run, r.state, r.output, r.encoding, r.failure,
+                                                          r.attempts, r.ended)]  # fmt: skip
+                    ended += self.db.execute(_end_sql(len(chunk)), values).rowcount
+            if ended < len(rows):
+                for chunk in _chunks(rows):
+                    self.db.execute(_settle_sql(len(chunk)), [v for r in chunk for v in r])
         except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
 
@@ -186,7 +231,7 @@ class SqliteConn:
         return self._write("DELETE FROM procq_keys WHERE key = ? AND run = ?", (key, run)).rowcount > 0
 
     def restore(self, key: str, run: str, prev: Row) -> None:
-        self._write(_RESTORE, (*_values(prev)[1:], key, run))
+        self._write(_RESTORE, (*prev[1:], key, run))
 
     def move_not_before(self, key: str, run: str, not_before: float) -> bool:
         sql = (
@@ -213,8 +258,13 @@ class SqliteConn:
         return Row(*found[0]) if found else None
 
     def read_done(self, key: str) -> tuple[bytes, str | None, bytes | None, float] | None:
-        found = self._query(_READ_DONE, (key,))
-        return None if not found else found[0]
+        try:
+            found: tuple[bytes, str | None, bytes | None, float] | None = self._reads.execute(
+                _READ_DONE, (key,)
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise _unavailable(self.path, exc) from exc
+        return found
 
     def rows(self, keys: list[str]) -> dict[str, Row]:
         marks = ",".join("?" * len(keys))

@@ -269,6 +269,49 @@ def test_a_waiter_is_told_only_once_the_outcome_is_committed(url: str) -> None:
             assert outside(url, f"SELECT state FROM procq_keys WHERE key = 'd{i}'") == [("done",)]
 
 
+def test_a_waiter_is_told_only_once_the_outcome_is_committed_while_pushes_stream(url: str) -> None:
+    """While pushes keep coming (on SQLite they commit the group transaction
+    themselves, with the outcomes queued), a waiter in another thread still
+    hears of an outcome only once it is committed."""
+    import queue
+
+    handles: queue.Queue[tuple[int, object] | None] = queue.Queue()
+    early: list[tuple[int, object]] = []
+
+    def wait_all() -> None:
+        while (item := handles.get()) is not None:
+            i, handle = item
+            assert handle.result(timeout=WAIT) == i  # type: ignore[attr-defined]
+            found = outside(url, f"SELECT state FROM procq_keys WHERE key = 's{i}'")
+            if found != [("done",)]:
+                early.append((i, found))
+
+    with ProcQueue(2, store=url) as q:
+        core = q._core
+        committers: set[str] = set()
+        commit = core.commit  # type: ignore[attr-defined]
+
+        def commit_noting_thread() -> object:
+            committers.add(threading.current_thread().name)
+            return commit()
+
+        core.commit = commit_noting_thread  # type: ignore[attr-defined]
+        waiter = threading.Thread(target=wait_all)
+        waiter.start()
+        try:
+            for i in range(300):
+                pushed = q.push(Job(f"s{i}", store_jobs.echo, args=(i,)))
+                assert isinstance(pushed, Queued)
+                handles.put((i, pushed.handle))
+        finally:
+            handles.put(None)
+            waiter.join(timeout=WAIT)
+    assert not waiter.is_alive()
+    assert early == []
+    if url.startswith("sqlite"):
+        assert threading.main_thread().name in committers  # the pushes committed groups
+
+
 def test_keys_of_a_dead_queue_on_this_machine_are_interrupted_without_waiting_for_its_lease(
     url: str, tmp_path: Path
 ) -> None:
