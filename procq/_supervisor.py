@@ -91,19 +91,18 @@ from typing import Any
 
 from procq import _log
 from procq._channel import Launch, channel_kind
-from procq._core import Core, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
+from procq._core import Core, Entry, Wakeup, WorkerLife, WorkerSlot
 from procq._dispatch import Reported
 from procq._processes import next_sample
 from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 from procq._supervisor_decode import Decoders
 from procq._supervisor_failures import crash_failure, protocol_failure, start_failure
+from procq._supervisor_start import Starts
 from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, STOP_GRACE, Timers, Watcher, check_memory, stop_workers
 from procq._undertaker import Undertaker
 
 __all__ = ["Supervisor"]
 
-#: How long to wait before trying again to start a worker that failed to start.
-RESTART_BACKOFF = 1.0
 #: How long a worker whose pipe reached EOF may live on before it is killed.
 EOF_GRACE = 1.0
 #: Backoff before starting again after a worker died while starting: doubles
@@ -141,6 +140,7 @@ class Supervisor:
         self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name=f"procq-supervisor-{name}", daemon=True)
         core.on_new_deadline = self.wake
+        self._starts = Starts(core, self._launch, name, self._watcher, self._undertaker, self._timers, self._halted)
 
     # --- control, from any thread ---------------------------------------------
 
@@ -198,7 +198,7 @@ class Supervisor:
         try:
             for lane in self.core.lanes.values():
                 for _ in range(lane.spec.workers):
-                    self._start_worker(lane, reserved=False, raise_errors=True)
+                    self._starts.first(lane)
         except BaseException as exc:
             self._start_error = exc
             self._shutdown()
@@ -232,6 +232,7 @@ class Supervisor:
                     self._read(worker)
                 else:
                     self._on_death(worker)
+            self._starts.take()  # processes the starter thread started
             while self._decoders.decoded:
                 worker, decoded = self._decoders.decoded.popleft()
                 if watcher.watched(worker):  # (else it broke, closed or died: nothing more of it counts)
@@ -253,7 +254,8 @@ class Supervisor:
                 for name in timers.starts_due(now):
                     lane = core.lanes[name]
                     core.reserve_restart(lane)
-                    self._start_worker(lane, reserved=True)
+                    self._send_handoffs()  # (a promoted spare's job)
+                    self._starts.refill(lane)
 
     def _cancel_running(self, worker: WorkerSlot, entry: Entry) -> None:
         """Kill the worker of a job ``q.cancel`` ended while it ran, unless
@@ -267,26 +269,10 @@ class Supervisor:
 
     # --- workers -------------------------------------------------------------
 
-    def _start_worker(self, lane: LaneState, reserved: bool, raise_errors: bool = False) -> None:
-        """Start a worker for ``lane``; ``reserved``: a replacement counted by
-        ``Core.reserve_restart`` (or ``worker_died``)."""
-        try:
-            channel = channel_kind(lane).start(lane, self._launch)
-        except Exception:
-            if raise_errors:
-                raise
-            # Out of processes or memory, most likely: the lane runs short
-            # until a later attempt succeeds.
-            traceback.print_exc()
-            _log.start_failed(lane, RESTART_BACKOFF)
-            self.core.add_worker(None, lane, reserved)
-            self._timers.retry_start(lane.name, self.clock() + RESTART_BACKOFF)
-            return
-        self._undertaker.watch(channel.pid)
-        worker = WorkerSlot(lane, channel)
-        self._watcher.watch(worker)
-        self.core.add_worker(worker, lane, reserved)
-        _log.started(worker)
+    def _send_handoffs(self) -> None:
+        """Send the jobs the core gave idle workers or promoted spares meanwhile."""
+        for idle, entry in self.core.handoffs():
+            idle.channel.send_job(self.core, idle, entry)
 
     def _read(self, worker: WorkerSlot) -> bool:
         """Read and act on what the worker sent. False once nothing more can
@@ -361,6 +347,7 @@ class Supervisor:
         ready = self.core.worker_ready(worker)
         if ready is not None:
             worker.channel.send_job(self.core, worker, ready)
+        self._starts.ready(worker.lane)  # (a lane that failed to boot one may want more now)
         return True
 
     def _drain(self, worker: WorkerSlot) -> None:
@@ -412,7 +399,8 @@ class Supervisor:
             worker.channel.close()
         self._timers.kill_at[worker] = self.clock() + STOP_GRACE
         _log.retired(worker)
-        self._start_worker(worker.lane, reserved=True)
+        self._send_handoffs()  # (a promoted spare's job)
+        self._starts.refill(worker.lane)
 
     def _on_death(self, worker: WorkerSlot) -> None:
         """Handle a worker that died, or whose pipe reached EOF."""
@@ -430,7 +418,8 @@ class Supervisor:
         stopping = self._stop or self.core.cancelled or (self.core.closing and self.core.drained.is_set())
         # Read before worker_died makes it DEAD and takes its job (boot_failures: only this thread changes it).
         retired, booting, held = worker.life is WorkerLife.RETIRED, worker.life.booting, worker.entry
-        replace_now = not stopping and not booting and not lane.boot_failures and not retired
+        spare = worker.spare  # (a spare is not replaced: the lane refills its spares below)
+        replace_now = not stopping and not booting and not lane.boot_failures and not retired and not spare
         close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
         _log.died(worker, held, how, sig, exitcode, quiet=stopping or retired or booting)
         self._watcher.unwatch(channel.messages)
@@ -438,15 +427,14 @@ class Supervisor:
         if close_now:
             channel.close()
         channel.release()
-        # Waiters first: starting a process takes milliseconds, and the lane
-        # already counts the replacement as alive.
+        # Waiters first, then the dead worker's queued jobs and a promoted
+        # spare's job; the lane already counts the replacement as alive.
         self.core.deliver(wakeups)
-        for idle, entry in self.core.handoffs():  # the dead worker's queued jobs
-            idle.channel.send_job(self.core, idle, entry)
+        self._send_handoffs()
         if replace_now:
             _log.restart(lane, how)
-            self._start_worker(lane, reserved=True)
-        elif not stopping and not retired:
+        self._starts.refill(lane)  # (on the starter thread: see _supervisor_start)
+        if not (replace_now or stopping or retired or spare):
             # Dying while starting is no job's fault, and starting again at
             # once would spin: back off, and after a few in a row fail the
             # jobs waiting for this lane rather than let them wait forever.
@@ -469,6 +457,9 @@ class Supervisor:
         descendants = worker.channel.terminate()
         self._timers.kill_later(self.clock() + grace, worker, descendants)
 
+    def _halted(self) -> bool:  # (nothing more is started)
+        return self._stop or self.core.cancelled
+
     def _hurried(self) -> bool:
         return self._cancel or self.core.cancelled
 
@@ -481,6 +472,7 @@ class Supervisor:
         self.core.stop()
         if self.core.live_count():  # only if the loop failed: nothing may hang
             self._kill_all(self.core.cancel_all("was cancelled: the queue's supervisor stopped"))
+        self._starts.stop()  # (what it was starting is now watched: stopped and reaped below)
         stop_workers(self.core, self._watcher, self._timers, self._hurried, self._undertaker.forget)
         for lane in self.core.lanes.values():
             channel_kind(lane).close_lane(lane, self._launch)
