@@ -27,7 +27,12 @@ Who owns what, and what each pipe carries::
                                        │  │      Violation: fail the job ("protocol"), kill the worker
                                        │  │    on a death:   Core.worker_died -> SIGKILL its group,
                                        │  │                  wake the dead job's waiters, its jobs sent
-                                       │  │                  ahead back to their lane, replace it
+                                       │  │                  ahead back to their lane, replace it: by a
+                                       │  │                  warm spare at once if the lane has one
+                                       │  │                  (``_spares``), and ask the starter thread
+                                       │  │                  for what the lane lacks now
+                                       │  │    on a start:   (the starter thread's wake-up) watch and
+                                       │  │                  register each process it started
                                        │  │    (a failed attempt with a Retry left is not ended:
                                        │  │     Core re-times it for its backoff; no wake-up)
                                        │  │    on a due time: Core.due -> the job enters its lane
@@ -52,9 +57,12 @@ Who owns what, and what each pipe carries::
 
 ``Core`` (``_core``) owns every entry and each worker's bookkeeping
 (``WorkerSlot``), under its lock; this thread owns the channels, the selector
-and its own timers. The I/O thread starts and reaps every worker,
-so a worker's parent (or, under forkserver, the forkserver's parent) is the
-supervisor for as long as the queue lives. The thread that sends a job on a
+and its own timers. The I/O thread watches, registers and reaps every
+worker; the processes themselves are started by the queue's starter thread
+(``_supervisor_start``: a ``Process.start()`` takes milliseconds, which would
+stall every death, read and send here), so a worker's parent (or, under
+forkserver, the forkserver's parent) is the supervisor for as long as the
+queue lives. The thread that sends a job on a
 worker's channel is whichever one assigned it: ``Dispatch._assign`` gives a thread
 the right to send (``WorkerSlot.sending``) until that thread calls
 ``Core.sent``, and a pipe is only closed when no thread holds that right, so a
@@ -75,7 +83,8 @@ as the child lived. Why an untrusted worker is never read with
 ``recv_bytes``: it blocks until a frame is whole, so a worker that wrote half
 a frame and stopped would stall this thread and every lane with it.
 
-Beside it: ``_supervisor_wait`` (selector, wake-ups, timers, the last wait),
+Beside it: ``_supervisor_start`` (the starter thread, and what to start),
+``_supervisor_wait`` (selector, wake-ups, timers, the last wait),
 ``_supervisor_decode``, ``_supervisor_failures``, ``_log`` (what it logs as
 it decides), ``_channel`` and its kinds, ``_processes``. Should this thread
 die of an exception, the queue closes itself, saying why (``Core.break_down``).
