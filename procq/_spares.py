@@ -28,7 +28,7 @@ The bookkeeping, under ``Core.lock`` (called by ``Dispatch``):
   serves whatever the lane needs first;
 - ``wanted``: how many processes the lane wants started, for the I/O thread
   (which subtracts the starts it has in flight; it asks for no more, so a
-  lane never has more than ``spec.spares`` spares).
+  lane never has more than ``spec.spares`` spares): spares boot one at a time.
 """
 
 from __future__ import annotations
@@ -72,12 +72,17 @@ def arrive(worker: WorkerSlot, lane: LaneState) -> bool:
 
 def wanted(lane: LaneState, spares: bool) -> int:
     """How many processes ``lane`` wants started: its reserved replacements
-    and, with ``spares``, the spares it lacks. None of the latter after a
-    process of the lane died while booting, until one boots again: a lane
-    whose processes cannot start must not spin starting spares."""
+    and, with ``spares``, one spare if it lacks any and none is booting.
+
+    One spare boots at a time: a boot is mostly CPU, so boots side by side
+    only slow each other down (and the jobs running meanwhile), while one
+    alone is ready soonest. The next is asked for when it says READY
+    (``Supervisor._on_ready``). None after a process of the lane died while
+    booting, until one boots again: a lane whose processes cannot start must
+    not spin starting spares."""
     n = lane.starting
-    if spares and lane.spares_on and not lane.boot_failures:
-        n += max(0, lane.spec.spares - len(lane.spares))
+    if spares and lane.spares_on and not lane.boot_failures and len(lane.spares) < lane.spec.spares:
+        n += not any(spare.life is BOOTING for spare in lane.spares)
     return n
 
 
