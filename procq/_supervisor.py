@@ -356,7 +356,7 @@ class Supervisor:
         ready = self.core.worker_ready(worker)
         if ready is not None:
             worker.channel.send_job(self.core, worker, ready)
-        self._starts.ready(worker.lane)  # (a lane that failed to boot one may want more now)
+        self._starts.ready(worker.lane)  # (its next spare, or starts held back after a failed boot)
         return True
 
     def _drain(self, worker: WorkerSlot) -> None:
