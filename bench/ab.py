@@ -22,6 +22,7 @@ FIGURES = {
     ("bigdata", "mb_per_s"): "bigdata, MB/s (higher)",
     ("crash", "recover_ms"): "crash: last crash -> last answer, ms (lower)",
     ("crash", "notify_ms"): "crash: kill -> waiter told, ms (lower)",
+    ("crash", "batch_ms"): "crash: first push -> last answer, ms (lower)",
 }
 _LINE = re.compile(r"round \d+/\d+\s+(\w+)\s+(procq|raw pipe)\s+(.*?)\s+\(")
 

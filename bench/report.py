@@ -203,7 +203,7 @@ def _crash(med: Medians, cfg: Config) -> list[Verdict]:
     n = cfg.labels()
     out: list[Verdict] = []
     good, sig, usable = get("good_ok"), get("crash_signal"), get("usable_after")
-    recover, notify = get("recover_ms"), get("notify_ms")
+    recover, notify, batch = get("recover_ms"), get("notify_ms"), get("batch_ms")
     if good is not None:
         out.append(("met" if good == n["good"] else "missed", f"crash: good jobs correct {good:.0f}/{n['good']}"))
     if sig is not None:
@@ -218,6 +218,10 @@ def _crash(med: Medians, cfg: Config) -> list[Verdict]:
                 "met" if recover <= 100 else "missed",
                 f"crash: last answer within 100 ms of the last crash: {recover:,.0f} ms",
             )
+        )
+    if batch is not None:
+        out.append(
+            ("met" if batch < 100 else "missed", f"crash batch: first push to last answer < 100 ms: {batch:,.0f} ms")
         )
     if notify is not None:
         out.append(

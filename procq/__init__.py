@@ -56,6 +56,7 @@ The core (I/O-free; every change under ``Core.lock``):
   reports and death. ``_stopping``: ending jobs from outside (time and memory
   limits, cancel, closing without waiting). ``_timers``: deadlines and due times.
   ``_decoding``: jobs that ended and whose outcome a decode thread decodes.
+  ``_spares``: a lane's warm spare workers (after its first crash).
 - ``_entries``: the bookkeeping objects: ``Entry`` (one claim of a key),
   ``WorkerSlot`` and its ``WorkerLife``, ``LaneState``.
 
@@ -77,8 +78,9 @@ imported without a store):
 The supervisor's I/O side (its one thread per queue):
 
 - ``_supervisor``: the I/O thread's loop, with a diagram of who owns what and
-  what each pipe carries. ``_supervisor_wait``: what it waits on (one
-  selector), its timers and its last wait for workers. ``_supervisor_decode``:
+  what each pipe carries. ``_supervisor_start``: what it starts, and the
+  starter thread that starts worker processes off it. ``_supervisor_wait``:
+  what it waits on (one selector), its timers and its last wait for workers. ``_supervisor_decode``:
   the lanes' decode threads. ``_supervisor_failures``: how it words the
   failures it gives jobs. ``_log``: what it logs as it decides (the
   ``procq.worker`` and ``procq.job`` loggers, silent by default).

@@ -29,7 +29,7 @@ import signal
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from procq._processes import ExecProcess, find_descendants, process_pss, process_rss, signal_group, tree_memory
 from procq._protocol import CANCEL, RUN, RUN_MANY, Event, FnMirror, FrameReader
@@ -68,11 +68,16 @@ class WorkerChannel(ABC):
     sentinel: Any
     #: May a caller waiting on the worker's job read its pipe (``wait_readable``, ``read``)?
     leadable = False
+    #: Does ``start`` run on the queue's starter thread (``_supervisor_start``)?
+    #: Else on the I/O thread, which owns everything a kind keeps per lane.
+    starts_off_thread: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod
     def start(cls, lane: LaneState, launch: Launch) -> WorkerChannel:
-        """Start a worker for ``lane``; raises if it cannot be started."""
+        """Start a worker for ``lane``; raises if it cannot be started. On
+        the starter thread if ``starts_off_thread`` (then it touches nothing
+        of the I/O thread's), else on the I/O thread."""
 
     @classmethod
     def close_lane(cls, lane: LaneState, launch: Launch) -> None:
@@ -163,6 +168,8 @@ class ProcessChannel(WorkerChannel):
 
     #: A job frame larger than this is written from a thread of its own.
     inline_limit = 1 << 62
+    #: Starting a local process touches nothing the I/O thread owns.
+    starts_off_thread = True
 
     def __init__(self, process: Any, conn: Any, sentinel: Any, reader: FrameReader) -> None:
         self.process = process

@@ -27,6 +27,7 @@ together in one ``Core.jobs_done``, as before.
 
 from __future__ import annotations
 
+import multiprocessing.process
 import pickle
 from typing import TYPE_CHECKING, Any
 
@@ -161,6 +162,12 @@ class TrustedChannel(ProcessChannel):
             raise
         finally:
             child_conn.close()  # the child has its own copy now
+        # Out of multiprocessing's list of children: the I/O thread alone waits
+        # for a worker. Process.start() and active_children(), on any thread
+        # (the starter's, a caller's), poll every child listed there, and a
+        # poll reads the exit status from the forkserver's pipe: it could take
+        # one the I/O thread is reaping, or read a descriptor it just closed.
+        multiprocessing.process._children.discard(process)  # type: ignore[attr-defined]
         sentinel = pidfd(process.pid)
         if sentinel is None:  # pragma: no cover - no pidfds: multiprocessing's own sentinel
             sentinel = process.sentinel

@@ -16,6 +16,11 @@ __all__ = ["MISMATCH_POLICIES", "check_policies", "parse_lanes", "preload_worker
 MISMATCH_POLICIES = ("raise", "warn", "ignore")
 
 
+#: What a forkserver child imports before it reaches procq's code, when
+#: the server has not (see ``preload_worker``).
+_CHILD_IMPORTS = ("multiprocessing.popen_forkserver", "multiprocessing.popen_fork", "runpy", "pkgutil")
+
+
 def parse_lanes(lanes: int | Mapping[str, int | Lane] | None) -> dict[str, Lane]:
     """Every lane by name, in order: one ``"default"`` lane for an int, a
     ``Lane`` or None (as many workers as CPUs), or the mapping's."""
@@ -99,6 +104,12 @@ def preload_worker(context: Any) -> None:
     ``__main__``, whatever the preload list says), and a program that uses
     procq imports it from there; preloaded, that costs the child nothing.
 
+    Also on the list, what each child would otherwise import on its own
+    before it runs a line of procq (milliseconds per worker, every one paid
+    again by each replacement of a crashed worker): the ``Popen`` classes
+    its pickled ``Process`` names, and ``runpy`` and ``pkgutil``, with which
+    it imports the main module again.
+
     First on the list, ``_forkserver_guard`` makes the server untraceable and
     has it fork only for its parent. A forkserver started by someone else
     before this runs has neither (see docs/untrusted.md).
@@ -113,6 +124,6 @@ def preload_worker(context: Any) -> None:
     except Exception:  # pragma: no cover - the stdlib's internals changed
         return
     guard = "procq._forkserver_guard"
-    wanted = [m for m in ("procq._worker", "procq._queue") if m not in modules]
+    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker", "procq._queue") if m not in modules]
     if wanted or guard not in modules:
         context.set_forkserver_preload([guard, *(m for m in modules if m != guard), *wanted])

@@ -48,6 +48,7 @@ from procq._job import Job, Lane, Retention
 from procq._protocol import Report, Undecoded
 from procq._records import KeyRecords, MemoryRecords
 from procq._retention import Done
+from procq._spares import wanted
 from procq._statemap import CACHED, Claim, ClaimKind, StateMap, conflict, new_claim
 from procq._stopping import Stopping
 from procq._timers import Timers
@@ -276,15 +277,22 @@ class Core:
 
     # --- a worker's life and reports -------------------------------------------------
 
-    def add_worker(self, worker: WorkerSlot | None, lane: LaneState, reserved: bool) -> None:
-        """A worker process joined ``lane`` (``None``: starting it failed); see ``Dispatch.add_worker``."""
+    def add_worker(self, worker: WorkerSlot | None, lane: LaneState, reserved: bool) -> bool:
+        """A worker process joined ``lane`` (``None``: starting it failed); True: a spare (``Dispatch.add_worker``)."""
         with self.lock:
-            self.dispatch.add_worker(worker, lane, reserved)
+            return self.dispatch.add_worker(worker, lane, reserved)
 
     def reserve_restart(self, lane: LaneState) -> None:
-        """A replacement worker for ``lane`` is about to be started."""
+        """Replace a worker of ``lane`` (``Dispatch.replace``): a promoted spare's job is in ``handoffs``."""
+        wakeups: list[Wakeup] = []
         with self.lock:
-            self.dispatch.reserve_restart(lane)
+            self.dispatch.replace(lane, self.clock(), wakeups)
+        self.deliver(wakeups)
+
+    def starts_wanted(self, lane: LaneState, spares: bool) -> int:
+        """How many processes ``lane`` wants started (``_spares.wanted``)."""
+        with self.lock:
+            return wanted(lane, spares)
 
     def worker_ready(self, worker: WorkerSlot) -> Entry | None:
         """A worker finished starting. Returns a job to send it, if one waits."""
@@ -483,15 +491,7 @@ class Core:
 
     def stats(self) -> QueueStats:
         with self.lock:
-            keys = self.keys
-            keys.sweep(self.clock())
-            return QueueStats(
-                pending=len(keys.live) - keys.processing,
-                processing=keys.processing,
-                completed=self.records.completed,
-                failed=self.records.failed,
-                lanes=self.dispatch.stats(),
-            )
+            return self.keys.stats(self.clock(), self.dispatch.stats())
 
     def live_count(self) -> int:
         return len(self.keys.live)  # (a dict's length: read without the lock)

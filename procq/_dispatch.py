@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from procq import _spares
 from procq._decoding import Decoding
 from procq._entries import PENDING, PROCESSING, Entry, LaneState, WorkerLife, WorkerSlot
 from procq._job import Job, Lane
@@ -307,37 +308,47 @@ class Dispatch:
             limit = lane.spec.max_jobs_per_worker
             retire = retire or worker.retire_requested or (limit is not None and worker.jobs >= limit)
             if retire and worker.life is READY:
-                self._retire(worker)
+                self._retire(worker, now, wakeups)
                 status = Reported.RETIRE
                 break
         if status is Reported.DONE:
             self.feed(worker, batch, now, wakeups)
         return batch, status, taken
 
-    def _retire(self, worker: WorkerSlot) -> None:
-        """Take an idle worker out of its lane and reserve its replacement.
+    def _retire(self, worker: WorkerSlot, now: float, wakeups: list[Wakeup]) -> None:
+        """Take an idle worker out of its lane and replace it (``replace``).
         The caller closes its pipe; it exits on EOF."""
-        lane = worker.lane
         worker.life = RETIRED
-        lane.workers.remove(worker)
-        lane.starting += 1
-        lane.restarts += 1
+        worker.lane.workers.remove(worker)
+        self.replace(worker.lane, now, wakeups)
 
     # --- a worker's start and death -------------------------------------------------------
 
-    def reserve_restart(self, lane: LaneState) -> None:
-        """A replacement worker for ``lane`` is about to be started."""
-        lane.starting += 1
+    def replace(self, lane: LaneState, now: float, wakeups: list[Wakeup]) -> None:
+        """A worker of ``lane`` is to be replaced: by a spare at once if
+        there is one (a READY one takes a waiting job: see ``take_handoffs``),
+        else by a process to start, reserved here (``starting``)."""
         lane.restarts += 1
+        spare = _spares.take(lane)
+        if spare is None:
+            lane.starting += 1
+        elif spare.life is READY:
+            entry = self._next_job(spare, now, wakeups)
+            if entry is not None:
+                self._handoffs.append((spare, entry))
 
-    def add_worker(self, worker: WorkerSlot | None, lane: LaneState, reserved: bool) -> None:
-        """A new worker process joined ``lane`` (``None``: starting it failed)."""
-        if reserved:
-            lane.starting -= 1
+    def add_worker(self, worker: WorkerSlot | None, lane: LaneState, reserved: bool) -> bool:
+        """A new worker process joined ``lane`` (``None``: starting it
+        failed). ``reserved``: started after the lane's first workers, it
+        fills a reserved place or is a spare (``_spares.arrive``). True: a spare."""
+        if worker is not None and reserved:
+            return _spares.arrive(worker, lane)
         if worker is not None:
             lane.workers.append(worker)
         elif reserved:
+            lane.starting -= 1
             lane.restarts -= 1
+        return False
 
     def ready(self, worker: WorkerSlot, now: float, wakeups: list[Wakeup]) -> Entry | None:
         """A worker finished starting. Returns a job to send it, if one waits."""
@@ -346,7 +357,7 @@ class Dispatch:
         elif worker.life is WorkerLife.DOOMED_BOOTING:
             worker.life = DOOMED  # (it was doomed meanwhile: it gets no job)
         worker.lane.boot_failures = 0
-        return self._next_job(worker, now, wakeups)
+        return None if worker.spare else self._next_job(worker, now, wakeups)
 
     def died(
         self,
@@ -361,10 +372,11 @@ class Dispatch:
         """A worker's death was seen. Its job (if any) fails with
         ``crash(entry)``, or with the ``kill_reason`` the supervisor gave it
         before killing it (completed with how the worker died); the jobs sent
-        ahead to it go back to their lane (``requeue``). With ``restart``, a
-        replacement is reserved (see ``reserve_restart``) in the same step, so
-        that a woken waiter finds the lane whole again. Returns whether the
-        caller must close its pipe now (no sender holds it)."""
+        ahead to it go back to their lane (``requeue``). With ``restart``, it
+        is replaced (``replace``) in the same step, so that a woken waiter
+        finds the lane whole again. A crash turns the lane's spares on
+        (``_spares``). Returns whether the caller must close its pipe now (no
+        sender holds it)."""
         life = worker.life
         if life is DEAD:
             return False
@@ -372,7 +384,9 @@ class Dispatch:
         lane = worker.lane
         if worker in lane.idle:
             lane.idle.remove(worker)
-        if life is not RETIRED:
+        if worker.spare:
+            lane.spares.remove(worker)
+        elif life is not RETIRED:
             lane.workers.remove(worker)
         entry = worker.entry
         worker.entry = None
@@ -380,13 +394,13 @@ class Dispatch:
         if life.booting:
             lane.boot_failures += 1
         if restart:
-            lane.starting += 1
-            lane.restarts += 1
+            self.replace(lane, now, wakeups)
         if entry is not None:
             failure = entry.kill_reason
             if failure is None:
                 failure = crash(entry)
                 lane.crashes += 1
+                lane.spares_on = lane.spec.spares > 0
             else:
                 failure = replace(failure, exitcode=exitcode, signal=signal)
             wakeups += self.keys.finish(entry, Failed(failure), now)
@@ -444,6 +458,7 @@ class Dispatch:
                 completed=lane.completed,
                 failed=lane.failed,
                 retries=lane.retries,
+                spares=len(lane.spares),
             )
             for name, lane in self.lanes.items()
         }
@@ -462,6 +477,7 @@ class Dispatch:
                     assert e.status is PENDING and e.worker is w and live.get(e.key) is e
             assert not lane.idle or not (lane.ready or lane.overdue), lane.name
             assert len(lane.workers) + lane.starting <= lane.spec.workers
+            _spares.check(lane)
             busy = [w for w in lane.workers if w.entry is not None]
             assert len(busy) + self.decoding.check(lane, live) == lane.running
             for w in lane.idle:

@@ -205,6 +205,7 @@ class WorkerSlot:
         "reading",
         "retire_requested",
         "sending",
+        "spare",
         "started",
     )
 
@@ -232,6 +233,9 @@ class WorkerSlot:
         # jobs queued: a request, kept whatever its life is meanwhile. It gets
         # no more jobs sent ahead and is retired once its queue has run.
         self.retire_requested = False
+        # A warm spare (in ``lane.spares``, not ``lane.workers``): it boots and
+        # then waits, taking no job, until it replaces a worker (``_spares``).
+        self.spare = False
 
     def doom(self) -> None:
         """It gets no more jobs: it is being killed, or is dying (caller holds
@@ -260,6 +264,8 @@ class LaneState:
         "retries",
         "running",
         "service",
+        "spares",
+        "spares_on",
         "spec",
         "starting",
         "workers",
@@ -297,6 +303,11 @@ class LaneState:
         self.completed = 0
         self.failed = 0
         self.retries = 0  # failed attempts that were run again
+        # Warm spare workers, booting or READY, none of them holding a job,
+        # none of them counted in ``workers`` (see ``_spares``). The lane keeps
+        # ``spec.spares`` of them once ``spares_on``: after its first crash.
+        self.spares: list[WorkerSlot] = []
+        self.spares_on = False
 
 
 def current_timer(item: tuple[float, int, Entry]) -> bool:

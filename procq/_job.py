@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CAPACITY",
     "DEFAULT_RESULT_VALUES",
+    "DEFAULT_SPARE_WORKERS",
     "DEFAULT_UNTRUSTED_RESULT_BYTES",
     "MAX_WORKERS",
     "REUSE_POLICIES",
@@ -58,6 +59,8 @@ DEFAULT_CAPACITY = 1024
 DEFAULT_UNTRUSTED_RESULT_BYTES = 16 * 1024 * 1024
 #: How many JSON values an untrusted lane's result may hold by default (see ``Lane``).
 DEFAULT_RESULT_VALUES = 1_000_000
+#: How many warm spare workers a trusted lane keeps, once a crash has shown it needs them (see ``Lane``).
+DEFAULT_SPARE_WORKERS = 2
 
 #: How a terminal key answers a new push (see ``Job.reuse``).
 Reuse = Literal["failed", "always", "never"]
@@ -360,6 +363,14 @@ class Lane:
     - ``max_jobs_per_worker``: a worker that has run this many jobs is replaced.
     - ``max_worker_rss``: a worker whose resident memory is above this after a
       job is replaced.
+    - ``spare_workers``: how many warm spare workers the lane keeps once one of
+      its jobs has crashed (killed its worker). A spare is a booted worker
+      that takes no job and does not count towards ``workers``: a worker that
+      dies or retires is replaced at once by a spare, and a new spare boots in
+      the background, so a crash costs no boot time. A lane with no crash
+      keeps none. Default ``DEFAULT_SPARE_WORKERS`` (2) for trusted lanes;
+      ``0`` turns spares off. Untrusted lanes (their workers outlive their
+      jobs' crashes) and Dask lanes have none.
 
     Isolation:
 
@@ -404,6 +415,7 @@ class Lane:
     cwd: str | os.PathLike[str] | None = None
     kill_grace: float = 0.05
     max_result_values: int = DEFAULT_RESULT_VALUES
+    spare_workers: int | None = None
 
     #: Are its workers elsewhere than on this machine (``DaskLane``)? Then the
     #: limits that act on a job's process (time, memory) are enforced where it
@@ -454,6 +466,20 @@ class Lane:
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
             raise ValueError(f"lane kill_grace must be a number of seconds >= 0, got {grace!r}")
         _set(self, "kill_grace", float(grace))
+        _set(self, "spare_workers", self._check_spares(self.spare_workers))
+
+    def _check_spares(self, n: int | None) -> int:
+        """``spare_workers`` resolved: None is the default, none for a lane that cannot have spares."""
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_WORKERS):
+            raise ValueError(f"lane spare_workers must be an int from 0 to {MAX_WORKERS} or None, got {n!r}")
+        if self.trusted and not self.remote:
+            return DEFAULT_SPARE_WORKERS if n is None else n
+        if n:
+            raise ValueError(
+                f"lane spare_workers must be 0 or None for an untrusted lane (its workers outlive "
+                f"their jobs' crashes), got {n}"
+            )
+        return 0
 
     # After __post_init__ these hold the normalized values; typed accessors for the engine.
     @property
@@ -467,3 +493,7 @@ class Lane:
     @property
     def max_result(self) -> int | None:
         return self.max_result_bytes  # type: ignore[return-value]
+
+    @property
+    def spares(self) -> int:
+        return self.spare_workers  # type: ignore[return-value]

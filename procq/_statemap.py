@@ -49,7 +49,7 @@ from procq._job import Job
 from procq._records import KeyRecords
 from procq._retention import Done, Record
 from procq._timers import Timers
-from procq._values import Completed, Failed, Failure, State
+from procq._values import Completed, Failed, Failure, LaneStats, QueueStats, State
 
 __all__ = ["Claim", "ClaimKind", "StateMap", "conflict", "new_claim"]
 
@@ -307,6 +307,12 @@ class StateMap:
         """Reclaim the records whose time is up (amortised O(1) per key)."""
         if self.records.timed:
             self.records.sweep(now)
+
+    def stats(self, now: float, lanes: dict[str, LaneStats]) -> QueueStats:
+        """Counts of keys per state, with the lanes' own counts."""
+        self.sweep(now)
+        pending = len(self.live) - self.processing
+        return QueueStats(pending, self.processing, self.records.completed, self.records.failed, lanes)
 
     def snapshot(self, prefix: str | None, kinds: tuple[type, ...] | None, now: float) -> list[Entry | Ended]:
         """Every key (with ``prefix``, in a state of ``kinds``), sorted, as its

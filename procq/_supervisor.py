@@ -27,7 +27,12 @@ Who owns what, and what each pipe carries::
                                        │  │      Violation: fail the job ("protocol"), kill the worker
                                        │  │    on a death:   Core.worker_died -> SIGKILL its group,
                                        │  │                  wake the dead job's waiters, its jobs sent
-                                       │  │                  ahead back to their lane, replace it
+                                       │  │                  ahead back to their lane, replace it: by a
+                                       │  │                  warm spare at once if the lane has one
+                                       │  │                  (``_spares``), and ask the starter thread
+                                       │  │                  for what the lane lacks now
+                                       │  │    on a start:   (the starter thread's wake-up) watch and
+                                       │  │                  register each process it started
                                        │  │    (a failed attempt with a Retry left is not ended:
                                        │  │     Core re-times it for its backoff; no wake-up)
                                        │  │    on a due time: Core.due -> the job enters its lane
@@ -52,9 +57,12 @@ Who owns what, and what each pipe carries::
 
 ``Core`` (``_core``) owns every entry and each worker's bookkeeping
 (``WorkerSlot``), under its lock; this thread owns the channels, the selector
-and its own timers. The I/O thread starts and reaps every worker,
-so a worker's parent (or, under forkserver, the forkserver's parent) is the
-supervisor for as long as the queue lives. The thread that sends a job on a
+and its own timers. The I/O thread watches, registers and reaps every
+worker; the processes themselves are started by the queue's starter thread
+(``_supervisor_start``: a ``Process.start()`` takes milliseconds, which would
+stall every death, read and send here), so a worker's parent (or, under
+forkserver, the forkserver's parent) is the supervisor for as long as the
+queue lives. The thread that sends a job on a
 worker's channel is whichever one assigned it: ``Dispatch._assign`` gives a thread
 the right to send (``WorkerSlot.sending``) until that thread calls
 ``Core.sent``, and a pipe is only closed when no thread holds that right, so a
@@ -76,7 +84,8 @@ as the child lived. Why an untrusted worker is never read with
 ``recv_bytes``: it blocks until a frame is whole, so a worker that wrote half
 a frame and stopped would stall this thread and every lane with it.
 
-Beside it: ``_supervisor_wait`` (selector, wake-ups, timers, the last wait), ``_supervisor_lead``,
+Beside it: ``_supervisor_start`` (the starter thread, and what to start),
+``_supervisor_wait`` (selector, wake-ups, timers, the last wait), ``_supervisor_lead``,
 ``_supervisor_decode``, ``_supervisor_failures``, ``_log`` (what it logs as
 it decides), ``_channel`` and its kinds, ``_processes``. Should this thread
 die of an exception, the queue closes itself, saying why (``Core.break_down``).
@@ -93,20 +102,19 @@ from typing import Any
 
 from procq import _log
 from procq._channel import Launch, channel_kind
-from procq._core import Core, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
+from procq._core import Core, Entry, Wakeup, WorkerLife, WorkerSlot
 from procq._dispatch import Reported
 from procq._processes import next_sample
 from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 from procq._supervisor_decode import Decoders
 from procq._supervisor_failures import crash_failure, protocol_failure, start_failure
 from procq._supervisor_lead import Handoffs, Leader
+from procq._supervisor_start import Starts
 from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, STOP_GRACE, Timers, Watcher, check_memory, stop_workers
 from procq._undertaker import Undertaker
 
 __all__ = ["Supervisor"]
 
-#: How long to wait before trying again to start a worker that failed to start.
-RESTART_BACKOFF = 1.0
 #: How long a worker whose pipe reached EOF may live on before it is killed.
 EOF_GRACE = 1.0
 #: Backoff before starting again after a worker died while starting: doubles
@@ -150,6 +158,7 @@ class Supervisor:
         self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, name=f"procq-supervisor-{name}", daemon=True)
         core.on_new_deadline = self.wake
+        self._starts = Starts(core, self._launch, name, self._watcher, self._undertaker, self._timers, self._halted)
 
     # --- control, from any thread ---------------------------------------------
 
@@ -207,7 +216,7 @@ class Supervisor:
         try:
             for lane in self.core.lanes.values():
                 for _ in range(lane.spec.workers):
-                    self._start_worker(lane, reserved=False, raise_errors=True)
+                    self._starts.first(lane)
         except BaseException as exc:
             self._start_error = exc
             self._shutdown()
@@ -245,6 +254,7 @@ class Supervisor:
                     self._read(worker)
                 else:
                     self._on_death(worker)
+            self._starts.take()  # processes the starter thread started
             while self._decoders.decoded:
                 worker, decoded = self._decoders.decoded.popleft()
                 if watcher.watched(worker):  # (else it broke, closed or died: nothing more of it counts)
@@ -266,7 +276,8 @@ class Supervisor:
                 for name in timers.starts_due(now):
                     lane = core.lanes[name]
                     core.reserve_restart(lane)
-                    self._start_worker(lane, reserved=True)
+                    self._send_handoffs()  # (a promoted spare's job)
+                    self._starts.refill(lane)
 
     def _cancel_running(self, worker: WorkerSlot, entry: Entry) -> None:
         """Kill the worker of a job ``q.cancel`` ended while it ran, unless
@@ -280,26 +291,10 @@ class Supervisor:
 
     # --- workers -------------------------------------------------------------
 
-    def _start_worker(self, lane: LaneState, reserved: bool, raise_errors: bool = False) -> None:
-        """Start a worker for ``lane``; ``reserved``: a replacement counted by
-        ``Core.reserve_restart`` (or ``worker_died``)."""
-        try:
-            channel = channel_kind(lane).start(lane, self._launch)
-        except Exception:
-            if raise_errors:
-                raise
-            # Out of processes or memory, most likely: the lane runs short
-            # until a later attempt succeeds.
-            traceback.print_exc()
-            _log.start_failed(lane, RESTART_BACKOFF)
-            self.core.add_worker(None, lane, reserved)
-            self._timers.retry_start(lane.name, self.clock() + RESTART_BACKOFF)
-            return
-        self._undertaker.watch(channel.pid)
-        worker = WorkerSlot(lane, channel)
-        self._watcher.watch(worker)
-        self.core.add_worker(worker, lane, reserved)
-        _log.started(worker)
+    def _send_handoffs(self) -> None:
+        """Send the jobs the core gave idle workers or promoted spares meanwhile."""
+        for idle, entry in self.core.handoffs():
+            idle.channel.send_job(self.core, idle, entry)
 
     def _read(self, worker: WorkerSlot, wait: bool = False) -> bool:
         """Read and act on what the worker sent, unless a waiting caller is
@@ -391,6 +386,7 @@ class Supervisor:
         ready = self.core.worker_ready(worker)
         if ready is not None:
             worker.channel.send_job(self.core, worker, ready)
+        self._starts.ready(worker.lane)  # (its next spare, or starts held back after a failed boot)
         return True
 
     def _drain(self, worker: WorkerSlot) -> None:
@@ -442,7 +438,8 @@ class Supervisor:
             worker.channel.close()
         self._timers.kill_at[worker] = self.clock() + STOP_GRACE
         _log.retired(worker)
-        self._start_worker(worker.lane, reserved=True)
+        self._send_handoffs()  # (a promoted spare's job)
+        self._starts.refill(worker.lane)
 
     def _on_death(self, worker: WorkerSlot) -> None:
         """Handle a worker that died, or whose pipe reached EOF."""
@@ -460,7 +457,8 @@ class Supervisor:
         stopping = self._stop or self.core.cancelled or (self.core.closing and self.core.drained.is_set())
         # Read before worker_died makes it DEAD and takes its job (boot_failures: only this thread changes it).
         retired, booting, held = worker.life is WorkerLife.RETIRED, worker.life.booting, worker.entry
-        replace_now = not stopping and not booting and not lane.boot_failures and not retired
+        spare = worker.spare  # (a spare is not replaced: the lane refills its spares below)
+        replace_now = not stopping and not booting and not lane.boot_failures and not retired and not spare
         close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
         _log.died(worker, held, how, sig, exitcode, quiet=stopping or retired or booting)
         self._watcher.unwatch(channel.messages)
@@ -468,15 +466,14 @@ class Supervisor:
         if close_now:
             channel.close()
         channel.release()
-        # Waiters first: starting a process takes milliseconds, and the lane
-        # already counts the replacement as alive.
+        # Waiters first, then the dead worker's queued jobs and a promoted
+        # spare's job; the lane already counts the replacement as alive.
         self.core.deliver(wakeups)
-        for idle, entry in self.core.handoffs():  # the dead worker's queued jobs
-            idle.channel.send_job(self.core, idle, entry)
+        self._send_handoffs()
         if replace_now:
             _log.restart(lane, how)
-            self._start_worker(lane, reserved=True)
-        elif not stopping and not retired:
+        self._starts.refill(lane)  # (on the starter thread: see _supervisor_start)
+        if not (replace_now or stopping or retired or spare):
             # Dying while starting is no job's fault, and starting again at
             # once would spin: back off, and after a few in a row fail the
             # jobs waiting for this lane rather than let them wait forever.
@@ -499,6 +496,9 @@ class Supervisor:
         descendants = worker.channel.terminate()
         self._timers.kill_later(self.clock() + grace, worker, descendants)
 
+    def _halted(self) -> bool:  # (nothing more is started)
+        return self._stop or self.core.cancelled
+
     def _hurried(self) -> bool:
         return self._cancel or self.core.cancelled
 
@@ -511,6 +511,7 @@ class Supervisor:
         self.core.stop()
         if self.core.live_count():  # only if the loop failed: nothing may hang
             self._kill_all(self.core.cancel_all("was cancelled: the queue's supervisor stopped"))
+        self._starts.stop()  # (what it was starting is now watched: stopped and reaped below)
         stop_workers(self.core, self._watcher, self._timers, self._hurried, self._undertaker.forget)
         for lane in self.core.lanes.values():
             channel_kind(lane).close_lane(lane, self._launch)

@@ -184,10 +184,11 @@ class LaneStats(_ItemAccess):
     running: int
     workers_alive: int
     crashes: int  # jobs whose worker died under them
-    worker_restarts: int  # replacement workers started
+    worker_restarts: int  # workers replaced (by a new process or a spare)
     completed: int
     failed: int
     retries: int = 0  # failed attempts that a Retry ran again
+    spares: int = 0  # warm spare workers, booting or ready (see ``Lane.spare_workers``)
 
 
 @dataclass(frozen=True)
