@@ -58,6 +58,8 @@ def main() -> None:
             continue
         row = [label]
         med, ratio = {}, {}
+        if any((workload, "procq", name) not in run for side in runs.values() for run in side):
+            continue  # a figure one of the two commits' bench does not measure
         for side in ("before", "after"):
             values = [run[(workload, "procq", name)] for run in runs[side]]
             floors = [run[(workload, "raw pipe", name)] for run in runs[side]]

@@ -59,8 +59,8 @@ DEFAULT_CAPACITY = 1024
 DEFAULT_UNTRUSTED_RESULT_BYTES = 16 * 1024 * 1024
 #: How many JSON values an untrusted lane's result may hold by default (see ``Lane``).
 DEFAULT_RESULT_VALUES = 1_000_000
-#: How many warm spare workers a trusted lane keeps, once a crash has shown it needs them (see ``Lane``).
-DEFAULT_SPARE_WORKERS = 2
+#: How many warm spare workers a trusted lane keeps after a crash unless it says (see ``Lane``): none.
+DEFAULT_SPARE_WORKERS = 0
 
 #: How a terminal key answers a new push (see ``Job.reuse``).
 Reuse = Literal["failed", "always", "never"]
@@ -368,8 +368,9 @@ class Lane:
       that takes no job and does not count towards ``workers``: a worker that
       dies or retires is replaced at once by a spare, and a new spare boots in
       the background, so a crash costs no boot time. A lane with no crash
-      keeps none. Default ``DEFAULT_SPARE_WORKERS`` (2) for trusted lanes;
-      ``0`` turns spares off. Untrusted lanes (their workers outlive their
+      keeps none. Default 0 (off): spares shorten a storm of crashes, but
+      their boots compete for the CPU with the jobs and the waiters of the
+      crashes themselves. Untrusted lanes (their workers outlive their
       jobs' crashes) and Dask lanes have none.
 
     Isolation:

@@ -122,7 +122,7 @@ def test_untrusted_lanes_have_no_spares() -> None:
 def test_no_spare_before_a_crash() -> None:
     """A lane whose jobs never crash keeps no spare; an error or a kill
     for a time limit is no crash."""
-    with open_queue({"default": Lane(workers=2)}) as q:
+    with open_queue({"default": Lane(workers=2, spare_workers=2)}) as q:
         assert q.push_and_wait(Job("a", jobs.square, args=(3,))) == 9
         failure_of(q.push(Job("b", jobs.boom)).handle, "error")
         failure_of(q.push(Job("c", jobs.block_forever, timeout=0.2)).handle, "timeout")
@@ -132,11 +132,11 @@ def test_no_spare_before_a_crash() -> None:
 
 
 def test_spares_appear_in_stats_after_a_crash() -> None:
-    with open_queue({"default": Lane(workers=2)}) as q:
+    with open_queue({"default": Lane(workers=2, spare_workers=2)}) as q:
         crash(q, "die")
-        pids = warm(q, DEFAULT_SPARE_WORKERS)
+        pids = warm(q, 2)
         stats = q.stats().lanes["default"]
-        assert stats.spares == DEFAULT_SPARE_WORKERS
+        assert stats.spares == 2
         assert stats.workers_alive == 2  # spares are not workers
         assert stats.crashes == 1 and stats.worker_restarts == 1
         assert not pids & set(q._worker_pids())
@@ -163,8 +163,9 @@ def test_a_retired_worker_is_replaced_by_a_spare() -> None:
         assert q.push_and_wait(Job("after", jobs.getpid)) in spares
 
 
-def test_spares_off_means_no_spare_process() -> None:
-    with open_queue({"default": Lane(workers=2, spare_workers=0)}) as q:
+@pytest.mark.parametrize("spares", [{"spare_workers": 0}, {}], ids=["off", "default"])
+def test_spares_off_means_no_spare_process(spares: dict[str, Any]) -> None:
+    with open_queue({"default": Lane(workers=2, **spares)}) as q:
         for i in range(3):
             crash(q, f"die{i}")
         warm(q, 0)
