@@ -20,6 +20,8 @@ import itertools
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass
@@ -213,7 +215,20 @@ class MpireEngine(Engine):
         self.pool.stop_and_join()
 
     def abort(self) -> None:
-        self.pool.terminate()
+        # After a worker was killed halfway through writing a result, mpire's
+        # results thread blocks for ever on the rest of that message, and
+        # terminate() joins it (it kills the workers first): wait a bounded
+        # time, then leave its daemon threads behind, so one run of the bench
+        # cannot hang on a peer.
+        ending = threading.Thread(target=self.pool.terminate, daemon=True)
+        ending.start()
+        ending.join(MPIRE_TERMINATE_BOUND)
+        if ending.is_alive():
+            print(f"mpire: terminate() still blocked after {MPIRE_TERMINATE_BOUND:g}s; left behind", file=sys.stderr)
+
+
+#: How long the bench waits for mpire's terminate() (see ``MpireEngine.abort``).
+MPIRE_TERMINATE_BOUND = 10.0
 
 
 class FloorEngine(Engine):
