@@ -459,10 +459,13 @@ class Supervisor:
         retired, booting, held = worker.life is WorkerLife.RETIRED, worker.life.booting, worker.entry
         spare = worker.spare  # (a spare is not replaced: the lane refills its spares below)
         replace_now = not stopping and not booting and not lane.boot_failures and not retired and not spare
-        close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
-        _log.died(worker, held, how, sig, exitcode, quiet=stopping or retired or booting)
+        # Unwatched before worker_died makes it DEAD: from then on the last
+        # thread holding a right to send closes the pipe (Core.sent), and a
+        # closed pipe cannot be taken out of the selector.
         self._watcher.unwatch(channel.messages)
         self._watcher.unwatch(channel.sentinel)
+        close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
+        _log.died(worker, held, how, sig, exitcode, quiet=stopping or retired or booting)
         if close_now:
             channel.close()
         channel.release()
