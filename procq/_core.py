@@ -312,12 +312,13 @@ class Core:
 
     def sent(self, worker: WorkerSlot, n: int = 1) -> bool:
         """A sender is done with ``worker``'s pipe (``n`` rights to send, used
-        for one frame). True: the worker died or was retired meanwhile, or the
-        queue stopped, and the caller, the last sender, must close the pipe."""
+        for one frame). True: the worker died, or was retired and its pipe
+        is out of the selector, or the queue stopped; the caller, the last
+        sender, must close the pipe."""
         with self.lock:
             worker.sending -= n
             life = worker.life
-            gone = life is WorkerLife.DEAD or life is WorkerLife.RETIRED or self.keys.stopped
+            gone = life is WorkerLife.DEAD or (life is WorkerLife.RETIRED and worker.unwatched) or self.keys.stopped
             return gone and worker.sending == 0
 
     def jobs_done(

@@ -207,6 +207,7 @@ class WorkerSlot:
         "sending",
         "spare",
         "started",
+        "unwatched",
     )
 
     def __init__(self, lane: LaneState, channel: WorkerChannel) -> None:
@@ -224,6 +225,11 @@ class WorkerSlot:
         # not reported back yet. The pipe is closed only when this is 0, so a
         # descriptor is never closed (and reused) under a sender.
         self.sending = 0
+        # The supervisor's selector no longer holds its pipe (set under
+        # ``Core.lock`` once a retired worker's pipe is taken out): only then
+        # may the last sender close it, since a closed descriptor cannot be
+        # taken out of the selector, and its number may be reused meanwhile.
+        self.unwatched = False
         # Held by whichever thread reads the pipe: the I/O thread, or a caller
         # waiting on the job the worker runs (``_supervisor_lead``).
         self.reading = threading.Lock()

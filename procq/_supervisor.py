@@ -85,6 +85,7 @@ as the child lived. Why an untrusted worker is never read with
 a frame and stopped would stall this thread and every lane with it.
 
 Beside it: ``_supervisor_start`` (the starter thread, and what to start),
+``_supervisor_end`` (how a worker is ended: EOF, violation, retirement, death, kill),
 ``_supervisor_wait`` (selector, wake-ups, timers, the last wait), ``_supervisor_lead``,
 ``_supervisor_decode``, ``_supervisor_failures``, ``_log`` (what it logs as
 it decides), ``_channel`` and its kinds, ``_processes``. Should this thread
@@ -107,22 +108,13 @@ from procq._dispatch import Reported
 from procq._processes import next_sample
 from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 from procq._supervisor_decode import Decoders
-from procq._supervisor_failures import crash_failure, protocol_failure, start_failure
-from procq._supervisor_lead import Handoffs, Leader
+from procq._supervisor_end import Endings
+from procq._supervisor_lead import Handoffs, Leader, ask_retire_over_rss
 from procq._supervisor_start import Starts
-from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, STOP_GRACE, Timers, Watcher, check_memory, stop_workers
+from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, Timers, Watcher, check_memory, stop_workers
 from procq._undertaker import Undertaker
 
 __all__ = ["Supervisor"]
-
-#: How long a worker whose pipe reached EOF may live on before it is killed.
-EOF_GRACE = 1.0
-#: Backoff before starting again after a worker died while starting: doubles
-#: with each one in a row, up to the maximum.
-BOOT_BACKOFF = 0.05
-BOOT_BACKOFF_MAX = 5.0
-#: After this many workers in a row died while starting, a lane's waiting jobs fail.
-BOOT_FAILURES_TO_FAIL_JOBS = 3
 
 
 class Supervisor:
@@ -159,6 +151,10 @@ class Supervisor:
         self._thread = threading.Thread(target=self._main, name=f"procq-supervisor-{name}", daemon=True)
         core.on_new_deadline = self.wake
         self._starts = Starts(core, self._launch, name, self._watcher, self._undertaker, self._timers, self._halted)
+        self._ends = Endings(
+            core, self._watcher, self._timers, self._starts, self._undertaker, self._drain, self._send_handoffs,
+            self._halted,
+        )  # fmt: skip
 
     # --- control, from any thread ---------------------------------------------
 
@@ -253,7 +249,7 @@ class Supervisor:
                 if messages:
                     self._read(worker)
                 else:
-                    self._on_death(worker)
+                    self._ends.on_death(worker)
             self._starts.take()  # processes the starter thread started
             while self._decoders.decoded:
                 worker, decoded = self._decoders.decoded.popleft()
@@ -262,14 +258,14 @@ class Supervisor:
             now = self.clock()
             for worker in core.expired(now):
                 _log.timeout_kill(worker, worker.entry)
-                self._terminate(worker)
+                self._ends.terminate(worker)
             for worker, entry in core.due(now):
                 worker.channel.send_job(core, worker, entry)
             if core.memory_jobs and timers.sample_due(now):
                 check_memory(core)
                 timers.next_sample = next_sample(now, self.clock(), MEMORY_CHECK_INTERVAL)
             for worker in timers.overdue(now):
-                self._eof_overdue(worker)
+                self._ends.eof_overdue(worker)
             for worker, descendants in timers.kills_due(now):
                 worker.channel.kill(descendants)
             if not (self._stop or core.cancelled):
@@ -285,7 +281,7 @@ class Supervisor:
         kill, batch = self.core.spare(worker, entry) if self._watcher.watched(worker) else (True, [])
         if kill:
             _log.cancelled(worker, entry)
-            self._terminate(worker)
+            self._ends.terminate(worker)
         elif batch:
             worker.channel.send_jobs(self.core, worker, batch)
 
@@ -312,7 +308,7 @@ class Supervisor:
             try:
                 events = worker.channel.read(worker)
             except EOFError:
-                self._on_eof(worker)
+                self._ends.on_eof(worker)
                 return False
             return self.act(worker, events) and bool(events)
         finally:
@@ -339,7 +335,7 @@ class Supervisor:
                 self._decoders.message(worker, event.decode)
             else:
                 assert type(event) is Violation
-                self._violation(worker, event.what)
+                self._ends.violation(worker, event.what)
                 going = False
         if reports:
             going = self._settle(worker, reports, wakeups)
@@ -349,9 +345,7 @@ class Supervisor:
     def _settle(self, worker: WorkerSlot, reports: list[Report], wakeups: list[Wakeup]) -> bool:
         """Settle the reports read at once, then send the worker its next jobs
         or retire it. False if a report broke the protocol."""
-        limit = worker.lane.spec.max_worker_rss_bytes
-        if limit is not None and worker.channel.rss() > limit:
-            reports[-1] = reports[-1]._replace(retire=True)
+        ask_retire_over_rss(worker, reports)
         undecoded = self._undecoded
         batch, status, taken = self.core.jobs_done(worker, reports, wakeups, undecoded)
         if undecoded:
@@ -370,18 +364,18 @@ class Supervisor:
         """Retire the worker, or fail it for a report about another job, as
         its settled reports asked. False if a report broke the protocol."""
         if status is Reported.RETIRE:
-            self._retire(worker)
+            self._ends.retire(worker)
         elif status is Reported.UNEXPECTED:
             held = worker.entry
             what = "while it held no job" if held is None else f"while it held job {held.key!r}"
-            self._violation(worker, f"a message about job id {reports[taken].job_id} {what}")
+            self._ends.violation(worker, f"a message about job id {reports[taken].job_id} {what}")
             return False
         return True
 
     def _on_ready(self, worker: WorkerSlot) -> bool:
         """The worker finished starting: send it a waiting job, if any."""
         if not worker.life.booting:
-            self._violation(worker, "a second READY message")
+            self._ends.violation(worker, "a second READY message")
             return False
         ready = self.core.worker_ready(worker)
         if ready is not None:
@@ -396,108 +390,6 @@ class Supervisor:
                 pass
         except (EOFError, OSError):
             pass
-
-    def _on_eof(self, worker: WorkerSlot) -> None:
-        """The worker's end of the pipe closed. Usually it is dying and its
-        sentinel follows at once (under forkserver, once the server has reaped
-        it); a worker that closed its pipe and lives on is killed after a grace.
-        Either way its death is handled by ``_on_death`` when the sentinel fires."""
-        self.core.doom(worker)
-        self._watcher.unwatch(worker.channel.messages)
-        self._timers.kill_at[worker] = self.clock() + EOF_GRACE
-
-    def _eof_overdue(self, worker: WorkerSlot) -> None:
-        """A worker lives on after its pipe closed (or after it was retired):
-        kill it. Holding a job, it broke the protocol: a worker only closes
-        its pipe by exiting."""
-        entry = worker.entry
-        if entry is not None and worker.life is not WorkerLife.RETIRED:
-            what = f"closing its pipe and running on ({EOF_GRACE:g}s later it was still alive, and was killed)"
-            _log.violation(worker, entry, what)
-            self.core.decide_kill(worker, entry, protocol_failure(worker, entry, what))
-        worker.channel.kill()
-
-    def _violation(self, worker: WorkerSlot, what: str) -> None:
-        """The worker broke the protocol: fail its job (if it holds one) with
-        kind "protocol", kill it, and let ``_on_death`` replace it."""
-        entry = worker.entry
-        _log.violation(worker, entry, what)
-        if entry is not None:
-            self.core.decide_kill(worker, entry, protocol_failure(worker, entry, what))
-        self.core.doom(worker)
-        self._watcher.unwatch(worker.channel.messages)
-        worker.channel.kill()
-
-    def _retire(self, worker: WorkerSlot) -> None:
-        """Replace a worker between jobs: close its pipe (it exits on EOF), and
-        start its replacement at once."""
-        self._watcher.unwatch(worker.channel.messages)
-        with self.core.lock:
-            close_now = worker.sending == 0
-        if close_now:
-            worker.channel.close()
-        self._timers.kill_at[worker] = self.clock() + STOP_GRACE
-        _log.retired(worker)
-        self._send_handoffs()  # (a promoted spare's job)
-        self._starts.refill(worker.lane)
-
-    def _on_death(self, worker: WorkerSlot) -> None:
-        """Handle a worker that died, or whose pipe reached EOF."""
-        self.core.doom(worker)  # from now on it gets no job
-        channel = worker.channel
-        # Whatever it left behind in its process group goes with it.
-        channel.kill_group()
-        # A result written just before the death still counts.
-        self._drain(worker)
-        self._timers.kill_at.pop(worker, None)  # (after the drain, which may see EOF and set it)
-        self._undertaker.forget(channel.pid)  # (before the reap: then its group id may be reused)
-        exitcode = channel.reap()
-        crash, sig, how = crash_failure(worker, exitcode)
-        lane = worker.lane
-        stopping = self._stop or self.core.cancelled or (self.core.closing and self.core.drained.is_set())
-        # Read before worker_died makes it DEAD and takes its job (boot_failures: only this thread changes it).
-        retired, booting, held = worker.life is WorkerLife.RETIRED, worker.life.booting, worker.entry
-        spare = worker.spare  # (a spare is not replaced: the lane refills its spares below)
-        replace_now = not stopping and not booting and not lane.boot_failures and not retired and not spare
-        # Unwatched before worker_died makes it DEAD: from then on the last
-        # thread holding a right to send closes the pipe (Core.sent), and a
-        # closed pipe cannot be taken out of the selector.
-        self._watcher.unwatch(channel.messages)
-        self._watcher.unwatch(channel.sentinel)
-        close_now, wakeups = self.core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
-        _log.died(worker, held, how, sig, exitcode, quiet=stopping or retired or booting)
-        if close_now:
-            channel.close()
-        channel.release()
-        # Waiters first, then the dead worker's queued jobs and a promoted
-        # spare's job; the lane already counts the replacement as alive.
-        self.core.deliver(wakeups)
-        self._send_handoffs()
-        if replace_now:
-            _log.restart(lane, how)
-        self._starts.refill(lane)  # (on the starter thread: see _supervisor_start)
-        if not (replace_now or stopping or retired or spare):
-            # Dying while starting is no job's fault, and starting again at
-            # once would spin: back off, and after a few in a row fail the
-            # jobs waiting for this lane rather than let them wait forever.
-            failures = lane.boot_failures
-            delay = min(BOOT_BACKOFF * 2 ** (failures - 1), BOOT_BACKOFF_MAX)
-            self._timers.retry_start(lane.name, self.clock() + delay)
-            _log.backoff(lane, failures, delay, how, failures >= BOOT_FAILURES_TO_FAIL_JOBS)
-            if failures >= BOOT_FAILURES_TO_FAIL_JOBS:
-                self.core.fail_waiting(lane, start_failure(lane, failures, how))
-
-    def _terminate(self, worker: WorkerSlot) -> None:
-        """End a worker's process tree: SIGTERM now (the job may clean up),
-        SIGKILL to whatever is left after its lane's ``kill_grace``."""
-        grace = worker.lane.spec.kill_grace
-        if worker.life is WorkerLife.DEAD:
-            return
-        if grace <= 0:
-            worker.channel.kill()
-            return
-        descendants = worker.channel.terminate()
-        self._timers.kill_later(self.clock() + grace, worker, descendants)
 
     def _halted(self) -> bool:  # (nothing more is started)
         return self._stop or self.core.cancelled

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from procq._core import Core, Wakeup
     from procq._supervisor_wait import Watcher
 
-__all__ = ["LEAD_SLICE", "Leader"]
+__all__ = ["LEAD_SLICE", "Handoffs", "Leader", "ask_retire_over_rss"]
 
 #: The longest a leading caller waits on the pipe before it looks again at
 #: the worker's life (a dying worker's pipe may stay open in a stray child).
@@ -127,9 +127,7 @@ class Leader:
             later(worker, lambda: io.act(worker, events))
             return False
         reports: list[Report] = events  # type: ignore[assignment]  # (all Reports: checked above)
-        limit = worker.lane.spec.max_worker_rss_bytes
-        if limit is not None and worker.channel.rss() > limit:
-            reports[-1] = reports[-1]._replace(retire=True)
+        ask_retire_over_rss(worker, reports)
         core = self._core
         undecoded: list[tuple[Entry, Undecoded]] = []
         batch, status, taken = core.jobs_done(worker, reports, wakeups, undecoded)
@@ -149,6 +147,14 @@ class Leader:
         if going and (core.memory_jobs or (deadline is not None and deadline < io.asleep_until)):
             self._watcher.wake()
         return going
+
+
+def ask_retire_over_rss(worker: WorkerSlot, reports: list[Report]) -> None:
+    """A worker past its lane's ``max_worker_rss`` after the jobs it reported
+    is to be replaced after the last of them (by whichever thread settles them)."""
+    limit = worker.lane.spec.max_worker_rss_bytes
+    if limit is not None and worker.channel.rss() > limit:
+        reports[-1] = reports[-1]._replace(retire=True)
 
 
 class Handoffs:

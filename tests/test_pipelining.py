@@ -20,8 +20,8 @@ class _Channel:
     pid = None
 
 
-def _core_with_worker(capacity: int = 100) -> tuple[Core, LaneState, WorkerSlot]:
-    core = Core({"l": Lane(workers=1, capacity=capacity)}, check_payload=False, strict_payload=False)
+def _core_with_worker(capacity: int = 100, **lane: Any) -> tuple[Core, LaneState, WorkerSlot]:
+    core = Core({"l": Lane(workers=1, capacity=capacity, **lane)}, check_payload=False, strict_payload=False)
     lane = core.lanes["l"]
     worker = WorkerSlot(lane, _Channel())
     core.add_worker(worker, lane, reserved=False)
@@ -110,3 +110,22 @@ def test_a_worker_still_running_the_cancelled_job_is_not_spared() -> None:
     assert cancelled and kill == (worker, first)
     assert core.spare(worker, first) == (True, [])
     assert worker.life is WorkerLife.DOOMED
+
+
+def test_a_late_sender_leaves_a_retired_workers_pipe_to_the_supervisor_until_it_is_unwatched() -> None:
+    """A worker runs the job a pusher sent it and is retired before that
+    pusher gives back its right to send. The pipe is still in the supervisor's
+    selector: the pusher must not close it (a closed descriptor cannot be
+    taken out of it, and its number may be reused). Once the supervisor has
+    taken it out, the last one holding a right closes it."""
+    core, lane, worker = _core_with_worker(max_jobs_per_worker=1)
+    first, offered = _push(core, lane, "a")
+    assert offered is worker  # the pusher holds a right to send on its pipe
+    _batch, status, _taken = core.jobs_done(worker, [(first.job_id, Completed(1), False, False)])
+    assert status == "retire" and worker.life is WorkerLife.RETIRED
+    assert core.sent(worker) is False  # the pusher, late: still watched, so not its to close
+    worker.sending += 1  # another late sender
+    with core.lock:  # what the supervisor does once it has unwatched the pipe
+        worker.unwatched = True
+        assert worker.sending == 1  # someone still sends: not the supervisor's to close
+    assert core.sent(worker) is True  # the last sender closes it
