@@ -91,14 +91,12 @@ def setup(config: dict[str, Any], keep_fds: set[int]) -> None:
     """
     if config.get("cwd"):
         os.chdir(config["cwd"])
-    env = config.get("env")
     if not config.get("inherit_env", True):
-        os.environ.clear()
+        _set_environ(config.get("env") or {})
     elif config.get("environ") is not None:
-        os.environ.clear()
-        os.environ.update(config["environ"])
-    if env:
-        os.environ.update(env)
+        _set_environ({**config["environ"], **(config.get("env") or {})})
+    elif config.get("env"):
+        os.environ.update(config["env"])
     # Before the limits: under a tight "nofile" the listing of /proc/self/fd would fail.
     _close_inherited_fds(keep_fds | {0, 1, 2})
     rlimits = config.get("rlimits") or {}
@@ -111,6 +109,18 @@ def setup(config: dict[str, Any], keep_fds: set[int]) -> None:
             resource.setrlimit(_rlimit(name), (value, value))
         if "cpu" in rlimits:  # SIGXCPU ends the worker: no core file for it
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def _set_environ(wanted: dict[str, str]) -> None:
+    """Make the environment ``wanted``, touching only what differs: each
+    variable set or unset is a libc call, and a replacement worker's
+    environment is usually the one it already has."""
+    environ = os.environ
+    for name in [name for name in environ if name not in wanted]:
+        del environ[name]
+    for name, value in wanted.items():
+        if environ.get(name) != value:
+            environ[name] = value
 
 
 def _close_inherited_fds(keep: set[int]) -> None:

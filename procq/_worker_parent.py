@@ -3,9 +3,9 @@ supervisor dies, and only then (see ``die_with_parent``)."""
 
 from __future__ import annotations
 
+import _thread
 import contextlib
 import os
-import threading
 from typing import Any
 
 from procq._privileges import set_pdeathsig
@@ -47,8 +47,11 @@ def die_with_parent(sentinel: Any = None) -> None:
             pass
         os._exit(1)
 
-    # Started after prctl: a parent that died before it took effect is seen here.
-    threading.Thread(target=watch, name="procq-parent-watch", daemon=True).start()
+    # Started after prctl: a parent that died before it took effect is seen
+    # here. A bare thread: ``threading.Thread.start`` waits until the new
+    # thread runs, a thread switch every worker start (and every replacement
+    # of a crashed worker) would pay for nothing.
+    _thread.start_new_thread(watch, ())
 
 
 def drop_forkserver_alive_fd() -> None:
