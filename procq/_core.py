@@ -69,6 +69,10 @@ STOPPED, CANCELLED, SCHEDULED = Offered.STOPPED, Offered.CANCELLED, Offered.SCHE
 class Core:
     """The engine's state, behind one lock (see the module docstring). Every method takes ``lock`` itself."""
 
+    #: Does ``claim`` compute a job's fingerprint itself, when it needs one
+    #: (callers pass none)? A store's claims mostly answer from a read first.
+    fingerprints_itself = False
+
     def __init__(
         self,
         lanes: dict[str, Lane],

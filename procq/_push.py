@@ -222,7 +222,7 @@ class Pusher:
             raise TypeError(f"{where} takes a procq.Job, got {type(job).__name__}")
         core = self._core
         lane = core.lane_for(job)
-        fp = job_fingerprint(job) if core.check_payload else None
+        fp = job_fingerprint(job) if core.check_payload and not core.fingerprints_itself else None
         return job, lane, fp, None if job.not_before is None else job.due(time.monotonic())
 
     def _answer(self, job: Job[Any], kind: str, value: Any, owner: ProcQueue) -> PushOutcome[Any]:

@@ -35,6 +35,7 @@ from typing import Any
 
 from procq._core import Core
 from procq._entries import ABANDONED, Entry, LaneState, Wakeup, run_wakeups
+from procq._fingerprint import job_fingerprint
 from procq._job import Job, Lane, Retention
 from procq._statemap import CACHED, FAILED, INFLIGHT, Claim, conflict, new_claim
 from procq._store import (
@@ -66,6 +67,8 @@ Item = tuple[Job[Any], LaneState, bytes | None, float | None]
 
 class StoreCore(Core):
     """A ``Core`` whose keys are shared through a store (see the module docstring)."""
+
+    fingerprints_itself = True  # (a completed key's claim needs none: ``claim``)
 
     def __init__(
         self,
@@ -208,6 +211,8 @@ class StoreCore(Core):
         conflict_at: int | None = None
         wakeups: list[Wakeup] = []
         keys = [job.key for job, _, _, _ in items]
+        if self.check_payload:  # (callers pass none: see Core.fingerprints_itself)
+            items = [(job, lane, job_fingerprint(job) if fp is None else fp, due) for job, lane, fp, due in items]
         with self.db_lock:
             try:
                 wakeups += self._settle_keys(keys)

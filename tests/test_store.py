@@ -33,6 +33,7 @@ from procq import (
     Job,
     JobFailed,
     JobPicklingError,
+    KeyConflict,
     Lane,
     Pending,
     Processing,
@@ -116,6 +117,25 @@ def test_another_payload_under_a_stored_key_conflicts(url: str, tmp_path: Path) 
         assert q.push(Job("k", store_jobs.counted, args=(log, 1))) == Cached(1)
         with pytest.raises(ValueError, match="other arguments"):
             q.push(Job("k", store_jobs.counted, args=(log, 2)))
+
+
+def test_a_key_live_in_this_queue_is_checked_against_its_payload(url: str, tmp_path: Path) -> None:
+    gate = Gate(tmp_path, "k")
+    with ProcQueue(1, store=url) as q:
+        try:
+            held = q.push(Job("k", jobs.signal_and_wait, args=(gate.started, gate.go)))
+            assert isinstance(held, Queued)
+            gate.wait_started()
+            joined = q.push(Job("k", jobs.signal_and_wait, args=(gate.started, gate.go)))
+            assert isinstance(joined, InFlight)
+            with pytest.raises(KeyConflict, match="other arguments"):
+                q.push(Job("k", jobs.signal_and_wait, args=(gate.started, gate.go + "x")))
+            assert q.state("k") == Processing()
+            gate.open()
+            pid = held.handle.result(timeout=WAIT)
+            assert joined.handle.result(timeout=WAIT) == pid
+        finally:
+            gate.close()
 
 
 def test_untrusted_lanes_store_json(tmp_path: Path) -> None:
