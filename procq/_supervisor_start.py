@@ -12,7 +12,7 @@ back (``done``, then ``wake``).
 What stays with the I/O thread: it alone watches, registers and reaps
 workers. It takes what the starter handed back (``take``) and registers it
 (the undertaker learns the pid, the selector watches its pipe and death, the
-core files it: ``Supervisor._arrived``) before it can read the worker's
+core files it: ``Starts._register``) before it can read the worker's
 READY, so before the worker can run a job; a start that failed comes back as
 its exception. A process started for a lane takes the place of whatever the
 lane needs first (``_spares.arrive``): a replacement, else a spare.
