@@ -103,6 +103,28 @@ class JobFuture(Future[T]):
         self._notify()
         return True
 
+    def result(self, timeout: float | None = None) -> T:
+        return super().result(self._wait_job(timeout))
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return super().exception(self._wait_job(timeout))
+
+    def _wait_job(self, timeout: float | None) -> float | None:
+        """Wait for the job on this thread first, as its handle's ``result``
+        does (reading its answer here where it can), if it is this future's
+        own: a future that only joined another push's job may be cancelled
+        (detached) while the job runs on, and must stop waiting then. The
+        time left of ``timeout``, for the future's own wait (its callback may
+        still be on its way: with a store, after the commit)."""
+        handle = self._handle
+        if handle is None or not self._owned or self.done():
+            return timeout
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+            return timeout  # (the stdlib's own wait says what it makes of it)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        handle._wait(timeout)
+        return None if deadline is None else max(0.0, deadline - time.monotonic())
+
     def _notify(self) -> bool:
         """Call ``set_running_or_notify_cancel()`` unless called before: True if
         the future is now running (to be resolved by the caller), False if not."""

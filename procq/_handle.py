@@ -64,16 +64,26 @@ class JobHandle(Generic[T]):
         not ended within ``timeout`` (the job keeps running).
         """
         entry = self._entry
-        if not self._core.settled(entry):
-            if self._owner is not None:
-                self._owner._here()  # a forked child's copy: no thread there would ever end the job
-            timeout = check_wait(timeout)
-            event = self._core.wait_event(entry)  # type: ignore[arg-type]  # (an Ended is settled)
-            lead = self._core.lead
-            if event is not None and not (event.wait(timeout) if lead is None else lead(entry, event, timeout)):  # type: ignore[arg-type]
-                raise TimeoutError(f"job {entry.key!r} has not finished after {timeout}s; it keeps running")
+        if not self._wait(timeout):
+            raise TimeoutError(f"job {entry.key!r} has not finished after {timeout}s; it keeps running")
         output: T = _unwrap(entry)
         return output
+
+    def _wait(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` for the job to end; False if it has not.
+        A job a local worker runs may be read and settled on this thread
+        (``Core.lead``: no hand-off from the I/O thread to wake it)."""
+        entry = self._entry
+        if self._core.settled(entry):
+            return True
+        if self._owner is not None:
+            self._owner._here()  # a forked child's copy: no thread there would ever end the job
+        timeout = check_wait(timeout)
+        event = self._core.wait_event(entry)  # type: ignore[arg-type]  # (an Ended is settled)
+        if event is None:
+            return True
+        lead = self._core.lead
+        return event.wait(timeout) if lead is None else lead(entry, event, timeout)  # type: ignore[arg-type]
 
     def exception(self, *, timeout: float | None = None) -> JobFailed | None:
         """The job's ``JobFailed`` if it failed, else None, waiting for it up to

@@ -114,3 +114,25 @@ def test_a_result_that_needs_decoding_reaches_its_leading_waiter() -> None:
     with open_queue(1) as q:
         for i in range(20):
             assert q.push(Job(f"objects-{i}", jobs.identity, args=(value,))).handle.result(timeout=WAIT) == value
+
+
+def test_an_executor_future_is_settled_on_the_thread_waiting_for_it(gates: Gates) -> None:
+    """``Executor.submit(...).result()`` reads its own answer, as a handle's
+    ``result`` does; ``result(timeout)`` past its time leaves the job running."""
+    from procq import Executor
+
+    with Executor(max_workers=1) as ex:
+        gate = gates("held")
+        future = ex.submit(jobs.signal_and_wait, gate.started, gate.go)
+        pid = gate.wait_started()
+        with pytest.raises(TimeoutError):
+            future.result(timeout=0.2)
+        ended_on: list[threading.Thread] = []
+        future._handle.add_done_callback(lambda _: ended_on.append(threading.current_thread()))
+        thread, got = _lead_in_thread(future, timeout=WAIT)
+        wait_until(lambda: _leading(ex.queue), what="the waiter reading the worker's pipe")
+        gate.open()
+        thread.join(WAIT)
+        assert got == [pid]
+        assert ended_on == [thread]  # settled by the waiter, not the I/O thread
+        assert future.exception(timeout=WAIT) is None and future.result() == pid
