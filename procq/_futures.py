@@ -119,7 +119,8 @@ class JobFuture(Future[T]):
         handle = self._handle
         if handle is None or not self._owned or self.done():
             return timeout
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+        number = isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+        if timeout is not None and not (number and timeout > 0):
             return timeout  # (the stdlib's own wait says what it makes of it)
         deadline = None if timeout is None else time.monotonic() + timeout
         handle._wait(timeout)
