@@ -14,7 +14,7 @@ from typing import Any
 
 import jobs
 import pytest
-from core_support import WAIT, Gates, failure_of, hold, open_queue, wait_until
+from core_support import WAIT, Gate, Gates, failure_of, open_queue, wait_until
 
 from procq import Job, JobFailed, Lane
 
@@ -24,6 +24,15 @@ pytestmark = pytest.mark.timeout(120)
 def _leading(q: Any) -> bool:
     """Is some caller reading a worker's pipe (the I/O thread passing over it)?"""
     return bool(q._supervisor._watcher._paused)
+
+
+def _hold(q: Any, gates: Gates, key: str) -> tuple[Any, int, Gate]:
+    """Push a job that reports its pid and waits at its gate; (handle, pid, gate).
+    (Not ``core_support.hold``: its watch thread waits on the handle, and
+    would lead in these tests' place.)"""
+    gate = gates(key)
+    handle = q.push(Job(key, jobs.signal_and_wait, args=(gate.started, gate.go))).handle
+    return handle, gate.wait_started(), gate
 
 
 def _lead_in_thread(handle: Any, **kwargs: Any) -> tuple[threading.Thread, list[Any]]:
@@ -43,7 +52,7 @@ def _lead_in_thread(handle: Any, **kwargs: Any) -> tuple[threading.Thread, list[
 
 def test_a_waiter_settles_its_own_job_on_its_own_thread(gates: Gates) -> None:
     with open_queue(1) as q:
-        handle, _, gate = hold(q, gates, "held")
+        handle, _, gate = _hold(q, gates, "held")
         ended_on: list[threading.Thread] = []
         handle.add_done_callback(lambda _: ended_on.append(threading.current_thread()))
         thread, got = _lead_in_thread(handle, timeout=WAIT)
@@ -58,7 +67,7 @@ def test_a_waiter_settles_its_own_job_on_its_own_thread(gates: Gates) -> None:
 
 def test_a_waiters_timeout_leaves_the_job_running(gates: Gates) -> None:
     with open_queue(1) as q:
-        handle, _, gate = hold(q, gates, "held")
+        handle, _, gate = _hold(q, gates, "held")
         with pytest.raises(TimeoutError):
             handle.result(timeout=0.2)
         assert not _leading(q)
@@ -69,7 +78,7 @@ def test_a_waiters_timeout_leaves_the_job_running(gates: Gates) -> None:
 @pytest.mark.parametrize("how", ["sigkill", "cancel"])
 def test_a_job_ended_under_a_leading_waiter_wakes_it(gates: Gates, how: str) -> None:
     with open_queue(1) as q:
-        handle, pid, _ = hold(q, gates, "held")
+        handle, pid, _ = _hold(q, gates, "held")
         thread, got = _lead_in_thread(handle, timeout=WAIT)
         wait_until(lambda: _leading(q), what="the waiter reading the worker's pipe")
         if how == "sigkill":
