@@ -52,3 +52,33 @@ def test_jobs_fail_clearly_when_workers_keep_dying_at_start(tmp_path: Path, meth
     # Dying at start is no job's crash; the lane kept trying to restart its worker.
     assert lines["STATS"] == "0 True"
     assert "this module refuses to be imported by a worker" in proc.stderr
+
+
+# Modules the program asked the forkserver to preload are kept beside procq's:
+# a worker forked from the server has them before any job imports them.
+PRELOADED = textwrap.dedent(
+    """
+    import multiprocessing
+    import sys
+
+    from procq import Job, ProcQueue
+
+
+    def loaded():
+        return sorted(m for m in ("wave", "colorsys") if m in sys.modules)
+
+
+    if __name__ == "__main__":
+        multiprocessing.set_forkserver_preload(["wave"])
+        with ProcQueue(lanes=1) as q:
+            print(q.push_and_wait(Job("loaded", loaded), timeout=30))
+    """
+)
+
+
+def test_modules_the_program_preloads_are_in_every_worker(tmp_path: Path) -> None:
+    script = tmp_path / "preloads.py"
+    script.write_text(PRELOADED)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['wave']"  # preloaded; colorsys, asked by no one, is not there
