@@ -92,18 +92,24 @@ def joiner(url: str, rounds: int) -> tuple[float, float]:
     assert proc.stdin is not None and proc.stdout is not None
     try:
         with ProcQueue(1, store=url) as q:
-            for i in range(rounds):
-                fifo = os.path.join(tmp, f"go{i}")
-                os.mkfifo(fifo)
-                handle = q.push(Job(f"lat{i}", stamp_when_released, args=(fifo,))).handle  # type: ignore[union-attr]
-                proc.stdin.write(f"lat{i} {fifo}\n")
-                proc.stdin.flush()
-                assert proc.stdout.readline() == "joined\n"
-                fd = os.open(fifo, os.O_WRONLY)
-                os.write(fd, b"x")
-                os.close(fd)
-                handle.result(timeout=30)
-                lags.append(float(proc.stdout.readline()))
+            try:
+                for i in range(rounds):
+                    fifo = os.path.join(tmp, f"go{i}")
+                    os.mkfifo(fifo)
+                    handle = q.push(Job(f"lat{i}", stamp_when_released, args=(fifo,))).handle  # type: ignore[union-attr]
+                    proc.stdin.write(f"lat{i} {fifo}\n")
+                    proc.stdin.flush()
+                    joined = proc.stdout.readline()
+                    if joined != "joined\n":
+                        raise RuntimeError(f"the joiner process did not join (it said {joined!r}; its stderr says why)")
+                    fd = os.open(fifo, os.O_WRONLY)
+                    os.write(fd, b"x")
+                    os.close(fd)
+                    handle.result(timeout=30)
+                    lags.append(float(proc.stdout.readline()))
+            except BaseException:
+                q.close(wait=False)  # its job waits on a FIFO no one will open: a close that waited never returns
+                raise
         proc.stdin.close()
         proc.wait(timeout=30)
     finally:
