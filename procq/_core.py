@@ -44,6 +44,7 @@ from typing import Any
 
 from procq._dispatch import Dispatch, Offer, Offered, Reported, Unblocked
 from procq._entries import ABANDONED, PENDING, Ended, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
+from procq._fingerprint import job_fingerprint
 from procq._job import Job, Lane, Retention
 from procq._protocol import Report, Undecoded
 from procq._records import KeyRecords, MemoryRecords
@@ -56,10 +57,12 @@ from procq._values import Completed, Failed, Failure, QueueStats, State
 
 __all__ = [
     "BLOCKED", "CANCELLED", "FULL", "QUEUED", "SCHEDULED", "STOPPED",
-    "Claim", "Core", "Ended", "Entry", "LaneState", "Offer", "WorkerLife", "WorkerSlot", "run_wakeups",
+    "Claim", "Core", "Ended", "Entry", "Item", "LaneState", "Offer", "WorkerLife", "WorkerSlot", "run_wakeups",
 ]  # fmt: skip
 
 Wakeup = Callable[[], None]
+#: A job to claim, its lane, and when it is due (None: now); see ``Core.claim``.
+Item = tuple[Job[Any], LaneState, float | None]
 
 # Results of Core.offer, besides a worker (see Offered).
 QUEUED, FULL, BLOCKED = Offered.QUEUED, Offered.FULL, Offered.BLOCKED
@@ -68,10 +71,6 @@ STOPPED, CANCELLED, SCHEDULED = Offered.STOPPED, Offered.CANCELLED, Offered.SCHE
 
 class Core:
     """The engine's state, behind one lock (see the module docstring). Every method takes ``lock`` itself."""
-
-    #: Does ``claim`` compute a job's fingerprint itself, when it needs one
-    #: (callers pass none)? A store's claims mostly answer from a read first.
-    fingerprints_itself = False
 
     def __init__(
         self,
@@ -122,9 +121,11 @@ class Core:
 
     # --- claiming -----------------------------------------------------------
 
-    def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None = None, due: float | None = None) -> Claim:
+    def claim(self, job: Job[Any], lane: LaneState, due: float | None = None) -> Claim:
         """Check and claim ``job.key`` in one critical section (``claim_all``
-        for one job: a conflict claims nothing)."""
+        for one job: a conflict claims nothing). The core fingerprints the
+        job itself: a store's claim of a completed key needs no fingerprint."""
+        fp = job_fingerprint(job) if self.check_payload else None
         keys = self.keys
         records = self.records
         if not records.expires and not keys.closing:
@@ -144,9 +145,7 @@ class Core:
                 records.sweep(now)
             return keys.claim(job, lane, fp, due, now)
 
-    def claim_all(
-        self, items: list[tuple[Job[Any], LaneState, bytes | None, float | None]]
-    ) -> tuple[list[Claim], int | None]:
+    def claim_all(self, items: list[Item]) -> tuple[list[Claim], int | None]:
         """Check and claim every job's key in one critical section: a ``Claim``
         per job (a new entry is to be offered or abandoned; a key that appears
         twice resolves to its first claim), and the index of the first job
@@ -157,10 +156,11 @@ class Core:
         claims: list[Claim] = []
         fresh: list[Entry] = []
         conflict_at: int | None = None
+        fps = [job_fingerprint(job) if self.check_payload else None for job, _, _ in items]
         now = self.clock()
         with self.lock:
             keys.sweep(now)
-            for i, (job, lane, fp, due) in enumerate(items):
+            for i, ((job, lane, due), fp) in enumerate(zip(items, fps, strict=True)):
                 claim = keys.claim(job, lane, fp, due, now)
                 if claim.conflict is not None and conflict_at is None:
                     conflict_at = i

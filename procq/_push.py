@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from procq._core import BLOCKED, CANCELLED, FULL, STOPPED, Core, Ended, Entry, LaneState, Offer, WorkerSlot
+from procq._core import BLOCKED, CANCELLED, FULL, STOPPED, Core, Ended, Entry, Item, LaneState, Offer, WorkerSlot
 from procq._errors import JobPicklingError, KeyConflict, KeyConflictWarning, LaneFull, QueueClosed, WrongProcess
-from procq._fingerprint import fn_name, job_fingerprint
+from procq._fingerprint import fn_name
 from procq._handle import JobHandle
 from procq._job import Job
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
@@ -216,14 +216,12 @@ class Pusher:
             if worker is not None:
                 worker.channel.send_job(core, worker, entry)
 
-    def _item(self, job: Job[Any], index: int | None) -> tuple[Job[Any], LaneState, bytes | None, float | None]:
+    def _item(self, job: Job[Any], index: int | None) -> Item:
         if not isinstance(job, Job):
             where = "push()" if index is None else f"push_all(): job #{index}"
             raise TypeError(f"{where} takes a procq.Job, got {type(job).__name__}")
-        core = self._core
-        lane = core.lane_for(job)
-        fp = job_fingerprint(job) if core.check_payload and not core.fingerprints_itself else None
-        return job, lane, fp, None if job.not_before is None else job.due(time.monotonic())
+        lane = self._core.lane_for(job)
+        return job, lane, None if job.not_before is None else job.due(time.monotonic())
 
     def _answer(self, job: Job[Any], kind: str, value: Any, owner: ProcQueue) -> PushOutcome[Any]:
         """The outcome of a claim that started nothing."""

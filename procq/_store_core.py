@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from procq._core import Core
+from procq._core import Core, Item
 from procq._entries import ABANDONED, Entry, LaneState, Wakeup, run_wakeups
 from procq._fingerprint import job_fingerprint
 from procq._job import Job, Lane, Retention
@@ -62,13 +62,9 @@ __all__ = ["StoreCore"]
 
 log = logging.getLogger("procq.store")
 
-Item = tuple[Job[Any], LaneState, bytes | None, float | None]
-
 
 class StoreCore(Core):
     """A ``Core`` whose keys are shared through a store (see the module docstring)."""
-
-    fingerprints_itself = True  # (a completed key's claim needs none: ``claim``)
 
     def __init__(
         self,
@@ -184,7 +180,7 @@ class StoreCore(Core):
 
     # --- claiming -----------------------------------------------------------------------
 
-    def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None = None, due: float | None = None) -> Claim:
+    def claim(self, job: Job[Any], lane: LaneState, due: float | None = None) -> Claim:
         key = job.key
         if self._read_first() and (job.reuse or self.keys.reuse) != "always" and not self.commits.keys.get(key):
             # The common answer of a store, a completed key: one read, no lock of the core.
@@ -198,9 +194,9 @@ class StoreCore(Core):
                 if not self.check_payload or held_fp is None:
                     return new_claim(Claim, (CACHED, cached, None))
                 return new_claim(Claim, (CACHED, cached, conflict(held_fp, stable_fingerprint(job), None)))
-            claims, _ = self.claim_all([(job, lane, fp, due)], read=False)  # (read just now: no done row)
+            claims, _ = self.claim_all([(job, lane, due)], read=False)  # (read just now: no done row)
             return claims[0]
-        claims, _ = self.claim_all([(job, lane, fp, due)])
+        claims, _ = self.claim_all([(job, lane, due)])
         return claims[0]
 
     def claim_all(self, items: list[Item], read: bool = True) -> tuple[list[Claim], int | None]:
@@ -210,9 +206,8 @@ class StoreCore(Core):
         fresh: list[Entry] = []
         conflict_at: int | None = None
         wakeups: list[Wakeup] = []
-        keys = [job.key for job, _, _, _ in items]
-        if self.check_payload:  # (callers pass none: see Core.fingerprints_itself)
-            items = [(job, lane, job_fingerprint(job) if fp is None else fp, due) for job, lane, fp, due in items]
+        keys = [job.key for job, _, _ in items]
+        fps = [job_fingerprint(job) if self.check_payload else None for job, _, _ in items]
         with self.db_lock:
             try:
                 wakeups += self._settle_keys(keys)
@@ -221,7 +216,7 @@ class StoreCore(Core):
                         wakeups += self.commit()  # hold no key of ours while waiting for the batch's
                     self._begin()
                     self.conn.lock_all(keys)
-                for i, (job, lane, fp, due) in enumerate(items):
+                for i, ((job, lane, due), fp) in enumerate(zip(items, fps, strict=True)):
                     with self.lock:
                         local = self.keys.closing or job.key in self.keys.live
                         if local:
