@@ -440,17 +440,12 @@ class Core:
 
     def start_closing(self) -> None:
         with self.lock:
-            self.keys.closing = True
-            if not self.keys.live:
-                self.drained.set()
+            self.keys.close()
 
     def break_down(self, cause: BaseException) -> None:
         """The I/O thread died of ``cause``: no more pushes, saying why (``StateMap.claim``)."""
         with self.lock:
-            self.keys.broken = cause
-            self.keys.closing = True
-            if not self.keys.live:
-                self.drained.set()
+            self.keys.close(cause)
 
     # --- waiting on an entry ----------------------------------------------------
 

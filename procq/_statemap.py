@@ -135,6 +135,13 @@ class StateMap:
         self.broken: BaseException | None = None
         self.drained = threading.Event()  # set while closing and nothing is live
 
+    def close(self, broken: BaseException | None = None) -> None:
+        """Take no more claims (``broken``: the I/O thread died of it)."""
+        self.broken = broken if broken is not None else self.broken
+        self.closing = True
+        if not self.live:
+            self.drained.set()
+
     # --- claiming ---------------------------------------------------------------
 
     def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, now: float) -> Claim:
