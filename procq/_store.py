@@ -147,6 +147,13 @@ class Conn(Protocol):
     def lock_all(self, keys: list[str]) -> None:
         """Hold every key of a batch, in sorted order (waiting for them)."""
 
+    def exists(self, key: str) -> bool:
+        """Has the key a row? (Inside the transaction that holds the key.)"""
+
+    def insert(self, rows: list[Row]) -> None:
+        """Insert rows of keys that had none when the transaction took them
+        (``exists``); a key that has a row meanwhile keeps it."""
+
     def put(self, row: Row) -> None:
         """Write ``row`` over the key's row (the key is held)."""
 
@@ -206,6 +213,10 @@ class Store:
     #: A push commits the group transaction it finds due (``_store_commit``):
     #: where a commit is a local write, not a round trip to a server.
     pushes_commit = False
+    #: A push's claim of a key with no row is written with the group
+    #: transaction's other writes, not by a statement of its own (see
+    #: ``_store_commit``): where the transaction's lock holds every key.
+    defers_claims = False
 
     def __init__(self, lease: float = 10.0, poll: float = 0.01) -> None:
         if not lease > 0 or not poll > 0:

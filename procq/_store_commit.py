@@ -8,6 +8,10 @@ Two kinds of write reach a queue's database connection:
   that stays open across pushes (``StoreCore.claim``). A claim needs no
   commit before its push returns: nothing has been answered from it, and if
   the process dies first the claim dies with it, as if the push came later.
+  Where the transaction's lock holds every key (SQLite: ``Store.defers_claims``),
+  a key with no row is claimed by a read and a queued write (``Fresh``) made
+  with the group's other writes, in one statement; and a job that ended
+  before its claim was written has one row written, its ended one.
   The committer commits the group transaction at most ``GROUP_WINDOW`` after
   it opened, so other processes wait no longer than that for a key it holds.
   Where a commit is a local write (SQLite: ``Store.pushes_commit``), a push
@@ -53,17 +57,46 @@ from procq._store import Conn, Row
 if TYPE_CHECKING:
     from procq._store_core import StoreCore
 
-__all__ = ["GROUP_WINDOW", "Commits", "Committer", "Write", "run_writes"]
+__all__ = ["GROUP_WINDOW", "Commits", "Committer", "Fresh", "Write", "run_writes"]
 
 log = logging.getLogger("procq.store")
 
-#: A queued write: an ended row to settle (``Conn.settle``; consecutive ones
-#: go to the database together), or any other write, as a function of the connection.
-Write = Row | Callable[[Conn], None]
+
+class Fresh:
+    """A queued claim of a key that had no row: its live row, to insert."""
+
+    __slots__ = ("row",)
+
+    def __init__(self, row: Row) -> None:
+        self.row = row
+
+
+#: A queued write: a claim to insert (``Fresh``), an ended row to settle
+#: (``Conn.settle``; consecutive ones go to the database together), or any
+#: other write, as a function of the connection.
+Write = Fresh | Row | Callable[[Conn], None]
 
 
 def run_writes(conn: Conn, writes: list[Write]) -> None:
-    """Make ``writes`` in order, the ended rows among them in batches."""
+    """Make ``writes``: the claims first, in one batch, then the rest in order,
+    the ended rows among them in batches.
+
+    A claim is its key's first write here (a key's queued writes are
+    committed before it is claimed again: ``StoreCore._settle_keys``), so it
+    goes before the others; and an ended row of the same claim goes with it,
+    as the one row inserted."""
+    if any(type(w) is Fresh for w in writes):
+        fresh: dict[str, Row] = {}
+        rest: list[Write] = []
+        for write in writes:
+            if type(write) is Fresh:
+                fresh[write.row.key] = write.row
+            elif type(write) is Row and (live := fresh.get(write.key)) is not None and live.run == write.run:
+                fresh[write.key] = write
+            else:
+                rest.append(write)
+        conn.insert(list(fresh.values()))
+        writes = rest
     rows: list[Row] = []
     for write in writes:
         if type(write) is Row:
@@ -90,7 +123,7 @@ class Commits:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.pending: list[tuple[int, str, Write]] = []  # (number, key, write)
+        self.pending: list[tuple[int, str | None, Write]] = []  # (number, key, write); key None: a claim
         self.written = 0  # the last number given
         self.committed = 0  # every write up to this number is durable
         self.keys: collections.Counter[str] = collections.Counter()  # keys with uncommitted writes
@@ -108,6 +141,14 @@ class Commits:
             self.keys[key] += 1
         self.poke()
 
+    def add_claim(self, claim: Fresh) -> None:
+        """Queue a claim's row. It goes with the group transaction (whose
+        window the committer keeps already), and the claimed key is live
+        here, not waiting for a commit: no poke, and not in ``keys``."""
+        with self._lock:
+            self.written += 1
+            self.pending.append((self.written, None, claim))
+
     def hold(self, wakeups: list[Wakeup]) -> bool:
         """Hold ``wakeups`` back until every write made so far is committed;
         False (nothing held) when all are already, or nothing waits any more."""
@@ -117,7 +158,7 @@ class Commits:
             self._held.append((self.written, wakeups))
             return True
 
-    def take(self) -> list[tuple[int, str, Write]]:
+    def take(self) -> list[tuple[int, str | None, Write]]:
         with self._lock:
             return list(self.pending)
 
@@ -125,13 +166,15 @@ class Commits:
         with self._lock:
             return [w for _, k, w in self.pending if k == key] if self.keys[key] else []
 
-    def done(self, taken: list[tuple[int, str, Write]]) -> list[Wakeup]:
+    def done(self, taken: list[tuple[int, str | None, Write]]) -> list[Wakeup]:
         """``taken`` (a prefix of ``pending``) is committed: the wake-ups it released."""
         wakeups: list[Wakeup] = []
         with self._lock:
             if taken:
                 del self.pending[: len(taken)]
                 for _, key, _ in taken:
+                    if key is None:
+                        continue
                     self.keys[key] -= 1
                     if not self.keys[key]:
                         del self.keys[key]

@@ -12,7 +12,9 @@ statement runs under ``Core.lock``. A push:
 
 1. under ``Core.lock``: a key live in this queue is joined at once;
 2. under ``db_lock``: the key's row is claimed (``Conn.claim``, judged by
-   ``_store.judge``) inside the group transaction (``_store_commit``);
+   ``_store.judge``) inside the group transaction (``_store_commit``); where
+   that transaction holds every key (SQLite), a key with no row is claimed by
+   a read, its row queued (``Fresh``) and written with the group;
 3. under ``Core.lock`` again: a fresh claim enters the state map.
 
 No other thread of this queue can claim the key between 1 and 3 (claims take
@@ -52,7 +54,7 @@ from procq._store import (
     open_store,
     stable_fingerprint,
 )
-from procq._store_commit import GROUP_WINDOW, Commits, Committer, run_writes
+from procq._store_commit import GROUP_WINDOW, Commits, Committer, Fresh, run_writes
 from procq._store_read import forget_key, read_snapshot, read_state
 from procq._store_records import Held, StoreRecords, as_record
 from procq._store_remote import RemoteEntry, Watcher
@@ -217,10 +219,14 @@ class StoreCore(Core):
                     self._begin()
                     self.conn.lock_all(keys)
                 for i, ((job, lane, due), fp) in enumerate(zip(items, fps, strict=True)):
-                    with self.lock:
-                        local = self.keys.closing or job.key in self.keys.live
-                        if local:
-                            claim = self.keys.claim(job, lane, fp, due, self.clock())
+                    # Only a claim (under db_lock, held here) makes a key live:
+                    # one not live now stays so, and is read without the lock.
+                    local = self.keys.closing or job.key in self.keys.live
+                    if local:
+                        with self.lock:
+                            local = self.keys.closing or job.key in self.keys.live
+                            if local:
+                                claim = self.keys.claim(job, lane, fp, due, self.clock())
                     if not local:
                         claim, more = self._claim(job, lane, fp, due, read)
                         wakeups += more
@@ -263,7 +269,10 @@ class StoreCore(Core):
         not_before = None if due is None else wall + max(0.0, due - time.monotonic())
         sfp = stable_fingerprint(job) if self.check_payload else None
         live = Row(key, "live", run, self.holder, sfp, None, None, None, 1, not_before, wall, None)
-        taken = conn.claim(live, self.in_user_tx)
+        # A key with no row, where the transaction holds every key: the claim
+        # is written with the group (see _store_commit), not by a statement now.
+        deferred = self.store.defers_claims and not self.in_user_tx and not conn.exists(key)
+        taken = Taken.INSERTED if deferred else conn.claim(live, self.in_user_tx)
         if taken is Taken.BUSY:  # another transaction holds it: let ours go first, then wait
             wakeups += self.commit()
             self._begin()
@@ -301,10 +310,14 @@ class StoreCore(Core):
                 held.entry = claim.value
                 if due is not None:
                     self.scheduled.add(key)
+                if deferred:  # (before the job can end, and its ended row follow)
+                    self.commits.add_claim(Fresh(live))
                 return claim, wakeups
             del self.records_.held[key]
         # (The queue began closing since step 1: the row goes back as it was.)
-        if row is None:
+        if deferred:
+            pass
+        elif row is None:
             conn.delete(key, run)
         else:
             conn.put(row)

@@ -235,6 +235,12 @@ class PostgresConn:
     def lock_all(self, keys: list[str]) -> None:
         self._exec("SELECT procq_lock_all(%s)", (sorted(set(keys)),))
 
+    def exists(self, key: str) -> bool:
+        return self._exec("SELECT 1 FROM procq_keys WHERE key = %s", (key,)).fetchone() is not None
+
+    def insert(self, rows: list[Row]) -> None:
+        self.settle(rows)  # (a key with no row gets its row; one claimed since is left alone)
+
     def put(self, row: Row) -> None:
         self._exec(_PUT, _values(row))
         if row.state != "live":

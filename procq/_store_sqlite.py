@@ -47,6 +47,22 @@ _CLAIM = (
     "VALUES (?, 'live', ?, ?, ?, 1, ?, {}) ON CONFLICT (key) DO NOTHING"
 )
 _CLAIM_AT, _CLAIM_NOW = _CLAIM.format("?"), _CLAIM.format("NULL")
+_EXISTS = "SELECT 1 FROM procq_keys WHERE key = ?"
+
+
+@functools.lru_cache(maxsize=16)
+def _insert_sql(n: int, live: bool) -> str:
+    """``n`` rows of keys that had none, in one statement: live rows (claims;
+    6 values a row, as ``_CLAIM``) or whole rows (claims whose jobs ended
+    before they were written)."""
+    if live:
+        columns = "key, state, run, holder, fp, attempts, created, not_before"
+        values = ", ".join(["(?, 'live', ?, ?, ?, 1, ?, ?)"] * n)
+    else:
+        columns, values = COLUMNS, ", ".join([f"({_MARKS})"] * n)
+    return f"INSERT INTO procq_keys ({columns}) VALUES {values} ON CONFLICT (key) DO NOTHING"
+
+
 _PUT = f"INSERT OR REPLACE INTO procq_keys ({COLUMNS}) VALUES ({_MARKS})"
 _GET_WITH_HOLDER = (
     f"SELECT {', '.join('k.' + c for c in COLUMNS.split(', '))}, coalesce(h.expires >= ?, 0) "
@@ -103,6 +119,7 @@ class SqliteStore(Store):
 
     read_first = True  # a read takes no lock: a done key is answered without the write lock
     pushes_commit = True  # a commit is a write to a local file (see _store_commit)
+    defers_claims = True  # the group transaction holds SQLite's one write lock: every key
 
     def __init__(
         self, path: str | os.PathLike[str], lease: float = 10.0, poll: float = 0.01, busy: float = 30.0
@@ -204,6 +221,21 @@ class SqliteConn:
 
     def lock_all(self, keys: list[str]) -> None:
         pass  # the write lock holds every key
+
+    def exists(self, key: str) -> bool:
+        return self._write(_EXISTS, (key,)).fetchone() is not None
+
+    def insert(self, rows: list[Row]) -> None:
+        live = [r for r in rows if r.state == "live"]
+        ended = [r for r in rows if r.state != "live"] if len(live) < len(rows) else []
+        try:
+            for chunk in _chunks(live):
+                values = [v for r in chunk for v in (r.key, r.run, r.holder, r.fp, r.created, r.not_before)]
+                self.db.execute(_insert_sql(len(chunk), True), values)
+            for chunk in _chunks(ended):
+                self.db.execute(_insert_sql(len(chunk), False), [v for r in chunk for v in r])
+        except sqlite3.Error as exc:
+            raise _unavailable(self.path, exc) from exc
 
     def put(self, row: Row) -> None:
         self._write(_PUT, row)
