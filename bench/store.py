@@ -1,8 +1,11 @@
 """The store's costs, beside the in-memory queue, in one run on one machine:
-``python -m bench.store [--postgres]``.
+``python -m bench.store [--no-postgres]``.
 
 - tiny: jobs/s for n tiny jobs (push each, then wait for all), in memory, on
-  a SQLite file, on PostgreSQL (a throwaway server started here);
+  a SQLite file, on PostgreSQL (a throwaway server started here), round by
+  round; and the floors of a store's push: the in-memory queue with, before
+  each push, the least a push on a store must do (one read of the key's row
+  on a SQLite file; one round trip to the PostgreSQL server reading it);
 - cached: pushes/s of keys that completed earlier, from a fresh process;
 - joiner: how long after a job's end a joiner in another process is told
   (median and p90 over rounds), SQLite (it polls every 10 ms) and PostgreSQL
@@ -22,26 +25,54 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench.store_jobs import noop, stamp_when_released
-from procq import Job, Lane, ProcQueue
+from procq import Job, Lane, ProcQueue, SqliteStore
 
 _runs = itertools.count()
 
 
-def tiny(store: Any, n: int) -> float:
+def tiny(store: Any, n: int, read: Callable[[str], Any] | None = None) -> float:
+    """Jobs/s of ``n`` tiny jobs pushed one by one, then waited for. ``read``:
+    called with each key before its push (a queue in memory with it is a floor)."""
     with ProcQueue({"t": Lane(workers=2, capacity=n)}, store=store) as q:
         for i in range(50):
             q.push_and_wait(Job(f"w{i}", noop))
         run = next(_runs)
         keys = [f"tiny-{run}-{i}" for i in range(n)]
         t0 = time.perf_counter()
-        handles = [q.push(Job(k, noop)).handle for k in keys]  # type: ignore[union-attr]
+        if read is None:
+            handles = [q.push(Job(k, noop)).handle for k in keys]  # type: ignore[union-attr]
+        else:
+            handles = [read(k) or q.push(Job(k, noop)).handle for k in keys]  # type: ignore[union-attr]
         for h in handles:
             h.result()
         return n / (time.perf_counter() - t0)
+
+
+@contextlib.contextmanager
+def sqlite_read(path: str) -> Iterator[Callable[[str], Any]]:
+    """The least a push on a SQLite store does: read its key's row (here, none)."""
+    conn = SqliteStore(path).connect()  # (the store's schema: a read of its real table)
+    try:
+        yield lambda key: conn.db.execute("SELECT 1 FROM procq_keys WHERE key = ?", (key,)).fetchone()
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def postgres_read(url: str) -> Iterator[Callable[[str], Any]]:
+    """The least a push on a PostgreSQL store does: one round trip, reading its key's row."""
+    from procq import PostgresStore  # (psycopg: only where PostgreSQL is benched)
+
+    conn = PostgresStore(url).connect()
+    cur = conn.raw().cursor(binary=True)
+    try:
+        yield lambda key: cur.execute("SELECT 1 FROM procq_keys WHERE key = %s", (key,), prepare=True).fetchone()
+    finally:
+        conn.close()
 
 
 _CACHED = """
@@ -157,7 +188,7 @@ def _pg_available() -> bool:
 
 
 def _median(fn: Any, rounds: int) -> float:
-    return statistics.median(fn() for _ in range(rounds))
+    return float(statistics.median(fn() for _ in range(rounds)))
 
 
 def main() -> None:
@@ -172,45 +203,75 @@ def main() -> None:
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="procq-bench-")
     n = itertools.count()
-    rows: list[tuple[str, str, str, str]] = []
+    rows: list[tuple[str, ...]] = []
 
     def fresh_db() -> str:
         return os.path.join(tmp, f"s{next(n)}.db")
 
-    try:
-        # Interleaved, so the host's drift hits every store alike.
-        memory = _median(lambda: tiny(None, args.tiny), args.repeat)
-        lite = _median(lambda: tiny(fresh_db(), args.tiny), args.repeat)
-        print(f"tiny, in memory:  {memory:,.0f} jobs/s")
-        print(f"tiny, SQLite:     {lite:,.0f} jobs/s ({lite / memory:.2f}x)")
-        ratio = f"{lite:,.0f} ({lite / memory:.2f}x)"
-        rows.append(("tiny jobs/s (push each, wait all)", f"{memory:,.0f}", ratio, "0.5x"))
-        cached_lite = _median(lambda: cached(fresh_db(), args.cached), args.repeat)
-        print(f"cached, SQLite, fresh process: {cached_lite:,.0f} pushes/s")
-        rows.append(("cached pushes/s, fresh process", "", f"{cached_lite:,.0f}", ">= 50,000"))
-        med, p90 = joiner(fresh_db(), args.rounds)
-        print(f"joiner, SQLite:   median {med:.1f} ms, p90 {p90:.1f} ms")
-        rows.append(("joiner in another process told (median, p90)", "", f"{med:.1f} ms, {p90:.1f} ms", "50 ms"))
+    pg_url = None
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp, ignore_errors=True)
         if not args.no_postgres and _pg_available():
-            with postgres() as url:
-                pg = _median(lambda: tiny(url, args.tiny), args.repeat)
-                print(f"tiny, PostgreSQL: {pg:,.0f} jobs/s ({pg / memory:.2f}x)")
-                ratio = f"{pg:,.0f} ({pg / memory:.2f}x)"
-                rows.append(("tiny jobs/s, PostgreSQL", f"{memory:,.0f}", ratio, "0.25x"))
-                cached_pg = cached(url, args.cached)
-                print(f"cached, PostgreSQL, fresh process: {cached_pg:,.0f} pushes/s")
-                rows.append(("cached pushes/s, PostgreSQL", "", f"{cached_pg:,.0f}", ""))
-                med, p90 = joiner(url, args.rounds)
-                print(f"joiner, PostgreSQL: median {med:.1f} ms, p90 {p90:.1f} ms")
-                rows.append(("joiner told, PostgreSQL (median, p90)", "", f"{med:.1f} ms, {p90:.1f} ms", "10 ms"))
+            pg_url = stack.enter_context(postgres())
+        _run(args, fresh_db, pg_url, rows)
         print()
         print("| measure | in memory | store | target |")
         print("|---|---:|---:|---|")
         for row in rows:
             print("| " + " | ".join(row) + " |")
         print(f"\nload average (1 min) at end: {os.getloadavg()[0]:.2f}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _tiny_rounds(args: argparse.Namespace, fresh_db: Callable[[], str], pg_url: str | None) -> dict[str, float]:
+    """Medians of the tiny runs, interleaved round by round so that the host's
+    drift hits every store and floor alike."""
+    runs: dict[str, list[float]] = {}
+
+    def add(name: str, rate: float) -> None:
+        runs.setdefault(name, []).append(rate)
+
+    for _ in range(args.repeat):
+        add("memory", tiny(None, args.tiny))
+        add("sqlite", tiny(fresh_db(), args.tiny))
+        with sqlite_read(fresh_db()) as read:
+            add("sqlite floor", tiny(None, args.tiny, read))
+        if pg_url is not None:
+            add("postgres", tiny(pg_url, args.tiny))
+            with postgres_read(pg_url) as read:
+                add("postgres floor", tiny(None, args.tiny, read))
+    return {name: statistics.median(rates) for name, rates in runs.items()}
+
+
+def _run(
+    args: argparse.Namespace, fresh_db: Callable[[], str], pg_url: str | None, rows: list[tuple[str, ...]]
+) -> None:
+    tinies = _tiny_rounds(args, fresh_db, pg_url)
+    memory = tinies["memory"]
+
+    def tiny_row(name: str, label: str, target: str) -> None:
+        rate = tinies[name]
+        print(f"{label}: {rate:,.0f} jobs/s ({rate / memory:.2f}x)")
+        rows.append((label, f"{memory:,.0f}", f"{rate:,.0f} ({rate / memory:.2f}x)", target))
+
+    print(f"tiny jobs/s, in memory: {memory:,.0f}")
+    tiny_row("sqlite", "tiny jobs/s (push each, wait all)", "0.5x")
+    tiny_row("sqlite floor", "floor: in memory + one SQLite read a push", "")
+    cached_lite = _median(lambda: cached(fresh_db(), args.cached), args.repeat)
+    print(f"cached, SQLite, fresh process: {cached_lite:,.0f} pushes/s")
+    rows.append(("cached pushes/s, fresh process", "", f"{cached_lite:,.0f}", ">= 50,000"))
+    med, p90 = joiner(fresh_db(), args.rounds)
+    print(f"joiner, SQLite:   median {med:.1f} ms, p90 {p90:.1f} ms")
+    rows.append(("joiner in another process told (median, p90)", "", f"{med:.1f} ms, {p90:.1f} ms", "50 ms"))
+    if pg_url is None:
+        return
+    tiny_row("postgres", "tiny jobs/s, PostgreSQL", "0.25x")
+    tiny_row("postgres floor", "floor: in memory + one PostgreSQL round trip a push", "")
+    cached_pg = cached(pg_url, args.cached)
+    print(f"cached, PostgreSQL, fresh process: {cached_pg:,.0f} pushes/s")
+    rows.append(("cached pushes/s, PostgreSQL", "", f"{cached_pg:,.0f}", ""))
+    med, p90 = joiner(pg_url, args.rounds)
+    print(f"joiner, PostgreSQL: median {med:.1f} ms, p90 {p90:.1f} ms")
+    rows.append(("joiner told, PostgreSQL (median, p90)", "", f"{med:.1f} ms, {p90:.1f} ms", "10 ms"))
 
 
 if __name__ == "__main__":
