@@ -5,7 +5,8 @@
   a SQLite file, on PostgreSQL (a throwaway server started here), round by
   round; and the floors of a store's push: the in-memory queue with, before
   each push, the least a push on a store must do (one read of the key's row
-  on a SQLite file; one round trip to the PostgreSQL server reading it);
+  on a SQLite file, and then also each job's row written and committed in
+  batches; one round trip to the PostgreSQL server reading the row);
 - cached: pushes/s of keys that completed earlier, from a fresh process;
 - joiner: how long after a job's end a joiner in another process is told
   (median and p90 over rounds), SQLite (it polls every 10 ms) and PostgreSQL
@@ -18,6 +19,7 @@ import argparse
 import contextlib
 import itertools
 import os
+import pickle
 import pwd
 import shutil
 import statistics
@@ -58,6 +60,37 @@ def sqlite_read(path: str) -> Iterator[Callable[[str], Any]]:
     conn = SqliteStore(path).connect()  # (the store's schema: a read of its real table)
     try:
         yield lambda key: conn.db.execute("SELECT 1 FROM procq_keys WHERE key = ?", (key,)).fetchone()
+    finally:
+        conn.close()
+
+
+@contextlib.contextmanager
+def sqlite_read_write(path: str) -> Iterator[Callable[[str], Any]]:
+    """The least a push on a SQLite store does, and the least its job's row
+    costs: one read a push, and every 2 ms (procq's group window) the rows
+    of the keys read since written in one statement and committed, on the
+    pushing thread (as a stream of pushes commits its group in procq)."""
+    conn = SqliteStore(path).connect()
+    db = conn.db
+    output = pickle.dumps(None)
+    rows: list[tuple[Any, ...]] = []
+    last = time.monotonic()
+
+    def read_write(key: str) -> None:
+        nonlocal last
+        db.execute("SELECT 1 FROM procq_keys WHERE key = ?", (key,)).fetchone()
+        now = time.time()
+        rows.append((key, "done", key, None, b"0123456789abcdef", output, "pickle", None, 1, None, now, now))
+        if time.monotonic() - last >= 0.002:
+            marks = ", ".join(["(" + ", ".join("?" * 12) + ")"] * len(rows))
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(f"INSERT INTO procq_keys VALUES {marks}", [v for row in rows for v in row])
+            db.execute("COMMIT")
+            rows.clear()
+            last = time.monotonic()
+
+    try:
+        yield read_write
     finally:
         conn.close()
 
@@ -235,6 +268,8 @@ def _tiny_rounds(args: argparse.Namespace, fresh_db: Callable[[], str], pg_url: 
         add("sqlite", tiny(fresh_db(), args.tiny))
         with sqlite_read(fresh_db()) as read:
             add("sqlite floor", tiny(None, args.tiny, read))
+        with sqlite_read_write(fresh_db()) as read:
+            add("sqlite floor, rows", tiny(None, args.tiny, read))
         if pg_url is not None:
             add("postgres", tiny(pg_url, args.tiny))
             with postgres_read(pg_url) as read:
@@ -256,6 +291,7 @@ def _run(
     print(f"tiny jobs/s, in memory: {memory:,.0f}")
     tiny_row("sqlite", "tiny jobs/s (push each, wait all)", "0.5x")
     tiny_row("sqlite floor", "floor: in memory + one SQLite read a push", "")
+    tiny_row("sqlite floor, rows", "floor: ... + each job's row, written and committed every 2 ms", "")
     cached_lite = _median(lambda: cached(fresh_db(), args.cached), args.repeat)
     print(f"cached, SQLite, fresh process: {cached_lite:,.0f} pushes/s")
     rows.append(("cached pushes/s, fresh process", "", f"{cached_lite:,.0f}", ">= 50,000"))
