@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -68,31 +69,42 @@ def sqlite_read(path: str) -> Iterator[Callable[[str], Any]]:
 def sqlite_read_write(path: str) -> Iterator[Callable[[str], Any]]:
     """The least a push on a SQLite store does, and the least its job's row
     costs: one read a push, and every 2 ms (procq's group window) the rows
-    of the keys read since written in one statement and committed, on the
-    pushing thread (as a stream of pushes commits its group in procq)."""
-    conn = SqliteStore(path).connect()
-    db = conn.db
+    of the keys read since written in one statement and committed, by a
+    thread of their own on a connection of its own (as procq's committer)."""
+    reads, writes = SqliteStore(path).connect(), SqliteStore(path).connect()
     output = pickle.dumps(None)
     rows: list[tuple[Any, ...]] = []
-    last = time.monotonic()
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.wait(0.002):
+            with lock:
+                batch = rows[:]
+                rows.clear()
+            if batch:
+                writes.db.execute("BEGIN IMMEDIATE")
+                for i in range(0, len(batch), 256):  # (SQLite binds at most 32,766 values a statement)
+                    chunk = batch[i : i + 256]
+                    marks = ", ".join(["(" + ", ".join("?" * 12) + ")"] * len(chunk))
+                    writes.db.execute(f"INSERT INTO procq_keys VALUES {marks}", [v for row in chunk for v in row])
+                writes.db.execute("COMMIT")
 
     def read_write(key: str) -> None:
-        nonlocal last
-        db.execute("SELECT 1 FROM procq_keys WHERE key = ?", (key,)).fetchone()
+        reads.db.execute("SELECT 1 FROM procq_keys WHERE key = ?", (key,)).fetchone()
         now = time.time()
-        rows.append((key, "done", key, None, b"0123456789abcdef", output, "pickle", None, 1, None, now, now))
-        if time.monotonic() - last >= 0.002:
-            marks = ", ".join(["(" + ", ".join("?" * 12) + ")"] * len(rows))
-            db.execute("BEGIN IMMEDIATE")
-            db.execute(f"INSERT INTO procq_keys VALUES {marks}", [v for row in rows for v in row])
-            db.execute("COMMIT")
-            rows.clear()
-            last = time.monotonic()
+        with lock:
+            rows.append((key, "done", key, None, b"0123456789abcdef", output, "pickle", None, 1, None, now, now))
 
+    writer = threading.Thread(target=write, name="floor-writer")
+    writer.start()
     try:
         yield read_write
     finally:
-        conn.close()
+        stop.set()
+        writer.join()
+        reads.close()
+        writes.close()
 
 
 @contextlib.contextmanager

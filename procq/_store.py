@@ -210,9 +210,6 @@ class Store:
     url: str
     #: Read a key's row before claiming it (a done key then costs no write).
     read_first = True
-    #: A push commits the group transaction it finds due (``_store_commit``):
-    #: where a commit is a local write, not a round trip to a server.
-    pushes_commit = False
     #: A push's claim of a key with no row is written with the group
     #: transaction's other writes, not by a statement of its own (see
     #: ``_store_commit``): where the transaction's lock holds every key.

@@ -13,22 +13,20 @@ Two kinds of write reach a queue's database connection:
   with the group's other writes, in one statement; and a job that ended
   before its claim was written has one row written, its ended one.
   The committer commits the group transaction at most ``GROUP_WINDOW`` after
-  it opened, so other processes wait no longer than that for a key it holds.
-  Where a commit is a local write (SQLite: ``Store.pushes_commit``), a push
-  that finds the group open for ``GROUP_WINDOW`` commits it itself, under the
-  ``db_lock`` it holds already (a stream of pushes then never waits for the
-  committer to take the lock, commit and hand it back), and the committer
-  commits a group left open ``2 * GROUP_WINDOW`` (the pushes stopped);
+  it opened, so other processes wait no longer than that for a key it holds;
 - **outcomes** (a job's ended row) and **restores** (a claim given back),
   queued by the state map's record operations under ``Core.lock`` as
   ``Write``s (``Commits.add``). The supervisor's thread never runs a
-  statement: the committer (or a push's commit) runs the queued writes in the
-  group transaction, commits, and only then runs the wake-ups those outcomes
-  released. The committer commits at most every window (``GROUP_WINDOW``,
-  twice that where pushes commit) after the last commit (any thread's), or
-  every twice the time the last commit took where commits wait for a disk: a
+  statement: the committer runs the queued writes in the group transaction,
+  commits, and only then runs the wake-ups those outcomes released. It
+  commits at most every ``GROUP_WINDOW`` after the last commit, or every
+  twice the time the last commit took where commits wait for a disk: a
   stream of outcomes shares commits, and the pushing threads keep the
   connection most of the time.
+
+The committer, not the pushing thread, runs the group's writes: the database
+does their work with the GIL released (``sqlite3`` and ``psycopg`` both let it
+go while a statement runs), so it overlaps the pushes' own Python.
 
 Wake-ups are held back by sequence: every write takes the next number; a
 wake-up delivered while writes up to number N are not yet committed waits
@@ -250,30 +248,18 @@ class Committer(threading.Thread):
                 with self._cond:
                     self._poked = False
                 continue  # the store refused the last try: wait for the next one
-            # Commits at most every window (core.window): outcomes that arrive
-            # in a stream share a commit (and where pushes commit, a stream of
-            # pushes commits them first). (Or twice as long as the last commit
-            # took, where a commit waits for the disk: pushes keep two thirds of
-            # the connection's time.)
-            rest = commits.last + max(core.window, 2 * commits.took) - time.monotonic()
+            # Commits at most every window: outcomes that arrive in a stream
+            # share a commit. (Or twice as long as the last commit took, where
+            # a commit waits for the disk: pushes keep two thirds of the
+            # connection's time.)
+            rest = commits.last + max(GROUP_WINDOW, 2 * commits.took) - time.monotonic()
             if rest > 0:
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping, rest)
-            since = core.group_since
-            left = since + core.window - time.monotonic() if since is not None and core.pushes_commit else 0.0
-            if left > 0:
-                # Pushes are coming: the push that finds the group open for
-                # GROUP_WINDOW commits these writes with it (taking the connection
-                # from the pushing thread would cost it more); this thread looks
-                # again when the group is due. (Still poked meanwhile: writes
-                # added need not wake it.)
-                with self._cond:
-                    self._cond.wait_for(lambda: self._stopping, left)
-                continue
             with self._cond:
                 self._poked = False  # writes added from here on poke again
             if not commits.pending and not self._due():
-                continue  # a push committed them meanwhile: no need of the connection
+                continue  # another thread committed them meanwhile: no need of the connection
             try:
                 wakeups = core.commit()
             except Exception:  # the thread must live on: the writes stay queued for the next try
@@ -286,12 +272,12 @@ class Committer(threading.Thread):
         since, refused = self.core.group_since, self.core.commits.refused_since
         if refused is not None:
             return now - refused >= RETRY
-        return since is not None and now - since >= self.core.window
+        return since is not None and now - since >= GROUP_WINDOW
 
     def _timeout(self) -> float | None:
         since, refused = self.core.group_since, self.core.commits.refused_since
         if refused is not None:
             return max(0.0, refused + RETRY - time.monotonic())
         if since is not None:
-            return max(0.0, since + self.core.window - time.monotonic())
+            return max(0.0, since + GROUP_WINDOW - time.monotonic())
         return None

@@ -54,7 +54,7 @@ from procq._store import (
     open_store,
     stable_fingerprint,
 )
-from procq._store_commit import GROUP_WINDOW, Commits, Committer, Fresh, run_writes
+from procq._store_commit import Commits, Committer, Fresh, run_writes
 from procq._store_read import forget_key, read_snapshot, read_state
 from procq._store_records import Held, StoreRecords, as_record
 from procq._store_remote import RemoteEntry, Watcher
@@ -86,7 +86,6 @@ class StoreCore(Core):
         self.in_user_tx = False  # a ``q.transaction()`` has the connection (under db_lock)
         self.scheduled: set[str] = set()  # keys claimed with a not_before, for the watcher's wakes
         self.retention = retention or Retention()
-        self.window = 2 * GROUP_WINDOW if self.store.pushes_commit else GROUP_WINDOW  # the committer's (_store_commit)
         self.records_ = StoreRecords(self)
         self._runs = itertools.count(1)
         try:
@@ -170,11 +169,6 @@ class StoreCore(Core):
             )
         return wakeups
 
-    @property
-    def pushes_commit(self) -> bool:
-        """Does a push commit the group it finds due now? (Not while the store refuses commits.)"""
-        return self.store.pushes_commit and self.commits.refused_since is None
-
     def _lost(self) -> None:
         """The store failed under a claim (db_lock held): drop the group transaction."""
         self.conn.rollback()
@@ -244,9 +238,6 @@ class StoreCore(Core):
                     self._lost()
                 self.abandon_all(fresh, "the store could not be reached")
                 raise
-            since = self.group_since  # (None inside the caller's transaction)
-            if since is not None and time.monotonic() - since >= GROUP_WINDOW and self.pushes_commit:
-                wakeups += self.commit()  # pushes in a stream commit their group (see _store_commit)
         self.deliver_now(wakeups)
         return claims, conflict_at
 

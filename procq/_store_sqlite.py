@@ -118,7 +118,6 @@ class SqliteStore(Store):
     """A SQLite file as a store (``ProcQueue(store="run.db")``)."""
 
     read_first = True  # a read takes no lock: a done key is answered without the write lock
-    pushes_commit = True  # a commit is a write to a local file (see _store_commit)
     defers_claims = True  # the group transaction holds SQLite's one write lock: every key
 
     def __init__(
