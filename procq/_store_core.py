@@ -305,13 +305,13 @@ class StoreCore(Core):
                     self.commits.add_claim(Fresh(live))
                 return claim, wakeups
             del self.records_.held[key]
-        # (The queue began closing since step 1: the row goes back as it was.)
-        if deferred:
-            pass
-        elif row is None:
-            conn.delete(key, run)
-        else:
-            conn.put(row)
+        # (The queue began closing since step 1: the row goes back as it was,
+        # unless the claim was to be written with the group: nothing was.)
+        if not deferred:
+            if row is None:
+                conn.delete(key, run)
+            else:
+                conn.put(row)
         return claim, wakeups
 
     def _read_first(self) -> bool:
