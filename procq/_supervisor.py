@@ -408,11 +408,13 @@ class Supervisor:
             self._kill_all(self.core.cancel_all("was cancelled: the queue's supervisor stopped"))
         self._starts.stop()  # (what it was starting is now watched: stopped and reaped below)
         stop_workers(self.core, self._watcher, self._timers, self._hurried, self._undertaker.forget)
-        for lane in self.core.lanes.values():
-            channel_kind(lane).close_lane(lane, self._launch)
-        self._handoffs.finish()
-        self._decoders.close()
-        self._watcher.close()
-        self._undertaker.stop()
-        os.close(self._alive_r)
-        os.close(self._alive_w)
+        try:
+            for lane in self.core.lanes.values():
+                channel_kind(lane).close_lane(lane, self._launch)
+            self._handoffs.finish()
+            self._decoders.close()
+        finally:  # (every worker is reaped: whatever fails now, the undertaker must not outlive the queue)
+            self._watcher.close()
+            self._undertaker.stop()
+            os.close(self._alive_r)
+            os.close(self._alive_w)

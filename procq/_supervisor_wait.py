@@ -265,6 +265,10 @@ def stop_workers(
             w.doom()
         closable = [w for w in workers if w.sending == 0]
     for w in closable:
+        # Out of the selector first: a closed pipe cannot be taken out, and a
+        # waiter that stopped reading it just now may have handed it back to
+        # be closed (unwatched) once more.
+        watcher.unwatch(w.channel.messages)
         w.channel.close()
     channels = [w.channel for w in workers]
     for channel in wait_for_exits(channels, STOP_GRACE, watcher.wake_fd, hurried, CANCEL_GRACE):

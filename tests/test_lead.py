@@ -145,3 +145,34 @@ def test_an_executor_future_is_settled_on_the_thread_waiting_for_it(gates: Gates
         assert got == [pid]
         assert ended_on == [thread]  # settled by the waiter, not the I/O thread
         assert future.exception(timeout=WAIT) is None and future.result() == pid
+
+
+def test_a_pipe_a_waiter_hands_back_as_the_queue_stops_is_closed_once_unwatched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A waiter that stops reading a worker's pipe just as the queue stops is
+    its last sender: it hands the pipe back to be closed, while the I/O
+    thread, stopping the workers, closes the pipes no one is sending on. The
+    pipe must leave the selector before either closes it (a closed pipe
+    cannot be taken out), and the queue's shutdown must not fail."""
+    failures: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(args.exc_value))
+    with open_queue(1) as q:
+        assert q.push_and_wait(Job("boot", jobs.identity, args=(1,)), timeout=WAIT) == 1
+        supervisor, core = q._supervisor, q._core
+        (worker,) = supervisor._watcher.workers()
+        stop = core.stop
+
+        def stop_as_a_waiter_hands_back_its_pipe() -> None:
+            stop()
+            # What a leader whose read ended now does: Core.sent says the
+            # queue stopped, so it, the last sender, hands the pipe back.
+            with core.lock:
+                worker.sending += 1
+            assert core.sent(worker)
+            supervisor._handoffs.close(worker)
+
+        monkeypatch.setattr(core, "stop", stop_as_a_waiter_hands_back_its_pipe)
+        q.close()
+    assert failures == []
+    assert worker.channel.messages.closed
