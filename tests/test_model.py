@@ -70,13 +70,16 @@ class KeyMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="procq-model-")
         self.fds: list[int] = []
-        self.q = ProcQueue(lanes={LANE: WORKERS}, on_mismatch="ignore")  # the model pushes any job under any key
+        self.q = self.open()
         self.keys: dict[str, Live | Done] = {}
         self.held: list[str] = []  # live keys in push order: the lane runs them in this order
         self.n = 0
         self.lane_completed = 0  # job endings, as the lane counts them
         self.lane_failed = 0
         self.crashes = 0
+
+    def open(self) -> ProcQueue:
+        return ProcQueue(lanes={LANE: WORKERS}, on_mismatch="ignore")  # the model pushes any job under any key
 
     def teardown(self) -> None:
         try:
