@@ -50,7 +50,7 @@ _CLAIM_AT, _CLAIM_NOW = _CLAIM.format("?"), _CLAIM.format("NULL")
 _EXISTS = "SELECT 1 FROM procq_keys WHERE key = ?"
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=32)
 def _insert_sql(n: int, live: bool) -> str:
     """``n`` rows of keys that had none, in one statement: live rows (claims;
     6 values a row, as ``_CLAIM``) or whole rows (claims whose jobs ended
