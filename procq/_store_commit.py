@@ -127,6 +127,7 @@ class Commits:
         self.keys: collections.Counter[str] = collections.Counter()  # keys with uncommitted writes
         self._held: collections.deque[tuple[int, list[Wakeup]]] = collections.deque()
         self.refused_since: float | None = None  # the store refused the last commit (monotonic)
+        self.refusal = ""  # why (the StoreUnavailable it raised)
         self.released = False  # release_all() was called
         self.last = 0.0  # when the last commit ended (monotonic), by any thread
         self.took = 0.0  # how long it took
@@ -146,6 +147,11 @@ class Commits:
         with self._lock:
             self.written += 1
             self.pending.append((self.written, None, claim))
+
+    def drop_claims(self, runs: set[str]) -> None:
+        """Forget the queued claims of these runs, unwritten: their push failed."""
+        with self._lock:
+            self.pending = [p for p in self.pending if type(p[2]) is not Fresh or p[2].row.run not in runs]
 
     def hold(self, wakeups: list[Wakeup]) -> bool:
         """Hold ``wakeups`` back until every write made so far is committed;
@@ -176,7 +182,9 @@ class Commits:
                     self.keys[key] -= 1
                     if not self.keys[key]:
                         del self.keys[key]
-                self.committed = taken[-1][0]
+                # (Nothing left: every number given is durable, those of
+                # writes dropped unwritten too: see drop_claims.)
+                self.committed = taken[-1][0] if self.pending else self.written
             elif not self.pending:
                 self.committed = self.written
             while self._held and self._held[0][0] <= self.committed:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from procq._core import Core, Item
-from procq._entries import ABANDONED, Entry, LaneState, Wakeup, run_wakeups
+from procq._entries import Entry, LaneState, Wakeup, run_wakeups
 from procq._fingerprint import job_fingerprint
 from procq._job import Job, Lane, Retention
 from procq._statemap import CACHED, FAILED, INFLIGHT, Claim, conflict, new_claim
@@ -132,6 +132,7 @@ class StoreCore(Core):
                 if self.commits.refused_since is None:
                     log.warning("procq store %s: %d writes wait for it: %s", self.store.url, len(taken), exc)
                 self.commits.refused_since = time.monotonic()
+                self.commits.refusal = str(exc)
                 return []
             except Exception:
                 # Not the store's doing: a write that cannot be made. Its
@@ -238,8 +239,27 @@ class StoreCore(Core):
                     self._lost()
                 self.abandon_all(fresh, "the store could not be reached")
                 raise
+            refused = self._refused(fresh, wakeups)
         self.deliver_now(wakeups)
+        if refused is not None:
+            raise StoreUnavailable(refused)
         return claims, conflict_at
+
+    def _refused(self, fresh: list[Entry], wakeups: list[Wakeup]) -> str | None:
+        """While the store refuses commits (it is full, read-only, gone), a
+        push that claims keys is answered only once its claims are committed;
+        else they go, leaving nothing (the failed commit rolled back), and
+        why is returned for the push to raise. (db_lock held.)"""
+        if not fresh or self.commits.refused_since is None or self.in_user_tx:
+            return None
+        wakeups.extend(self.commit())
+        if self.commits.refused_since is None:
+            return None
+        with self.lock:
+            runs = {h.live.run for h in map(self.records_.held.get, (e.key for e in fresh)) if h is not None}
+        self.commits.drop_claims(runs)
+        self.rolled_back(fresh, "the store could not be written")
+        return self.commits.refusal
 
     def _claim(
         self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, read: bool
@@ -333,37 +353,27 @@ class StoreCore(Core):
 
     def abandon_all(self, entries: list[Entry], why: str) -> None:
         super().abandon_all(entries, why)
-        self._forget_abandoned(entries)
+        with self.lock:
+            self.records_.abandoned(entries)
 
     def unblock(self, entry: Entry, why: str) -> Any:
         answer = super().unblock(entry, why)
-        self._forget_abandoned([entry])
+        with self.lock:
+            self.records_.abandoned([entry])
         return answer
 
     def cancel_all(self, why: str) -> list[Any]:
         doomed = super().cancel_all(why)
         with self.lock:
-            self._forget_abandoned_locked([h.entry for h in self.records_.held.values() if h.entry is not None])
+            self.records_.abandoned([h.entry for h in self.records_.held.values()])
         self.deliver_now(self.commits.release_all())  # a cancelled queue waits for no store
         return doomed
-
-    def _forget_abandoned(self, entries: list[Entry]) -> None:
-        with self.lock:
-            self._forget_abandoned_locked(entries)
-
-    def _forget_abandoned_locked(self, entries: list[Entry]) -> None:
-        for entry in entries:
-            if entry.status is ABANDONED:
-                self.records_.abandoned(entry)
 
     def rolled_back(self, entries: list[Entry], why: str) -> None:
         """Claims of a transaction that rolled back: their rows went with it,
         so nothing is written back; their handles end ``cancelled``."""
         with self.lock:
-            for entry in entries:
-                held = self.records_.held.get(entry.key)
-                if held is not None and held.entry is entry:
-                    del self.records_.held[entry.key]
+            self.records_.rolled_back(entries)
         super().abandon_all(entries, why)
 
     # --- waking a held key --------------------------------------------------------------
@@ -385,21 +395,6 @@ class StoreCore(Core):
                 raise
         self.deliver_now(wakeups)
         return None
-
-    def wake_scheduled(self, rows: dict[str, float]) -> None:
-        """The watcher read the not_before of this queue's scheduled rows:
-        move earlier the timers that another queue's ``wake`` moved."""
-        offset = time.monotonic() - time.time()
-        for key, not_before in rows.items():
-            with self.lock:
-                entry = self.keys.live.get(key)
-            if entry is None or entry.due is None:
-                continue
-            target = not_before + offset
-            if target < entry.due - 0.001:  # (the two clocks' conversion is not exact)
-                worker = super().wake(entry, target)
-                if worker is not None:
-                    worker.channel.send_job(self, worker, entry)
 
     # --- waiting on another queue's key ------------------------------------------------
 

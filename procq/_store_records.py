@@ -6,9 +6,10 @@ the state map in step."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from procq._entries import Entry
+from procq._entries import ABANDONED, Entry
 from procq._retention import Done, Fell, Record
 from procq._store import Conn, Row, encode_outcome
 from procq._store_commit import Write
@@ -102,12 +103,24 @@ class StoreRecords:
                                    failure=failure, attempts=attempts, ended=time.time())  # fmt: skip
         self._core.commits.add(key, ended)
 
-    def abandoned(self, entry: Entry) -> None:
-        """``entry``'s claim was abandoned with no row to put back: remove its row."""
+    def abandoned(self, entries: Iterable[Entry | None]) -> None:
+        """Of ``entries``, the claims abandoned: their rows go, or the rows
+        they replaced come back (under ``Core.lock``)."""
+        for entry in entries:
+            if entry is not None and entry.status is ABANDONED and (held := self._release(entry)) is not None:
+                self._core.commits.add(entry.key, _restore(held))
+
+    def rolled_back(self, entries: Iterable[Entry]) -> None:
+        """Claims whose transaction rolled back: their rows went with it (under ``Core.lock``)."""
+        for entry in entries:
+            self._release(entry)
+
+    def _release(self, entry: Entry) -> Held | None:
+        """Let go of the key's claim, if it is ``entry``'s."""
         held = self.held.get(entry.key)
-        if held is not None and held.entry is entry:
-            del self.held[entry.key]
-            self._core.commits.add(entry.key, _restore(held))
+        if held is None or held.entry is not entry:
+            return None
+        return self.held.pop(entry.key)
 
     def drop(self, rec: Record) -> None:
         pass

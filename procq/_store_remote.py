@@ -151,12 +151,23 @@ class Watcher(threading.Thread):
                 self._wake.wait(min(1.0, self.store.poll * 10))
 
     def _wakes(self) -> None:
-        """Timers another queue moved earlier (its ``wake``), on this queue's scheduled rows."""
+        """Timers another queue moved earlier (its ``wake``), on this queue's
+        scheduled rows: a timer due later than its row's not_before moves to it."""
         core = self.core
         rows = self.conn.scheduled(core.holder)
         with core.lock:
             core.scheduled.intersection_update(k for k in rows if k in core.keys.live)
-        core.wake_scheduled(rows)
+        offset = time.monotonic() - time.time()
+        for key, not_before in rows.items():
+            with core.lock:
+                entry = core.keys.live.get(key)
+            if entry is None or entry.due is None:
+                continue
+            target = not_before + offset
+            if target < entry.due - 0.001:  # (the two clocks' conversion is not exact)
+                worker = core.wake(entry, target)
+                if worker is not None:
+                    worker.channel.send_job(core, worker, entry)
 
     def _poll(self) -> None:
         with self._lock:

@@ -25,3 +25,11 @@ def fails(log: str) -> None:
 
 def echo(value: object) -> object:
     return value
+
+
+def big(started: str, go: str, size: int) -> bytes:
+    """Signal ``started``, wait at ``go``, return ``size`` bytes (more than a page of the store)."""
+    from jobs import signal_and_wait
+
+    signal_and_wait(started, go)
+    return b"x" * size

@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jobs
 import psutil
@@ -351,6 +352,55 @@ def test_a_locked_store_refuses_pushes_and_gets_outcomes_once_back(tmp_path: Pat
                 pushed = other.push(Job("slow", jobs.signal_and_wait, args=(gate.started, gate.go)))
                 output = pushed.output if isinstance(pushed, Cached) else pushed.handle.result(timeout=WAIT)
                 assert output == pid
+    finally:
+        gate.close()
+
+
+class _FullStore(SqliteStore):
+    """A SQLite store whose file cannot grow while ``full`` (SQLite's own
+    ``max_page_count``: a statement that needs a new page fails with
+    "database or disk is full", as on a full disk)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, busy=0.1)
+        self.conns: list[Any] = []
+
+    def connect(self) -> Any:
+        conn = super().connect()
+        self.conns.append(conn)
+        return conn
+
+    def set_full(self, core: Any, full: bool) -> None:
+        with core.db_lock:  # (the queue's connection is the queue's to use)
+            for conn in self.conns:
+                pages = conn.db.execute("PRAGMA page_count").fetchone()[0] if full else 2**30
+                conn.db.execute(f"PRAGMA max_page_count = {pages}")
+
+
+def test_a_full_store_refuses_pushes_and_gets_outcomes_once_it_has_room(tmp_path: Path) -> None:
+    store = _FullStore(tmp_path / "run.db")
+    gate = Gate(tmp_path, "g")
+    try:
+        with ProcQueue(1, store=store) as q:
+            running = q.push(Job("big", store_jobs.big, args=(gate.started, gate.go, 100_000)))
+            assert isinstance(running, Queued)
+            gate.wait_started()
+            store.set_full(q._core, True)
+            gate.open()
+            # The job ends; its outcome cannot be written, so its waiter waits.
+            wait_until(lambda: q._core.commits.refused_since is not None and q._core.commits.pending)
+            assert not running.handle.done()
+            with pytest.raises(StoreUnavailable, match="database or disk is full"):
+                q.push(Job("other", store_jobs.echo, args=(1,)))
+            assert q.state("other") is None
+            store.set_full(q._core, False)
+            assert running.handle.result(timeout=WAIT) == b"x" * 100_000  # written once there is room
+            assert q.push_and_wait(Job("other", store_jobs.echo, args=(1,)), timeout=WAIT) == 1
+        with ProcQueue(1, store=SqliteStore(tmp_path / "run.db")) as again:
+            assert again.push(Job("big", store_jobs.big, args=(gate.started, gate.go, 100_000))) == Cached(
+                b"x" * 100_000
+            )
+            assert again.push(Job("other", store_jobs.echo, args=(1,))) == Cached(1)
     finally:
         gate.close()
 
