@@ -147,6 +147,10 @@ class Conn(Protocol):
     def lock_all(self, keys: list[str]) -> None:
         """Hold every key of a batch, in sorted order (waiting for them)."""
 
+    def claim_held(self, rows: list[Row]) -> list[Taken | tuple[Row, bool]]:
+        """``claim`` of every row's key, in one statement where the database
+        can: the keys are held already (``lock_all``), each a key once."""
+
     def exists(self, key: str) -> bool:
         """Has the key a row? (Inside the transaction that holds the key.)"""
 
@@ -214,6 +218,8 @@ class Store:
     #: transaction's other writes, not by a statement of its own (see
     #: ``_store_commit``): where the transaction's lock holds every key.
     defers_claims = False
+    #: A batch's claims are made in one statement (``Conn.claim_held``).
+    claims_batches = False
 
     def __init__(self, lease: float = 10.0, poll: float = 0.01) -> None:
         if not lease > 0 or not poll > 0:

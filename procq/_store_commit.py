@@ -49,13 +49,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from procq._entries import Wakeup
-from procq._store import Conn, Row
+from procq._entries import Entry, Wakeup
+from procq._store import Conn, Row, StoreUnavailable
 
 if TYPE_CHECKING:
     from procq._store_core import StoreCore
 
-__all__ = ["GROUP_WINDOW", "Commits", "Committer", "Fresh", "Write", "run_writes"]
+__all__ = ["GROUP_WINDOW", "Commits", "Committer", "Fresh", "Write", "commit_claims", "commit_writes", "run_writes"]
 
 log = logging.getLogger("procq.store")
 
@@ -112,6 +112,63 @@ def run_writes(conn: Conn, writes: list[Write]) -> None:
 GROUP_WINDOW = 0.002
 #: How often writes the store refused are tried again (seconds).
 RETRY = 0.25
+
+
+def commit_writes(core: StoreCore) -> list[Wakeup]:
+    """``StoreCore.commit``: run the queued writes and commit them with the
+    group transaction; the wake-ups released, for the caller to deliver. A
+    store that refuses keeps the writes queued (``Commits.refused_since``)."""
+    commits = core.commits
+    with core.db_lock:
+        if core.in_user_tx:
+            return []  # the caller's transaction commits when it ends
+        conn = core.conn
+        taken = commits.take()
+        if not taken and not conn.in_tx:
+            return commits.done([])
+        began = time.monotonic()
+        try:
+            if taken:
+                if not conn.in_tx:
+                    conn.begin()
+                run_writes(conn, [write for _, _, write in taken])
+            conn.commit()
+        except StoreUnavailable as exc:
+            conn.rollback()
+            core.group_since = None
+            if commits.refused_since is None:
+                log.warning("procq store %s: %d writes wait for it: %s", core.store.url, len(taken), exc)
+            commits.refused_since = time.monotonic()
+            commits.refusal = str(exc)
+            return []
+        except Exception:
+            # Not the store's doing: a write that cannot be made. Its
+            # waiters are told anyway rather than left waiting forever.
+            conn.rollback()
+            log.exception("procq store %s: %d writes could not be made", core.store.url, len(taken))
+        core.group_since = None
+        commits.last = time.monotonic()
+        commits.took = commits.last - began
+        return commits.done(taken)
+
+
+def commit_claims(core: StoreCore, fresh: list[Entry], wakeups: list[Wakeup]) -> str | None:
+    """While the store refuses commits (it is full, read-only, gone), a push
+    that claims keys (``fresh``) is answered only once its claims are
+    committed (the wake-ups released go to ``wakeups``); else they go,
+    leaving nothing (the failed commit rolled back), and why is returned for
+    the push to raise. (db_lock held.)"""
+    commits = core.commits
+    if not fresh or commits.refused_since is None or core.in_user_tx:
+        return None
+    wakeups.extend(core.commit())
+    if commits.refused_since is None:
+        return None
+    with core.lock:
+        runs = {h.live.run for h in map(core.records_.held.get, (e.key for e in fresh)) if h is not None}
+    commits.drop_claims(runs)
+    core.rolled_back(fresh, "the store could not be written")
+    return commits.refusal
 
 
 class Commits:

@@ -54,7 +54,7 @@ from procq._store import (
     open_store,
     stable_fingerprint,
 )
-from procq._store_commit import Commits, Committer, Fresh, run_writes
+from procq._store_commit import Commits, Committer, Fresh, commit_claims, commit_writes, run_writes
 from procq._store_read import forget_key, read_snapshot, read_state
 from procq._store_records import Held, StoreRecords, as_record
 from procq._store_remote import RemoteEntry, Watcher
@@ -112,38 +112,7 @@ class StoreCore(Core):
     def commit(self) -> list[Wakeup]:
         """Run the queued writes and commit them with the group transaction;
         returns the wake-ups released, for the caller to deliver (``deliver_now``)."""
-        with self.db_lock:
-            if self.in_user_tx:
-                return []  # the caller's transaction commits when it ends
-            conn = self.conn
-            taken = self.commits.take()
-            if not taken and not conn.in_tx:
-                return self.commits.done([])
-            began = time.monotonic()
-            try:
-                if taken:
-                    if not conn.in_tx:
-                        conn.begin()
-                    run_writes(conn, [write for _, _, write in taken])
-                conn.commit()
-            except StoreUnavailable as exc:
-                conn.rollback()
-                self.group_since = None
-                if self.commits.refused_since is None:
-                    log.warning("procq store %s: %d writes wait for it: %s", self.store.url, len(taken), exc)
-                self.commits.refused_since = time.monotonic()
-                self.commits.refusal = str(exc)
-                return []
-            except Exception:
-                # Not the store's doing: a write that cannot be made. Its
-                # waiters are told anyway rather than left waiting forever.
-                conn.rollback()
-                self.group_since = None
-                log.exception("procq store %s: %d writes could not be made", self.store.url, len(taken))
-            self.group_since = None
-            self.commits.last = time.monotonic()
-            self.commits.took = self.commits.last - began
-            return self.commits.done(taken)
+        return commit_writes(self)
 
     def _begin(self) -> None:
         """Open the group transaction if none is (under db_lock)."""
@@ -208,11 +177,13 @@ class StoreCore(Core):
         with self.db_lock:
             try:
                 wakeups += self._settle_keys(keys)
+                taken: dict[str, tuple[Row, Taken | tuple[Row, bool]]] = {}
                 if len(items) > 1:
                     if not self.in_user_tx and not self.store.read_first:
                         wakeups += self.commit()  # hold no key of ours while waiting for the batch's
                     self._begin()
                     self.conn.lock_all(keys)
+                    taken = self._claim_held(items)
                 for i, ((job, lane, due), fp) in enumerate(zip(items, fps, strict=True)):
                     # Only a claim (under db_lock, held here) makes a key live:
                     # one not live now stays so, and is read without the lock.
@@ -223,12 +194,16 @@ class StoreCore(Core):
                             if local:
                                 claim = self.keys.claim(job, lane, fp, due, self.clock())
                     if not local:
-                        claim, more = self._claim(job, lane, fp, due, read)
+                        claim, more = self._claim(job, lane, fp, due, read, taken.pop(job.key, None))
                         wakeups += more
                     if claim.conflict is not None and conflict_at is None:
                         conflict_at = i
                         if self.strict_payload:
-                            self.abandon_all(fresh, "its batch was refused")
+                            if taken:  # claims made ahead: the batch's transaction holds nothing else
+                                self._lost()
+                                self.rolled_back(fresh, "its batch was refused")
+                            else:
+                                self.abandon_all(fresh, "its batch was refused")
                             claims.append(claim)
                             break
                     if claim.kind == "queued":
@@ -239,33 +214,41 @@ class StoreCore(Core):
                     self._lost()
                 self.abandon_all(fresh, "the store could not be reached")
                 raise
-            refused = self._refused(fresh, wakeups)
+            refused = commit_claims(self, fresh, wakeups)
         self.deliver_now(wakeups)
         if refused is not None:
             raise StoreUnavailable(refused)
         return claims, conflict_at
 
-    def _refused(self, fresh: list[Entry], wakeups: list[Wakeup]) -> str | None:
-        """While the store refuses commits (it is full, read-only, gone), a
-        push that claims keys is answered only once its claims are committed;
-        else they go, leaving nothing (the failed commit rolled back), and
-        why is returned for the push to raise. (db_lock held.)"""
-        if not fresh or self.commits.refused_since is None or self.in_user_tx:
-            return None
-        wakeups.extend(self.commit())
-        if self.commits.refused_since is None:
-            return None
-        with self.lock:
-            runs = {h.live.run for h in map(self.records_.held.get, (e.key for e in fresh)) if h is not None}
-        self.commits.drop_claims(runs)
-        self.rolled_back(fresh, "the store could not be written")
-        return self.commits.refusal
+    def _claim_held(self, items: list[Item]) -> dict[str, tuple[Row, Taken | tuple[Row, bool]]]:
+        """Where the store claims a batch in one statement (PostgreSQL), and not
+        in the caller's transaction: claim the batch's keys held (``lock_all``)
+        and not live here, each once, ahead of the batch's loop (db_lock held)."""
+        if not self.store.claims_batches or self.in_user_tx:
+            return {}
+        rows: dict[str, Row] = {}
+        for job, _, due in items:
+            if job.key not in rows and job.key not in self.keys.live:  # (live: see claim_all)
+                rows[job.key] = self._live_row(job, due)
+        if not rows:
+            return {}
+        return dict(zip(rows, zip(rows.values(), self.conn.claim_held(list(rows.values())), strict=True), strict=True))
+
+    def _live_row(self, job: Job[Any], due: float | None) -> Row:
+        """A new claim's live row for ``job``."""
+        wall = time.time()
+        not_before = None if due is None else wall + max(0.0, due - time.monotonic())
+        sfp = stable_fingerprint(job) if self.check_payload else None
+        run = f"{self.holder}/{next(self._runs)}"
+        return Row(job.key, "live", run, self.holder, sfp, None, None, None, 1, not_before, wall, None)
 
     def _claim(
-        self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, read: bool
-    ) -> tuple[Claim, list[Wakeup]]:
+        self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, read: bool,
+        ahead: tuple[Row, Taken | tuple[Row, bool]] | None = None,
+    ) -> tuple[Claim, list[Wakeup]]:  # fmt: skip
         """Claim a key this queue does not hold (db_lock held): its row decides.
-        ``read``: read the row first (False: ``claim`` has, and found it not done)."""
+        ``read``: read the row first (False: ``claim`` has, and found it not
+        done). ``ahead``: the claim made already (``_claim_held``)."""
         key = job.key
         reuse = job.reuse or self.keys.reuse
         conn = self.conn
@@ -275,15 +258,15 @@ class StoreCore(Core):
             if row is not None and row.state == "done" and reuse != "always" and not self.row_expired(row):
                 return self._cached(row, job), wakeups
         self._begin()
-        run = f"{self.holder}/{next(self._runs)}"
-        wall = time.time()
-        not_before = None if due is None else wall + max(0.0, due - time.monotonic())
-        sfp = stable_fingerprint(job) if self.check_payload else None
-        live = Row(key, "live", run, self.holder, sfp, None, None, None, 1, not_before, wall, None)
-        # A key with no row, where the transaction holds every key: the claim
-        # is written with the group (see _store_commit), not by a statement now.
-        deferred = self.store.defers_claims and not self.in_user_tx and not conn.exists(key)
-        taken = Taken.INSERTED if deferred else conn.claim(live, self.in_user_tx)
+        if ahead is not None:
+            live, taken = ahead
+            deferred = False
+        else:
+            live = self._live_row(job, due)
+            # A key with no row, where the transaction holds every key: the claim
+            # is written with the group (see _store_commit), not by a statement now.
+            deferred = self.store.defers_claims and not self.in_user_tx and not conn.exists(key)
+            taken = Taken.INSERTED if deferred else conn.claim(live, self.in_user_tx)
         if taken is Taken.BUSY:  # another transaction holds it: let ours go first, then wait
             wakeups += self.commit()
             self._begin()
@@ -329,7 +312,7 @@ class StoreCore(Core):
         # unless the claim was to be written with the group: nothing was.)
         if not deferred:
             if row is None:
-                conn.delete(key, run)
+                conn.delete(key, live.run)
             else:
                 conn.put(row)
         return claim, wakeups

@@ -69,6 +69,29 @@ _DDL = [
                 p.attempts, p.not_before, p.created, p.ended, coalesce(hh.expires >= {_NOW}, false)
                 FROM procq_keys p LEFT JOIN procq_holders hh ON hh.id = p.holder WHERE p.key = k;
         END $$""",
+    # A batch's claims in one round trip (its keys already held: procq_lock_all):
+    # for each key in order, its index and what procq_claim would say.
+    f"""CREATE OR REPLACE FUNCTION procq_claim_all(
+            ks text[], rs text[], h text, fs bytea[], nbs double precision[], cs double precision[])
+        RETURNS TABLE (o_i integer, o_taken text, o_key text, o_state text, o_run text, o_holder text,
+            o_fp bytea, o_output bytea, o_encoding text, o_failure text, o_attempts integer,
+            o_not_before double precision, o_created double precision, o_ended double precision, o_alive boolean)
+        LANGUAGE plpgsql AS $$
+        BEGIN
+            FOR i IN 1 .. coalesce(array_length(ks, 1), 0) LOOP
+                INSERT INTO procq_keys AS p (key, state, run, holder, fp, attempts, not_before, created)
+                    VALUES (ks[i], 'live', rs[i], h, fs[i], 1, nbs[i], cs[i]) ON CONFLICT (key) DO NOTHING;
+                IF FOUND THEN
+                    RETURN QUERY SELECT i, 'inserted', ks[i], NULL::text, NULL::text, NULL::text, NULL::bytea,
+                        NULL::bytea, NULL::text, NULL::text, NULL::integer, NULL::double precision,
+                        NULL::double precision, NULL::double precision, NULL::boolean;
+                ELSE
+                    RETURN QUERY SELECT i, 'found', p.key, p.state, p.run, p.holder, p.fp, p.output, p.encoding,
+                        p.failure, p.attempts, p.not_before, p.created, p.ended, coalesce(hh.expires >= {_NOW}, false)
+                        FROM procq_keys p LEFT JOIN procq_holders hh ON hh.id = p.holder WHERE p.key = ks[i];
+                END IF;
+            END LOOP;
+        END $$""",
     """CREATE OR REPLACE FUNCTION procq_lock_all(ks text[]) RETURNS void LANGUAGE plpgsql AS $$
         DECLARE k text;
         BEGIN
@@ -98,6 +121,7 @@ _RESTORE = (
     "failure = %s, attempts = %s, not_before = %s, created = %s, ended = %s WHERE key = %s AND run = %s"
 )
 _CLAIM = "SELECT * FROM procq_claim(%s, %s, %s, %s, %s, %s, %s)"
+_CLAIM_ALL = "SELECT * FROM procq_claim_all(%s::text[], %s::text[], %s, %s::bytea[], %s::float8[], %s::float8[])"
 _READ_DONE = "SELECT output, encoding, fp, ended FROM procq_keys WHERE key = %s AND state = 'done'"
 _BATCH = 500  # rows a retention sweep deletes per statement
 # The advisory lock that serialises creating the schema (any constant of our own).
@@ -108,6 +132,7 @@ class PostgresStore(Store):
     """A PostgreSQL database as a store (``ProcQueue(store="postgresql://...")``)."""
 
     read_first = False  # a claim reads the row in the same round trip
+    claims_batches = True  # a batch's keys are claimed in one round trip (claim_held)
 
     def __init__(self, url: str, lease: float = 10.0, poll: float = 0.5) -> None:
         # poll: with NOTIFY, only the backstop for what a notification cannot say (a lease expiring).
@@ -239,6 +264,12 @@ class PostgresConn:
 
     def lock_all(self, keys: list[str]) -> None:
         self._exec("SELECT procq_lock_all(%s)", (sorted(set(keys)),))
+
+    def claim_held(self, rows: list[Row]) -> list[Taken | tuple[Row, bool]]:
+        args = ([r.key for r in rows], [r.run for r in rows], rows[0].holder, [r.fp for r in rows],
+                [r.not_before for r in rows], [r.created for r in rows])  # fmt: skip
+        found = sorted(self._query(_CLAIM_ALL, args))
+        return [Taken.INSERTED if f[1] == "inserted" else (_row(f[2:-1]), bool(f[-1])) for f in found]
 
     def exists(self, key: str) -> bool:
         return self._exec("SELECT 1 FROM procq_keys WHERE key = %s", (key,)).fetchone() is not None

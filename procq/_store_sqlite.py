@@ -221,6 +221,9 @@ class SqliteConn:
     def lock_all(self, keys: list[str]) -> None:
         pass  # the write lock holds every key
 
+    def claim_held(self, rows: list[Row]) -> list[Taken | tuple[Row, bool]]:
+        return [self.claim(row, True) for row in rows]
+
     def exists(self, key: str) -> bool:
         return self._write(_EXISTS, (key,)).fetchone() is not None
 

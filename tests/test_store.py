@@ -168,6 +168,57 @@ def test_push_all_claims_in_one_transaction(url: str, tmp_path: Path) -> None:
     assert sorted(line.split()[0] for line in lines(Path(log))) == ["1", "2", "3"]
 
 
+def test_push_all_answers_every_kind_of_row_and_a_refused_batch_leaves_none(url: str, tmp_path: Path) -> None:
+    """One batch over keys completed, failed, live in another queue, new and
+    repeated; then a batch refused for a payload conflict claims none of its keys."""
+    log = str(tmp_path / "log")
+    gate = Gate(tmp_path, "g")
+    try:
+        with ProcQueue(1, store=url) as other, ProcQueue(2, store=url) as q:
+            held = other.push(Job("held", jobs.signal_and_wait, args=(gate.started, gate.go)))
+            pid = gate.wait_started()
+            q.push_and_wait(Job("done", store_jobs.counted, args=(log, "done")), timeout=WAIT)
+            with pytest.raises(JobFailed):
+                q.push_and_wait(Job("failed", store_jobs.fails, args=(log,)), timeout=WAIT)
+            batch = [
+                Job("done", store_jobs.counted, args=(log, "done")),
+                Job("failed", store_jobs.counted, args=(log, "failed again")),
+                Job("held", jobs.signal_and_wait, args=(gate.started, gate.go)),
+                Job("new", store_jobs.counted, args=(log, "new")),
+                Job("new", store_jobs.counted, args=(log, "new")),
+            ]
+            out = q.push_all(batch)
+            assert out[0] == Cached("done")
+            assert isinstance(out[1], Queued) and out[1].handle.result(timeout=WAIT) == "failed again"
+            assert isinstance(out[2], InFlight) and isinstance(out[3], Queued) and isinstance(out[4], InFlight)
+            assert out[3].handle.result(timeout=WAIT) == out[4].handle.result(timeout=WAIT) == "new"
+            gate.open()
+            assert out[2].handle.result(timeout=WAIT) == pid == held.handle.result(timeout=WAIT)
+
+            refused = [Job(f"fresh{i}", store_jobs.echo, args=(i,)) for i in range(3)]
+            refused.insert(2, Job("done", store_jobs.echo, args=("another payload",)))
+            with pytest.raises(KeyConflict):
+                q.push_all(refused)
+            assert [q.state(f"fresh{i}") for i in range(3)] == [None, None, None]
+            assert outside_count(url, "fresh%") == 0
+            assert q.push_all([Job("fresh0", store_jobs.echo, args=(0,))])[0].handle.result(timeout=WAIT) == 0
+    finally:
+        gate.close()
+    assert sorted(line.split()[0] for line in lines(Path(log))) == ["done", "failed", "fails", "new"]
+
+
+def outside_count(url: str, like: str) -> int:
+    """Rows whose key is LIKE ``like``, read on a connection of the test's own."""
+    if url.startswith("sqlite"):
+        with sqlite3.connect(url[len("sqlite:///") :]) as con:
+            return int(con.execute("SELECT count(*) FROM procq_keys WHERE key LIKE ?", (like,)).fetchone()[0])
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as con:
+        found = con.execute("SELECT count(*) FROM procq_keys WHERE key LIKE %s", (like,)).fetchone()
+        return int(found[0]) if found else 0
+
+
 # --- the store's file and URL ------------------------------------------------------------
 
 
