@@ -94,3 +94,21 @@ def test_a_claim_waits_for_no_poke_and_counts_as_no_write_of_its_key() -> None:
     for wake in released:
         wake()
     assert woken == [1] and not commits.keys and not commits.pending
+
+
+def test_a_batch_of_claims_inserts_keys_with_no_row_and_returns_the_others(conn: Conn) -> None:
+    from procq._store import Taken
+
+    theirs = live("held", "q2/1", "q2")
+    commit(conn, [Fresh(theirs), Fresh(live("done", "q2/2", "q2"))])
+    commit(conn, [ended(live("done", "q2/2", "q2"), Completed(5))])
+    conn.begin()
+    conn.lock_all(["done", "held", "new"])
+    got = conn.claim_held([live("new"), live("held", "q1/2"), live("done", "q1/3")])
+    conn.commit()
+    assert got[0] is Taken.INSERTED
+    assert got[1] == (theirs, False)  # (q2 holds no lease here: not alive)
+    row, alive = got[2]  # type: ignore[misc]
+    assert row.outcome() == Completed(5) and alive is False
+    new = conn.rows(["new"])["new"]
+    assert (new.state, new.run, new.holder) == ("live", "q1/1", "q1")
