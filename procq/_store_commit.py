@@ -206,7 +206,9 @@ class Commits:
             self.pending.append((self.written, None, claim))
 
     def drop_claims(self, runs: set[str]) -> None:
-        """Forget the queued claims of these runs, unwritten: their push failed."""
+        """Forget the queued claims of these runs, unwritten: their push failed.
+        (Under ``db_lock``, as every commit: a commit's ``done`` takes off the
+        prefix of ``pending`` it took.)"""
         with self._lock:
             self.pending = [p for p in self.pending if type(p[2]) is not Fresh or p[2].row.run not in runs]
 
