@@ -214,6 +214,15 @@ class StoreCore(Core):
                     self._lost()
                 self.abandon_all(fresh, "the store could not be reached")
                 raise
+            except BaseException:
+                # Cut short (the queue began closing between two of its keys,
+                # say): the batch claims none of them, as in memory.
+                if taken:  # claims made ahead, not reached: the batch's transaction holds nothing else
+                    self._lost()
+                    self.rolled_back(fresh, "its batch was cut short")
+                else:
+                    self.abandon_all(fresh, "its batch was cut short")
+                raise
             refused = commit_claims(self, fresh, wakeups)
         self.deliver_now(wakeups)
         if refused is not None:
@@ -224,7 +233,7 @@ class StoreCore(Core):
         """Where the store claims a batch in one statement (PostgreSQL), and not
         in the caller's transaction: claim the batch's keys held (``lock_all``)
         and not live here, each once, ahead of the batch's loop (db_lock held)."""
-        if not self.store.claims_batches or self.in_user_tx:
+        if not self.store.claims_batches or self.in_user_tx or self.keys.closing:
             return {}
         rows: dict[str, Row] = {}
         for job, _, due in items:

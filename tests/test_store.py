@@ -39,6 +39,7 @@ from procq import (
     Pending,
     Processing,
     ProcQueue,
+    QueueClosed,
     Queued,
     Retention,
     SqliteStore,
@@ -205,6 +206,33 @@ def test_push_all_answers_every_kind_of_row_and_a_refused_batch_leaves_none(url:
     finally:
         gate.close()
     assert sorted(line.split()[0] for line in lines(Path(log))) == ["done", "failed", "fails", "new"]
+
+
+def test_a_batch_cut_short_leaves_none_of_its_claims(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch that fails part-way (here the queue's state map refusing its
+    second key, as it does once the queue begins closing, which a store's
+    batch can meet between two keys) claims none of its keys: they can be
+    pushed again and run, and the queue closes."""
+    with ProcQueue(1, store=url) as q:
+        state_map = type(q._core.keys)
+        claim = state_map.claim
+        calls = []
+
+        def refuse_the_second(self: Any, *args: Any) -> Any:
+            calls.append(args)
+            if len(calls) == 2:
+                raise QueueClosed("the queue is closed")
+            return claim(self, *args)
+
+        monkeypatch.setattr(state_map, "claim", refuse_the_second)
+        with pytest.raises(QueueClosed):
+            q.push_all([Job(f"cut{i}", store_jobs.echo, args=(i,)) for i in range(3)])
+        monkeypatch.undo()
+        q._core.deliver_now(q._core.commit())
+        assert outside_count(url, "cut%") == 0
+        assert [q.state(f"cut{i}") for i in range(3)] == [None, None, None]
+        out = q.push_all([Job(f"cut{i}", store_jobs.echo, args=(i,)) for i in range(3)])
+        assert [o.handle.result(timeout=WAIT) for o in out] == [0, 1, 2]
 
 
 def outside_count(url: str, like: str) -> int:
