@@ -43,7 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from procq._dispatch import Dispatch, Offer, Offered, Reported, Unblocked
-from procq._entries import ABANDONED, PENDING, Ended, Entry, LaneState, WorkerLife, WorkerSlot, run_wakeups
+from procq._entries import ABANDONED, PENDING, Ended, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot, run_wakeups
 from procq._fingerprint import job_fingerprint
 from procq._job import Job, Lane, Retention
 from procq._protocol import Report, Undecoded
@@ -60,7 +60,6 @@ __all__ = [
     "Claim", "Core", "Ended", "Entry", "Item", "LaneState", "Offer", "WorkerLife", "WorkerSlot", "run_wakeups",
 ]  # fmt: skip
 
-Wakeup = Callable[[], None]
 #: A job to claim, its lane, and when it is due (None: now); see ``Core.claim``.
 Item = tuple[Job[Any], LaneState, float | None]
 

@@ -9,16 +9,13 @@ PROCESSING, with no worker and no deadline, counted in its lane's
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from procq._entries import PROCESSING, Entry, LaneState
+from procq._entries import PROCESSING, Entry, LaneState, Wakeup
 from procq._statemap import StateMap
 from procq._values import Completed, Failed, Failure
 
 __all__ = ["Decoding"]
-
-Wakeup = Callable[[], None]
 
 
 class Decoding:

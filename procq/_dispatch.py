@@ -30,7 +30,7 @@ from typing import Any
 
 from procq import _spares
 from procq._decoding import Decoding
-from procq._entries import PENDING, PROCESSING, Entry, LaneState, WorkerLife, WorkerSlot
+from procq._entries import PENDING, PROCESSING, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
 from procq._job import Job, Lane
 from procq._protocol import Report, Undecoded
 from procq._statemap import StateMap
@@ -38,7 +38,6 @@ from procq._values import Failed, Failure, LaneStats
 
 __all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch", "Offer", "Offered", "Reported", "Unblocked"]
 
-Wakeup = Callable[[], None]
 
 #: A lane whose jobs run for less than this (on average, lately) has jobs sent
 #: ahead to its busy workers: enough to keep each busy for about this long.

@@ -38,11 +38,10 @@ import enum
 import itertools
 import random
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, LaneState, Status, WorkerSlot
+from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, LaneState, Status, Wakeup, WorkerSlot
 from procq._errors import QueueClosed
 from procq._fingerprint import describe
 from procq._job import Job
@@ -52,8 +51,6 @@ from procq._timers import Timers
 from procq._values import Completed, Failed, Failure, LaneStats, QueueStats, State
 
 __all__ = ["Claim", "ClaimKind", "StateMap", "conflict", "new_claim"]
-
-Wakeup = Callable[[], None]
 
 
 class ClaimKind(str, enum.Enum):

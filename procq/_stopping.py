@@ -11,18 +11,15 @@ that has not started ends here and now, through the state map.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import replace
 
 from procq._dispatch import Dispatch
-from procq._entries import PROCESSING, Entry, WorkerLife, WorkerSlot
+from procq._entries import PROCESSING, Entry, Wakeup, WorkerLife, WorkerSlot
 from procq._statemap import StateMap
 from procq._timers import Timers
 from procq._values import Failed, Failure
 
 __all__ = ["Stopping"]
-
-Wakeup = Callable[[], None]
 
 
 class Stopping:

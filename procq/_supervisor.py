@@ -103,8 +103,9 @@ from typing import Any
 
 from procq import _log
 from procq._channel import Launch, channel_kind
-from procq._core import Core, Entry, Wakeup, WorkerLife, WorkerSlot
+from procq._core import Core, Entry, WorkerLife, WorkerSlot
 from procq._dispatch import Reported
+from procq._entries import Wakeup
 from procq._processes import next_sample
 from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 from procq._supervisor_decode import Decoders

@@ -38,7 +38,8 @@ from procq._entries import Entry, WorkerLife, WorkerSlot
 from procq._protocol import Event, Report, Undecoded
 
 if TYPE_CHECKING:
-    from procq._core import Core, Wakeup
+    from procq._core import Core
+    from procq._entries import Wakeup
     from procq._supervisor_wait import Watcher
 
 __all__ = ["LEAD_SLICE", "Handoffs", "Leader", "ask_retire_over_rss"]
