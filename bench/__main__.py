@@ -37,6 +37,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="ENGINE",
         help="run only these engines (procq always runs)",
     )
+    parser.add_argument(
+        "--no-preload-jobs",
+        dest="preload_jobs",
+        action="store_false",
+        help="do not have the forkserver import bench.jobs: every new worker of every engine imports it itself",
+    )
     args = parser.parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     if rounds < 1:
@@ -71,10 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         f" killed, {cfg.crash_probes} timed kill(s), {cfg.crash_timeout:g} s bound;"
         f" cached {cfg.cached_pushes:,} pushes;"
         f" map {cfg.map_items:,} items, imap chunksizes {', '.join(map(str, cfg.map_chunksizes))};"
-        f" warm-up {cfg.warmup_jobs} jobs"
+        f" warm-up {cfg.warmup_jobs} jobs;"
+        f" job module {'preloaded by' if args.preload_jobs else 'imported by each worker, not'} the forkserver"
     )
     print()
-    ensure_forkserver()
+    ensure_forkserver(args.preload_jobs)
 
     results: dict[tuple[str, str, str], list[float]] = {}
     na: report.NotApplicableRuns = {}

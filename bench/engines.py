@@ -299,16 +299,30 @@ def warm(engine: Engine, workers: int, jobs_after: int, timeout: float = 60.0) -
         engine.result(engine.submit(jobs.noop), timeout)
 
 
-def ensure_forkserver() -> None:
+def ensure_forkserver(preload_jobs: bool = True) -> None:
     """Start multiprocessing's forkserver (shared by every engine that uses it)
     before anything is timed, so the first engine to start does not pay for it.
 
     With the preload procq asks for when it is the one to start it (see
     ``procq._config.preload_worker``): the server imports procq once, and every
     child, of any engine, finds it loaded when it re-imports this program's
-    main module (which imports procq)."""
+    main module (which imports procq).
+
+    With ``preload_jobs``, the server also imports :mod:`bench.jobs`, the
+    module every engine's jobs come from, as procq's docs advise a program
+    to do with its own job modules ("Faster worker starts" in docs/lanes.md):
+    otherwise each new worker, of every engine, imports it on its first job,
+    which in a forked child costs 1.5-2 ms of CPU however small the module
+    (a couple of hundred copy-on-write page faults), paid again by each
+    replacement of a crashed worker."""
     from procq._config import preload_worker
 
+    if preload_jobs:
+        from multiprocessing import forkserver
+
+        wanted = list(forkserver._forkserver._preload_modules)  # type: ignore[attr-defined]
+        if jobs.__name__ not in wanted:
+            context().set_forkserver_preload([*wanted, jobs.__name__])
     preload_worker(context())
     p = context().Process(target=jobs.noop)
     p.start()
