@@ -105,6 +105,7 @@ class Entry:
         "history",
         "job",
         "job_id",
+        "key",
         "kill_reason",
         "lane",
         "memory_limit",
@@ -117,7 +118,9 @@ class Entry:
     )
 
     def __init__(self, job: Job[Any], lane: LaneState, job_id: int, prev: Record | None) -> None:
+        # The job while the entry is live; deleted when it ends (StateMap._ended).
         self.job = job
+        self.key = job.key
         self.lane = lane
         # Changes with each attempt: a worker's report names the attempt it ran.
         self.job_id = job_id
@@ -156,10 +159,6 @@ class Entry:
         self.due: float | None = None
         # In ``Timers.waiting``, waiting for ``due`` (invariant: timed => due is not None).
         self.timed = False
-
-    @property
-    def key(self) -> str:
-        return self.job.key
 
     def state(self) -> State:
         if self.outcome is not None:

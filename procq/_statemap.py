@@ -278,7 +278,12 @@ class StateMap:
         """Let go of what an ended entry needs no more; return its wake-ups."""
         entry.worker = None
         entry.timed = False
-        entry.fn_bytes = entry.args_bytes = b""  # handles may live on; the payload need not
+        # Handles may live on, and a program often keeps thousands: they need
+        # the key and the outcome, not the payload nor the Job (which, with its
+        # dict, is two more objects per handle for the garbage collector to
+        # walk over and over). Read only while the entry is live.
+        del entry.job
+        entry.fn_bytes = entry.args_bytes = b""
         wakeups: list[Wakeup] = []
         if entry.event is not None:
             wakeups.append(entry.event.set)
