@@ -4,6 +4,7 @@ enumeration of keys. Time is a test clock set on the queue's core
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import jobs
@@ -130,6 +131,21 @@ def test_max_completed_zero_keeps_no_output_but_the_handle_has_it() -> None:
         outcome = q.push(Job("k", jobs.identity, args=(5,)))
         assert type(outcome) is Queued and outcome.handle.result(timeout=WAIT) == 5
         assert q.state("k") is None and outcome.handle.state == Completed(5)
+
+
+def test_a_kept_handle_does_not_keep_its_job_once_it_ended() -> None:
+    # A program may keep thousands of handles: each keeps its key and outcome,
+    # not the Job it was pushed with (its function, arguments and dict), so
+    # those are freed with the program's last reference to the Job.
+    with open_queue(1) as q:
+        job = Job("k", jobs.identity, args=([1, 2, 3],))
+        job_ref = weakref.ref(job)
+        handle = q.push(job).handle
+        assert handle.result(timeout=WAIT) == [1, 2, 3]
+        del job
+        assert job_ref() is None
+        assert handle.key == "k" and handle.state == Completed([1, 2, 3]) and q.keys() == ["k"]
+        assert q.push(Job("k", jobs.identity, args=([1, 2, 3],))) == Cached([1, 2, 3])
 
 
 def test_a_failed_record_is_kept_for_failed_ttl_and_stays_retryable() -> None:
