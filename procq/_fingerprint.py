@@ -36,11 +36,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import marshal
 import weakref
 from collections.abc import Callable
 from typing import Any
+
+from procq._protocol import blake2b
 
 __all__ = ["MAX_BYTES", "MAX_NODES", "content_key", "describe", "fingerprint", "fn_name", "job_fingerprint"]
 
@@ -74,7 +75,7 @@ def fn_name(fn: Callable[..., Any]) -> str:
 
 def _digest(text: str | bytes) -> bytes:
     data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-    return hashlib.blake2b(data, digest_size=8).digest()
+    return blake2b(data, digest_size=8).digest()
 
 
 _heads: weakref.WeakKeyDictionary[Any, bytes] = weakref.WeakKeyDictionary()
@@ -170,7 +171,7 @@ def content_key(fn: Callable[..., Any], item: Any) -> str:
         data = b"p" + dumps(item)
     if isinstance(data, str):
         data = data.encode("utf-8", "surrogatepass")
-    return f"map:{_head(fn).hex()}:{hashlib.blake2b(data, digest_size=16).hexdigest()}"
+    return f"map:{_head(fn).hex()}:{blake2b(data, digest_size=16).hexdigest()}"
 
 
 def _encode(value: Any, out: list[str], budget: list[int]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -11,6 +10,7 @@ from procq._job import check_wait
 from procq._values import Completed, State
 
 if TYPE_CHECKING:
+    import asyncio
     from concurrent.futures import Future
 
     from procq._core import Core
@@ -138,6 +138,8 @@ class JobHandle(Generic[T]):
         if not self._core.settled(entry):
             if self._owner is not None:
                 self._owner._here()
+            import asyncio  # not at import time: see _queue_async
+
             loop = asyncio.get_running_loop()
             future: asyncio.Future[None] = loop.create_future()
 

@@ -44,7 +44,6 @@ total (None when an input has no ``len``); ``True`` draws a tqdm bar.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
 import queue
 import reprlib
@@ -57,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from procq._errors import JobFailed, LaneFull, WrongProcess
 from procq._fingerprint import content_key, fn_name
 from procq._job import Job, check_wait
-from procq._protocol import dumps
+from procq._protocol import blake2b, dumps
 from procq._values import Cached, PushOutcome, Queued
 
 if TYPE_CHECKING:
@@ -309,11 +308,11 @@ def _jobs(
         if not chunk:
             return
         if key is None:
-            digest = hashlib.blake2b(dumps(chunk), digest_size=16).hexdigest()
+            digest = blake2b(dumps(chunk), digest_size=16).hexdigest()
         else:
             names = (key(*item) if star else key(item) for item in chunk)
-            digest = hashlib.blake2b("\0".join(names).encode(), digest_size=16).hexdigest()
-        fn_digest = hashlib.blake2b(name.encode(), digest_size=8).hexdigest()
+            digest = blake2b("\0".join(names).encode(), digest_size=16).hexdigest()
+        fn_digest = blake2b(name.encode(), digest_size=8).hexdigest()
         star_mark = "*" if star else ""
         yield (
             Job(f"map-chunk{star_mark}:{fn_digest}:{len(chunk)}:{digest}", run_chunk, (fn, chunk), lane=lane),

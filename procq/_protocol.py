@@ -84,7 +84,6 @@ decode thread turns it into the job's outcome (``Core.decoded``).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -98,6 +97,14 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from procq._values import Completed, Failed, FailureKind
+
+try:
+    # hashlib's blake2b, without hashlib: importing hashlib loads OpenSSL's
+    # libcrypto, and every worker forked from the forkserver (which preloads
+    # this module) would carry its mappings, at a cost in each fork and exit.
+    from _blake2 import blake2b
+except ImportError:  # pragma: no cover - a Python built without _blake2
+    from hashlib import blake2b
 
 __all__ = [
     "CANCEL",
@@ -125,6 +132,7 @@ __all__ = [
     "Report",
     "Undecoded",
     "Violation",
+    "blake2b",
     "decode_untrusted",
     "digest",
     "dumps",
@@ -220,7 +228,7 @@ def dumps(obj: Any) -> bytes:
 
 def digest(data: bytes) -> bytes:
     """The id of a pickled function: equal bytes, equal id."""
-    return hashlib.blake2b(data, digest_size=16).digest()
+    return blake2b(data, digest_size=16).digest()
 
 
 def pickled_by_reference(fn: Any) -> bool:

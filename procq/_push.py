@@ -15,7 +15,6 @@ never while a job is pickled or a push waits for room.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 import time
@@ -35,6 +34,8 @@ from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
 from procq._values import Cached, Failed, InFlight, PushOutcome, Queued
 
 if TYPE_CHECKING:
+    import asyncio
+
     from procq._queue import ProcQueue
 
 __all__ = ["Batch", "ForeignPusher", "Pusher", "Room", "TaskRoom", "ThreadRoom"]
@@ -99,6 +100,8 @@ class TaskRoom(Room):
     __slots__ = ("_future",)
 
     def __init__(self, core: Core, entry: Entry, timeout: float | None) -> None:
+        import asyncio  # not at import time: see _queue_async
+
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
 
@@ -109,6 +112,8 @@ class TaskRoom(Room):
         self._future = future
 
     async def wait(self) -> None:
+        import asyncio
+
         try:
             await asyncio.wait((self._future,), timeout=self.timeout)
         except BaseException:

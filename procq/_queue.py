@@ -18,7 +18,6 @@ parent's.
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import itertools
 import os
@@ -242,6 +241,8 @@ class ProcQueue(MapFace, AsyncFace):
             return outcome.output
         if deadline is None:
             return await outcome.handle
+        import asyncio  # not at import time: see _queue_async
+
         try:
             return await asyncio.wait_for(_await(outcome.handle), _left(deadline))
         except asyncio.TimeoutError:

@@ -22,15 +22,19 @@ closed without waiting as soon as it exists: nobody holds it.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import functools
 import threading
 from collections.abc import Callable, Generator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
+# asyncio is imported where it is used, never at import time: procq's
+# forkserver preloads procq, and every worker forked from it would carry
+# asyncio and the ssl library it loads (see ``_config.preload_worker``).
 if TYPE_CHECKING:
+    import asyncio
+    import concurrent.futures
+
     from typing_extensions import Self
 
     from procq._queue import ProcQueue
@@ -62,6 +66,8 @@ class AsyncFace:
         if type(wait) is not bool:
             raise TypeError(f"aclose(): wait must be True or False, got {type(wait).__name__}: {wait!r}")
         q._here()
+        import asyncio
+
         closing = asyncio.get_running_loop().run_in_executor(None, q.close, wait)
         try:
             await asyncio.shield(closing)
@@ -88,6 +94,8 @@ class AsyncFace:
 async def _uncancellable(future: asyncio.Future[Any]) -> None:
     """Await ``future`` to its end, whatever cancellations come meanwhile
     (the caller raises its ``CancelledError`` after)."""
+    import asyncio
+
     while not future.done():
         try:
             await asyncio.shield(future)
@@ -113,6 +121,9 @@ class Opening(Generic[Q]):
         return self._open().__await__()
 
     async def _open(self) -> Q:
+        import asyncio
+        import concurrent.futures
+
         made: concurrent.futures.Future[Q] = concurrent.futures.Future()
         make = self._make
 

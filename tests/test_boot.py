@@ -82,3 +82,37 @@ def test_modules_the_program_preloads_are_in_every_worker(tmp_path: Path) -> Non
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "['wave']"  # preloaded; colorsys, asked by no one, is not there
+
+
+# Libraries that procq uses only on demand stay out of a plain program and of
+# its workers: each one a forked worker carries costs it in every fork and exit.
+LEAN = textwrap.dedent(
+    """
+    import sys
+
+    from procq import Job, ProcQueue
+
+    HEAVY = ("asyncio", "ssl", "hashlib", "_hashlib", "concurrent.futures")
+
+
+    def loaded(*_):
+        return sorted(m for m in HEAVY if m in sys.modules)
+
+
+    if __name__ == "__main__":
+        with ProcQueue(lanes=1) as q:
+            print(q.push_and_wait(Job("worker", loaded), timeout=30))
+            # A list argument: the key's fingerprint digests it (blake2b).
+            print(q.push_and_wait(Job("digest", loaded, args=([1, "a"],)), timeout=30))
+            print(sorted(q.map(abs, [-1, -2])))
+        print(loaded())
+    """
+)
+
+
+def test_asyncio_and_openssl_are_not_loaded_unless_used(tmp_path: Path) -> None:
+    script = tmp_path / "lean.py"
+    script.write_text(LEAN)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[]", "[]", "[1, 2]", "[]"]
