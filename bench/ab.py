@@ -23,7 +23,14 @@ FIGURES = {
     ("crash", "recover_ms"): "crash: last crash -> last answer, ms (lower)",
     ("crash", "notify_ms"): "crash: kill -> waiter told, ms (lower)",
     ("crash", "batch_ms"): "crash: first push -> last answer, ms (lower)",
+    ("cpu", "efficiency"): "cpu: efficiency (higher)",
+    ("startup", "startup_ms"): "start-up: create + first job, ms (lower)",
+    ("close", "close_ms"): "close(), ms (lower)",
+    ("cached", "single_per_s"): "cached pushes/s, 1 thread (higher)",
+    ("cached", "threads_per_s"): "cached pushes/s, 8 threads (higher)",
+    ("map", "items_per_s"): "map, items/s (higher)",
 }
+WORKLOADS = sorted({workload for workload, _ in FIGURES})
 _LINE = re.compile(r"round \d+/\d+\s+(\w+)\s+(procq|raw pipe)\s+(.*?)\s+\(")
 
 
@@ -43,7 +50,7 @@ def main() -> None:
     parser.add_argument("before")
     parser.add_argument("after")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--only", nargs="+", default=["tiny", "latency", "bigdata", "crash"])
+    parser.add_argument("--only", nargs="+", default=["tiny", "latency", "bigdata", "crash"], choices=WORKLOADS)
     args = parser.parse_args()
     runs: dict[str, list[dict[tuple[str, str, str], float]]] = {"before": [], "after": []}
     for r in range(args.rounds):
@@ -62,11 +69,13 @@ def main() -> None:
             continue  # a figure one of the two commits' bench does not measure
         for side in ("before", "after"):
             values = [run[(workload, "procq", name)] for run in runs[side]]
-            floors = [run[(workload, "raw pipe", name)] for run in runs[side]]
+            # (cached and map have no raw pipe floor: their ratios are left blank)
+            floors = [run.get((workload, "raw pipe", name), 0.0) for run in runs[side]]
             med[side] = statistics.median(values)
-            ratio[side] = statistics.median(v / f for v, f in zip(values, floors, strict=True) if f)
+            pairs = [v / f for v, f in zip(values, floors, strict=True) if f]
+            ratio[side] = f"{statistics.median(pairs):.2f}" if pairs else ""
         row += [f"{med['before']:,.1f}", f"{med['after']:,.1f}", f"{med['after'] / med['before']:.2f}"]
-        row += [f"{ratio['before']:.2f}", f"{ratio['after']:.2f}"]
+        row += [ratio["before"], ratio["after"]]
         print("| " + " | ".join(row) + " |")
 
 
