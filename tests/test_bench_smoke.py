@@ -59,3 +59,29 @@ def test_a_peer_that_is_not_installed_says_why() -> None:
     missing = Peer("nope", ProcqEngine, "no_such_module_procq_bench", "-")
     assert missing.missing() == "no_such_module_procq_bench is not installed (pip install -e '.[bench]')"
     assert Peer("procq", ProcqEngine, None, "-").missing() is None
+
+
+def test_worker_start_costs_are_reported() -> None:
+    def run(*args: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "bench.starts", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=50,
+            check=True,
+        ).stdout
+
+    number = r"\d+\.\d\d"
+    out = run("forkserver", "-n", "3", "--preload", "json")
+    assert re.fullmatch(
+        rf"forkserver preloading json: RSS \d+ MB; per start: wall {number} ms, server and children CPU {number} ms,"
+        rf" this process {number} ms\n",
+        out,
+    ), out
+    out = run("crashes", "-n", "2")  # each crash's failure kind is checked in the run itself
+    assert re.fullmatch(
+        rf"2 crashes in a row on one worker: per crash, wall {number} ms, supervisor and caller CPU {number} ms,"
+        rf" forkserver and workers CPU {number} ms\n",
+        out,
+    ), out

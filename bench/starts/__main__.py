@@ -1,0 +1,5 @@
+import sys
+
+from bench.starts import main
+
+sys.exit(main())
