@@ -16,27 +16,15 @@ from bench.engines import Peer, ProcqEngine
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_quick_run_reports_procq_and_the_floor() -> None:
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench",
-            "--quick",
-            "--only",
-            "tiny",
-            "latency",
-            "crash",
-            "map",
-            "--engines",
-            "raw pipe",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=50,
-        check=True,
+def _python_m(*args: str) -> str:
+    """The output of ``python -m ARGS`` run from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=50, check=True
     ).stdout
+
+
+def test_quick_run_reports_procq_and_the_floor() -> None:
+    out = _python_m("bench", "--quick", "--only", "tiny", "latency", "crash", "map", "--engines", "raw pipe")
     assert "| workload | metric | better | procq | raw pipe |" in out, out
     # Each row shows a figure for procq and one for the floor, with procq / floor beside it.
     assert re.search(
@@ -62,24 +50,14 @@ def test_a_peer_that_is_not_installed_says_why() -> None:
 
 
 def test_worker_start_costs_are_reported() -> None:
-    def run(*args: str) -> str:
-        return subprocess.run(
-            [sys.executable, "-m", "bench.starts", *args],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=50,
-            check=True,
-        ).stdout
-
     number = r"\d+\.\d\d"
-    out = run("forkserver", "-n", "3", "--preload", "json")
+    out = _python_m("bench.starts", "forkserver", "-n", "3", "--preload", "json")
     assert re.fullmatch(
         rf"forkserver preloading json: RSS \d+ MB; per start: wall {number} ms, server and children CPU {number} ms,"
         rf" this process {number} ms\n",
         out,
     ), out
-    out = run("crashes", "-n", "2")  # each crash's failure kind is checked in the run itself
+    out = _python_m("bench.starts", "crashes", "-n", "2")  # each crash's failure kind is checked in the run itself
     assert re.fullmatch(
         rf"2 crashes in a row on one worker: per crash, wall {number} ms, supervisor and caller CPU {number} ms,"
         rf" forkserver and workers CPU {number} ms\n",
