@@ -3,10 +3,9 @@
 ``forkserver [-n N] [--preload MODULE,...]``: a ``multiprocessing`` forkserver
 that preloads the given modules (default: what procq has it preload), and
 ``bench.jobs``, starts N children one after another, each of which exits at
-once. Prints the server's
-resident memory and, per start, the CPU of the server and its reaped children
-(``/proc/<server>/stat``) and of this process: what a fork of that image and an
-exit cost, whoever asks for them.
+once. Prints the server's resident memory and, per start, the CPU of the
+server and its reaped children (``/proc/<server>/stat``) and of this process:
+what a fork of that image and an exit cost, whoever asks for them.
 
 ``crashes [-n N]``: N jobs in a row on ``ProcQueue(lanes=1)``, each SIGKILLing
 its worker, so each is followed by a replacement. Prints per crash the wall
