@@ -195,7 +195,7 @@ class DaskChannel(WorkerChannel):
         try:
             connection = self._connection
             job = (entry.job_id, entry.fn_id, entry.fn_bytes, entry.args_bytes, entry.memory_limit)
-            timeout = entry.job.timeout if entry.job.timeout is not None else connection.timeout
+            timeout = entry.timeout if entry.timeout is not None else connection.timeout
             token = f"procq-{connection.pool_id}-{entry.job_id}"
             with self._lock:
                 self._out = True
@@ -313,7 +313,7 @@ class DaskChannel(WorkerChannel):
         exitcode = value[1]
         sig = exit_failure(exitcode, "", pid).signal
         if tag == "timeout":
-            limit, whose = entry.job.timeout, "its timeout"
+            limit, whose = entry.timeout, "its timeout"
             if limit is None:
                 limit, whose = self._connection.timeout, f"the timeout of lane {self._lane!r}"
             text = (

@@ -239,7 +239,7 @@ class Dispatch:
         ready = lane.ready
         while room > 0 and ready:
             entry = ready[0]
-            if entry.job.timeout is not None or spec.timeout is not None or entry.memory_limit is not None:
+            if entry.timeout is not None or spec.timeout is not None or entry.memory_limit is not None:
                 break
             ready.popleft()
             entry.worker = worker

@@ -114,13 +114,17 @@ class Entry:
         "rss_base",
         "status",
         "timed",
+        "timeout",
         "worker",
     )
 
     def __init__(self, job: Job[Any], lane: LaneState, job_id: int, prev: Record | None) -> None:
         # The job while the entry is live; deleted when it ends (StateMap._ended).
+        # What threads outside Core.lock read (a sender, a report's decoding)
+        # is copied beside it, so that it stays readable after the end.
         self.job = job
         self.key = job.key
+        self.timeout = job.timeout  # None: its lane's
         self.lane = lane
         # Changes with each attempt: a worker's report names the attempt it ran.
         self.job_id = job_id

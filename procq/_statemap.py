@@ -219,7 +219,7 @@ class StateMap:
         worker.jobs += 1
         worker.started = now
         spec = entry.lane.spec
-        timeout = entry.job.timeout if entry.job.timeout is not None else spec.timeout
+        timeout = entry.timeout if entry.timeout is not None else spec.timeout
         if timeout is not None and not spec.remote:  # (a remote lane's time runs where its job runs)
             self.timers.limit(entry, now + timeout)
 

@@ -40,7 +40,7 @@ class Stopping:
             worker = entry.worker
             if entry.kill_reason is not None or worker is None or worker.entry is not entry:
                 continue
-            limit = entry.job.timeout
+            limit = entry.timeout
             whose = "its timeout"
             if limit is None:
                 limit, whose = entry.lane.spec.timeout, f"the timeout of lane {entry.lane.name!r}"
