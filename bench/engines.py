@@ -299,6 +299,16 @@ def warm(engine: Engine, workers: int, jobs_after: int, timeout: float = 60.0) -
         engine.result(engine.submit(jobs.noop), timeout)
 
 
+def preload_jobs_module(ctx: Any) -> None:
+    """Add :mod:`bench.jobs` to the modules the forkserver will import, keeping
+    those already asked for (only before the server starts)."""
+    from multiprocessing import forkserver
+
+    wanted = list(forkserver._forkserver._preload_modules)  # type: ignore[attr-defined]
+    if jobs.__name__ not in wanted:
+        ctx.set_forkserver_preload([*wanted, jobs.__name__])
+
+
 def ensure_forkserver(preload_jobs: bool = True) -> None:
     """Start multiprocessing's forkserver (shared by every engine that uses it)
     before anything is timed, so the first engine to start does not pay for it.
@@ -318,11 +328,7 @@ def ensure_forkserver(preload_jobs: bool = True) -> None:
     from procq._config import preload_worker
 
     if preload_jobs:
-        from multiprocessing import forkserver
-
-        wanted = list(forkserver._forkserver._preload_modules)  # type: ignore[attr-defined]
-        if jobs.__name__ not in wanted:
-            context().set_forkserver_preload([*wanted, jobs.__name__])
+        preload_jobs_module(context())
     preload_worker(context())
     p = context().Process(target=jobs.noop)
     p.start()

@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from bench import jobs
+from bench.engines import preload_jobs_module
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -64,10 +65,7 @@ def forkserver_starts(n: int, preload: list[str] | None) -> str:
         preload_worker(context)
     else:
         context.set_forkserver_preload(preload)
-    from multiprocessing import forkserver
-
-    server: Any = forkserver._forkserver  # private: the only way to read the list
-    context.set_forkserver_preload([*server._preload_modules, jobs.__name__])
+    preload_jobs_module(context)
     first = context.Process(target=jobs.exit_now)
     first.start()
     first.join()
