@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from procq._core import Core
     from procq._entries import Entry, LaneState, WorkerSlot
 
-__all__ = ["Launch", "ProcessChannel", "WorkerChannel", "channel_kind"]
+__all__ = ["KINDS", "Launch", "ProcessChannel", "WorkerChannel", "channel_kind"]
 
 
 @dataclass(frozen=True)
@@ -148,18 +148,18 @@ class WorkerChannel(ABC):
         """Close what is left (the death sentinel) once it is reaped and unwatched."""
 
 
+#: The channel class of each kind of lane. Each kind's module registers its
+#: class as it is imported, so that this base module never imports them: the
+#: supervisor imports the two local kinds, and the queue the Dask one when a
+#: lane is remote (it needs procq's dask extra).
+KINDS: dict[str, type[WorkerChannel]] = {}
+
+
 def channel_kind(lane: LaneState) -> type[WorkerChannel]:
-    """The kind of worker ``lane`` runs: a new kind is one more class here.
-    (Imported here, not at the top: each kind's module imports this one, and
-    a Dask lane's needs procq's dask extra.)"""
-    if lane.spec.remote:
-        from procq._channel_dask import DaskChannel
-
-        return DaskChannel
-    from procq._channel_trusted import TrustedChannel
-    from procq._channel_untrusted import UntrustedChannel
-
-    return TrustedChannel if lane.spec.trusted else UntrustedChannel
+    """The kind of worker ``lane`` runs: a new kind is one more class,
+    registered in ``KINDS`` by its module."""
+    spec = lane.spec
+    return KINDS["remote" if spec.remote else "trusted" if spec.trusted else "untrusted"]
 
 
 class ProcessChannel(WorkerChannel):

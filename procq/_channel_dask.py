@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from procq._channel import Launch, WorkerChannel
+from procq._channel import KINDS, Launch, WorkerChannel
 from procq._channel_trusted import PickledResult, describe_error, error_report, result_outcome
 from procq._dask_lane import DaskLane
 from procq._dask_remote import close_pool, kill_job, run_job
@@ -414,3 +414,6 @@ class DaskChannel(WorkerChannel):
             for fd in (self._msg_r, self._msg_w, self._end_r, self._end_w):
                 with contextlib.suppress(OSError):
                     os.close(fd)
+
+
+KINDS["remote"] = DaskChannel

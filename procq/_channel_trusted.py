@@ -31,7 +31,7 @@ import multiprocessing.process
 import pickle
 from typing import TYPE_CHECKING, Any
 
-from procq._channel import Launch, ProcessChannel
+from procq._channel import KINDS, Launch, ProcessChannel
 from procq._errors import _RemoteTraceback
 from procq._plain import BuiltinExceptions, NeedsCode, load_data
 from procq._processes import pidfd, worker_config
@@ -247,3 +247,6 @@ def error_report(job_id: int, frame: bytes | bytearray, end: int, pid: int | Non
             except Exception as exc:
                 outcome = raised.unloadable(exc)
     return Report(job_id, outcome, kind == "memory", False)
+
+
+KINDS["trusted"] = TrustedChannel

@@ -18,7 +18,7 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from procq._channel import Launch, ProcessChannel
+from procq._channel import KINDS, Launch, ProcessChannel
 from procq._processes import ExecProcess, import_path, worker_config
 from procq._protocol import (
     CUT_SHORT,
@@ -276,3 +276,6 @@ class UntrustedChannel(ProcessChannel):
         who = f"the process running job {entry.key!r} (forked by worker {self.pid} of lane {worker.lane.name!r})"
         failure = exit_failure(returncode, who, self.pid)
         return Report(entry.job_id, Failed(failure), False, True)
+
+
+KINDS["untrusted"] = UntrustedChannel

@@ -104,6 +104,8 @@ class ProcQueue(MapFace, AsyncFace):
         store: Any = None,
     ) -> None:
         parsed = parse_lanes(lanes)
+        if any(lane.remote for lane in parsed.values()):
+            import procq._channel_dask  # noqa: F401  (registers the Dask lanes' channel)
         check_descriptors(parsed)
         check_policies(retention, reuse, on_mismatch)
         self.start_method, context = worker_context(start_method, parsed)

@@ -101,6 +101,9 @@ import threading
 import traceback
 from typing import Any
 
+# Each local kind of worker registers its channel class in KINDS as it is imported.
+import procq._channel_trusted
+import procq._channel_untrusted  # noqa: F401
 from procq import _log
 from procq._channel import Launch, channel_kind
 from procq._core import Core, Entry, WorkerLife, WorkerSlot
