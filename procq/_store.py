@@ -63,7 +63,6 @@ __all__ = [
     "encode_outcome",
     "interrupted",
     "judge",
-    "open_store",
     "stable_fingerprint",
 ]
 
@@ -232,31 +231,6 @@ class Store:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.url}>"
-
-
-def open_store(spec: str | os.PathLike[str] | Store) -> Store:
-    """A ``Store`` from ``ProcQueue(store=...)``: a ``Store``, a path or
-    ``sqlite:///path`` (SQLite), or ``postgresql://...`` (PostgreSQL)."""
-    if isinstance(spec, Store):
-        return spec
-    if isinstance(spec, os.PathLike):
-        spec = os.fspath(spec)
-    if not isinstance(spec, str):
-        raise TypeError(f"store must be a path, a URL or a procq Store, got {type(spec).__name__}")
-    if spec.startswith(("postgresql://", "postgres://")):
-        from procq._store_postgres import PostgresStore
-
-        return PostgresStore(spec)
-    from procq._store_sqlite import SqliteStore
-
-    if spec.startswith("sqlite://"):
-        path = spec[len("sqlite://") :]
-        if not path.startswith("/"):
-            raise StoreError(f"a SQLite URL is sqlite:///relative/path or sqlite:////absolute/path, got {spec!r}")
-        return SqliteStore(path[1:])
-    if "://" in spec:
-        raise StoreError(f"store {spec!r}: the URL schemes are sqlite:/// and postgresql://")
-    return SqliteStore(spec)
 
 
 def stable_fingerprint(job: Any) -> bytes:

@@ -51,13 +51,13 @@ from procq._store import (
     holder_gone,
     holder_id,
     judge,
-    open_store,
     stable_fingerprint,
 )
 from procq._store_commit import Commits, Committer, Fresh, commit_claims, commit_writes, run_writes
 from procq._store_read import forget_key, read_snapshot, read_state
 from procq._store_records import Held, StoreRecords, as_record
 from procq._store_remote import RemoteEntry, Watcher
+from procq._store_urls import open_store
 from procq._values import State
 
 __all__ = ["StoreCore"]

@@ -14,7 +14,8 @@ import jobs
 import store_jobs
 
 from procq import Job, JobFailed, ProcQueue
-from procq._store import Store, open_store
+from procq._store import Store
+from procq._store_urls import open_store
 
 
 def store(url: str, lease: float) -> Store:

@@ -46,7 +46,7 @@ from procq import (
     StoreError,
     StoreUnavailable,
 )
-from procq._store import open_store
+from procq._store_urls import open_store
 
 PROGRAM = str(Path(__file__).with_name("store_program.py"))
 

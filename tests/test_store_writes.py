@@ -14,8 +14,9 @@ from collections.abc import Iterator
 import pytest
 
 from procq import Completed, Failed
-from procq._store import Conn, Row, encode_outcome, open_store
+from procq._store import Conn, Row, encode_outcome
 from procq._store_commit import Commits, Fresh, run_writes
+from procq._store_urls import open_store
 from procq._values import Failure
 
 
