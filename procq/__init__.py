@@ -183,8 +183,8 @@ _SOURCES = {
     "ProcQueue": "procq._queue",
     "Job": "procq._job",
     "Lane": "procq._job",
-    "Retention": "procq._job",
-    "Retry": "procq._job",
+    "Retention": "procq._policies",
+    "Retry": "procq._policies",
     "Cached": "procq._values",
     "Completed": "procq._values",
     "Failed": "procq._values",
@@ -214,7 +214,8 @@ if TYPE_CHECKING:
     from procq._executor_calls import InitializerFailed
     from procq._futures import as_completed
     from procq._handle import JobHandle
-    from procq._job import Job, Lane, Retention, Retry
+    from procq._job import Job, Lane
+    from procq._policies import Retention, Retry
     from procq._queue import ProcQueue
     from procq._store import Store, StoreError, StoreUnavailable
     from procq._store_postgres import PostgresStore

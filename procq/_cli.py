@@ -50,7 +50,8 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from procq._cli_report import Tally, failure_fields
-from procq._job import Job, Lane, Retry
+from procq._job import Job, Lane
+from procq._policies import Retry
 from procq._store_sqlite import SqliteStore
 from procq._values import Cached, Completed, Failed, InFlight
 

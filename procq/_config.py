@@ -7,7 +7,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from procq._job import REUSE_POLICIES, Lane, Retention
+from procq._job import REUSE_POLICIES, Lane
+from procq._policies import Retention
 from procq._privileges import make_untraceable
 
 __all__ = ["MISMATCH_POLICIES", "check_policies", "parse_lanes", "preload_worker", "worker_context"]

@@ -45,7 +45,8 @@ from typing import Any
 from procq._dispatch import Dispatch, Offer, Offered, Reported, Unblocked
 from procq._entries import ABANDONED, PENDING, Ended, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot, run_wakeups
 from procq._fingerprint import job_fingerprint
-from procq._job import Job, Lane, Retention
+from procq._job import Job, Lane
+from procq._policies import Retention
 from procq._protocol import Report, Undecoded
 from procq._records import KeyRecords, MemoryRecords
 from procq._retention import Done

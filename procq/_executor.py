@@ -44,7 +44,8 @@ from typing import Any, TypeVar
 from procq._errors import QueueClosed
 from procq._executor_calls import Initialized, run_chunk
 from procq._futures import JobFuture
-from procq._job import Job, Lane, Retry
+from procq._job import Job, Lane
+from procq._policies import Retry
 from procq._queue import ProcQueue
 from procq._values import Cached, Queued
 

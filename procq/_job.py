@@ -1,4 +1,4 @@
-"""What a job is and the policies it runs under: Job, Lane, Retry, Retention.
+"""What a job is and the lane it runs in: Job, its typed builder ``Job.of``, Lane.
 
 Also the checks on time limits; byte sizes (``"512M"``) and a lane's worker
 settings are checked in ``_settings`` (re-exported here). All of them are
@@ -14,8 +14,9 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, Literal, ParamSpec, TypeVar
+from typing import Any, ClassVar, Generic, Literal, ParamSpec, TypeVar
 
+from procq._policies import Retry
 from procq._settings import (
     MAX_WORKERS,
     RLIMITS,
@@ -25,10 +26,6 @@ from procq._settings import (
     format_size,
     parse_size,
 )
-from procq._values import RETRYABLE_KINDS, FailureKind
-
-if TYPE_CHECKING:
-    from procq._job_of import JobOf
 
 __all__ = [
     "DEFAULT_CAPACITY",
@@ -39,9 +36,8 @@ __all__ = [
     "REUSE_POLICIES",
     "RLIMITS",
     "Job",
+    "JobOf",
     "Lane",
-    "Retention",
-    "Retry",
     "Reuse",
     "check_wait",
     "format_size",
@@ -205,9 +201,7 @@ class Job(Generic[T]):
     ) -> JobOf[P, R]:
         """A typed builder: ``Job.of(key, fn, lane=...)(*args, **kwargs)`` is
         ``Job(key, fn, args, kwargs, lane=...)``, with the call's arguments
-        checked by mypy against ``fn``'s parameters (see ``_job_of``)."""
-        from procq._job_of import JobOf
-
+        checked by mypy against ``fn``'s parameters (see ``JobOf``)."""
         options = {"lane": lane, "timeout": timeout, "memory_limit": memory_limit, "reuse": reuse}
         return JobOf(key, fn, {**options, "retry": retry, "not_before": not_before})
 
@@ -234,109 +228,38 @@ class Job(Generic[T]):
         return now + nb
 
 
-@dataclass(frozen=True)
-class Retry:
-    """Run a failed attempt again, after a growing backoff.
+class JobOf(Generic[P, T]):
+    """A key, a function and a job's options, waiting for the function's
+    arguments: ``builder(*args, **kwargs)`` makes the ``Job[T]``. It may be
+    called any number of times; each call makes a job with the same key (so
+    give each a key of its own, unless one piece of work is meant).
 
-    At most ``attempts`` attempts run in all (the first included). After
-    attempt ``n`` fails with a kind in ``on``, attempt ``n + 1`` starts
-    ``min(max_backoff, backoff * factor ** (n - 1))`` seconds later, that
-    delay scaled by a random factor in ``[1 - jitter, 1 + jitter]``. Between
-    attempts the key stays live: ``state()`` is ``Pending(attempt=n + 1)`` and
-    a push joins it (``InFlight``). The key becomes ``Failed`` only when an
-    attempt fails with a kind not in ``on`` or the last attempt fails; that
-    failure says how many attempts ran and why each failed.
+    ``Job(key, fn, args, kwargs)`` takes the arguments as a tuple and a dict,
+    so no type checker can match them to ``fn``'s parameters; ``Job.of``
+    returns this builder, typed with ``fn``'s ``ParamSpec``::
 
-    ``on`` takes kinds from ``"error"``, ``"crashed"``, ``"timeout"``,
-    ``"memory"`` and ``"protocol"``; a ``"cancelled"`` job is never retried.
-    """
+        job = Job.of("resize:42", resize, lane="cpu")(image_id=42, width=640)
+        # Job[Image]; resize(image_id=42, width="640") would be a mypy error
 
-    attempts: int = 3
-    backoff: float = 0.1
-    factor: float = 2.0
-    max_backoff: float = 30.0
-    jitter: float = 0.2
-    on: tuple[FailureKind, ...] = ("crashed", "timeout", "error")
+    The two steps keep both kinds of keyword apart: the job's options
+    (``lane``, ``timeout``, ``retry`` ...) go to ``Job.of``, and every keyword
+    of the call goes to ``fn``, so a function with a parameter named ``lane``
+    or ``timeout`` is still checked, and still receives it. (A one-call form
+    cannot be typed: ``ParamSpec``'s ``**kwargs`` takes no neighbours.)"""
 
-    def __post_init__(self) -> None:
-        if isinstance(self.attempts, bool) or not isinstance(self.attempts, int):
-            raise TypeError(f"Retry attempts must be an int, got {type(self.attempts).__name__}")
-        if self.attempts < 1:
-            raise ValueError(f"Retry needs at least 1 attempt, got {self.attempts}")
-        for name in ("backoff", "factor", "max_backoff", "jitter"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise TypeError(f"Retry {name} must be a finite number, got {value!r}")
-            if value < 0:
-                raise ValueError(f"Retry {name} must be >= 0, got {value!r}")
-        if self.factor < 1:
-            raise ValueError(f"Retry factor must be >= 1 (a backoff never shrinks), got {self.factor!r}")
-        if self.jitter > 1:
-            raise ValueError(f"Retry jitter must be between 0 and 1, got {self.jitter!r}")
-        on = self.on
-        if isinstance(on, str):
-            on = (on,)
-        if not isinstance(on, (tuple, list, set, frozenset)):
-            raise TypeError(f"Retry on must be a tuple of failure kinds, got {type(on).__name__}")
-        for kind in on:
-            if kind == "cancelled":
-                raise ValueError("Retry on cannot include 'cancelled': a cancelled job is never retried")
-            if kind not in RETRYABLE_KINDS:
-                known = ", ".join(repr(k) for k in sorted(RETRYABLE_KINDS))
-                raise ValueError(f"Retry on: unknown failure kind {kind!r}; the kinds are {known}")
-        object.__setattr__(self, "on", tuple(on))
+    __slots__ = ("fn", "key", "options")
 
-    def delay(self, attempt: int, rand: float) -> float:
-        """Seconds to wait after failed attempt ``attempt`` (1-based), for a
-        ``rand`` drawn uniformly from [0, 1)."""
-        try:  # (a float power past 1.8e308 overflows: the cap applies)
-            base = min(self.max_backoff, self.backoff * float(self.factor) ** (attempt - 1) if self.backoff else 0.0)
-        except OverflowError:
-            base = self.max_backoff
-        return max(0.0, base * (1.0 + self.jitter * (2.0 * rand - 1.0)))
+    def __init__(self, key: str, fn: Callable[P, T], options: dict[str, Any]) -> None:
+        Job(key, fn, **options)  # check the key, fn and options now, where the mistake is
+        self.key = key
+        self.fn = fn
+        self.options = options
 
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Job[T]:
+        return Job(self.key, self.fn, args, kwargs or None, **self.options)
 
-@dataclass(frozen=True)
-class Retention:
-    """How long a queue keeps keys that ended. The default keeps every key forever.
-
-    - ``ttl``: a completed key is dropped this many seconds after it completed.
-    - ``max_completed``: at most this many completed keys are kept; beyond it
-      the least recently used are dropped (a push answered ``Cached`` and a
-      ``state()`` read count as uses).
-    - ``failed_ttl``: a failed key's record (what ``state()`` reports) is
-      dropped this many seconds after it failed. A failed key stays retryable
-      either way.
-
-    A dropped key is as if never pushed: ``state()`` is ``None`` and the next
-    push runs it. Expiry is decided from the times stored with each key
-    whenever the key is read, so an expired key is never answered from the
-    store; the memory of expired keys is reclaimed as the queue is used.
-    """
-
-    ttl: float | None = None
-    max_completed: int | None = None
-    failed_ttl: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("ttl", "failed_ttl"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"Retention {name} must be a number of seconds or None, got {type(value).__name__}")
-            if math.isnan(value) or value < 0:
-                raise ValueError(f"Retention {name} must be None or a number of seconds >= 0, got {value!r}")
-        limit = self.max_completed
-        if limit is not None:
-            if isinstance(limit, bool) or not isinstance(limit, int):
-                raise TypeError(f"Retention max_completed must be an int or None, got {type(limit).__name__}")
-            if limit < 0:
-                raise ValueError(f"Retention max_completed must be >= 0, got {limit}")
-
-    @property
-    def bounded(self) -> bool:
-        return self.ttl is not None or self.max_completed is not None or self.failed_ttl is not None
+    def __repr__(self) -> str:
+        return f"<JobOf key={self.key!r} fn={getattr(self.fn, '__qualname__', self.fn)!r}>"
 
 
 @dataclass(frozen=True)

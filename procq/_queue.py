@@ -31,7 +31,8 @@ from procq._config import check_policies, parse_lanes, worker_context
 from procq._core import Core
 from procq._errors import ProcQueueError, QueueClosed, WrongProcess
 from procq._handle import JobHandle
-from procq._job import Job, Lane, Retention, Reuse, check_wait
+from procq._job import Job, Lane, Reuse, check_wait
+from procq._policies import Retention
 from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
 from procq._queue_async import AsyncFace
 from procq._queue_fork import queues

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from procq._job import Retention
+from procq._policies import Retention
 from procq._retention import Done, Fell, Keeper, Record
 from procq._values import Completed, Failed
 

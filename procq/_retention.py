@@ -35,7 +35,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from procq._job import Retention
+from procq._policies import Retention
 from procq._values import Completed, Failed, Failure
 
 __all__ = ["Done", "Fell", "Keeper", "Record"]

@@ -38,7 +38,8 @@ from typing import Any
 from procq._core import Core, Item
 from procq._entries import Entry, LaneState, Wakeup, run_wakeups
 from procq._fingerprint import job_fingerprint
-from procq._job import Job, Lane, Retention
+from procq._job import Job, Lane
+from procq._policies import Retention
 from procq._statemap import CACHED, FAILED, INFLIGHT, Claim, conflict, new_claim
 from procq._store import (
     Conn,

@@ -78,7 +78,8 @@ from joblib._parallel_backends import (
 
 from procq._errors import JobFailed
 from procq._handle import JobHandle
-from procq._job import Job, Lane, Retry
+from procq._job import Job, Lane
+from procq._policies import Retry
 from procq._queue import ProcQueue
 from procq._values import Queued
 
