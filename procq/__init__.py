@@ -185,17 +185,17 @@ _SOURCES = {
     "Lane": "procq._job",
     "Retention": "procq._policies",
     "Retry": "procq._policies",
-    "Cached": "procq._values",
+    "Cached": "procq._outcomes",
     "Completed": "procq._values",
     "Failed": "procq._values",
     "Failure": "procq._values",
     "FailureKind": "procq._values",
-    "InFlight": "procq._values",
+    "InFlight": "procq._outcomes",
     "LaneStats": "procq._values",
     "Pending": "procq._values",
     "Processing": "procq._values",
     "QueueStats": "procq._values",
-    "Queued": "procq._values",
+    "Queued": "procq._outcomes",
 }
 
 if TYPE_CHECKING:
@@ -215,24 +215,13 @@ if TYPE_CHECKING:
     from procq._futures import as_completed
     from procq._handle import JobHandle
     from procq._job import Job, Lane
+    from procq._outcomes import Cached, InFlight, Queued
     from procq._policies import Retention, Retry
     from procq._queue import ProcQueue
     from procq._store import Store, StoreError, StoreUnavailable
     from procq._store_postgres import PostgresStore
     from procq._store_sqlite import SqliteStore
-    from procq._values import (
-        Cached,
-        Completed,
-        Failed,
-        Failure,
-        FailureKind,
-        InFlight,
-        LaneStats,
-        Pending,
-        Processing,
-        Queued,
-        QueueStats,
-    )
+    from procq._values import Completed, Failed, Failure, FailureKind, LaneStats, Pending, Processing, QueueStats
 
 
 def __getattr__(name: str) -> Any:

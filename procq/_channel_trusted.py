@@ -31,7 +31,7 @@ import multiprocessing.process
 import pickle
 from typing import TYPE_CHECKING, Any
 
-from procq._channel import KINDS, Launch, ProcessChannel
+from procq._channel import KINDS, ProcessChannel
 from procq._errors import _RemoteTraceback
 from procq._plain import BuiltinExceptions, NeedsCode, load_data
 from procq._processes import pidfd, worker_config
@@ -51,6 +51,7 @@ from procq._protocol import (
 )
 from procq._values import Completed, Failed, Failure, FailureKind
 from procq._worker import worker_main
+from procq._worker_channel import Launch
 
 if TYPE_CHECKING:
     from procq._entries import LaneState, WorkerSlot

@@ -18,7 +18,7 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from procq._channel import KINDS, Launch, ProcessChannel
+from procq._channel import KINDS, ProcessChannel
 from procq._processes import ExecProcess, import_path, worker_config
 from procq._protocol import (
     CUT_SHORT,
@@ -38,6 +38,7 @@ from procq._protocol import (
 )
 from procq._supervisor_failures import exit_failure
 from procq._values import Completed, Failed, Failure
+from procq._worker_channel import Launch
 
 if TYPE_CHECKING:
     from procq._entries import Entry, LaneState, WorkerSlot

@@ -51,9 +51,10 @@ from typing import IO, Any
 
 from procq._cli_report import Tally, failure_fields
 from procq._job import Job, Lane
+from procq._outcomes import Cached, InFlight
 from procq._policies import Retry
 from procq._store_sqlite import SqliteStore
-from procq._values import Cached, Completed, Failed, InFlight
+from procq._values import Completed, Failed
 
 __all__ = ["main", "parser"]
 

@@ -23,8 +23,8 @@ from procq._values import (
 )
 
 if TYPE_CHECKING:
-    from procq._channel import WorkerChannel
     from procq._retention import Record
+    from procq._worker_channel import WorkerChannel
 
 __all__ = [
     "ABANDONED",

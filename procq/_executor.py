@@ -45,9 +45,9 @@ from procq._errors import QueueClosed
 from procq._executor_calls import Initialized, run_chunk
 from procq._futures import JobFuture
 from procq._job import Job, Lane
+from procq._outcomes import Cached, Queued
 from procq._policies import Retry
 from procq._queue import ProcQueue
-from procq._values import Cached, Queued
 
 __all__ = ["Executor"]
 

@@ -56,8 +56,8 @@ from typing import TYPE_CHECKING, Any
 from procq._errors import JobFailed, LaneFull, WrongProcess
 from procq._fingerprint import content_key, fn_name
 from procq._job import Job, check_wait
+from procq._outcomes import Cached, PushOutcome, Queued
 from procq._protocol import blake2b, dumps
-from procq._values import Cached, PushOutcome, Queued
 
 if TYPE_CHECKING:
     from procq._queue import ProcQueue

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from procq._errors import JobFailed, LaneFull, WrongProcess
 from procq._job import Job
 from procq._map import _Out, _Run, prepare
-from procq._values import Cached
+from procq._outcomes import Cached
 
 if TYPE_CHECKING:
     from procq._handle import JobHandle

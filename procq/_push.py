@@ -30,8 +30,9 @@ from procq._errors import JobPicklingError, KeyConflict, KeyConflictWarning, Lan
 from procq._fingerprint import fn_name
 from procq._handle import JobHandle
 from procq._job import Job
+from procq._outcomes import Cached, InFlight, PushOutcome, Queued
 from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
-from procq._values import Cached, Failed, InFlight, PushOutcome, Queued
+from procq._values import Failed
 
 if TYPE_CHECKING:
     import asyncio

@@ -32,6 +32,7 @@ from procq._core import Core
 from procq._errors import ProcQueueError, QueueClosed, WrongProcess
 from procq._handle import JobHandle
 from procq._job import Job, Lane, Reuse, check_wait
+from procq._outcomes import Cached, PushOutcome
 from procq._policies import Retention
 from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
 from procq._queue_async import AsyncFace
@@ -39,7 +40,7 @@ from procq._queue_fork import queues
 from procq._queue_maps import MapFace
 from procq._settings import check_descriptors
 from procq._supervisor import Supervisor
-from procq._values import Cached, Completed, Failed, Pending, Processing, PushOutcome, QueueStats, State
+from procq._values import Completed, Failed, Pending, Processing, QueueStats, State
 
 if TYPE_CHECKING:
     from procq._store_core import StoreCore

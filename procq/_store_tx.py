@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 
 from procq._errors import ProcQueueError
 from procq._job import Job
+from procq._outcomes import PushOutcome
 from procq._push import Batch, ThreadRoom
 from procq._store import StoreUnavailable
-from procq._values import PushOutcome
 
 if TYPE_CHECKING:
     from procq._queue import ProcQueue

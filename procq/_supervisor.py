@@ -105,7 +105,7 @@ from typing import Any
 import procq._channel_trusted
 import procq._channel_untrusted  # noqa: F401
 from procq import _log
-from procq._channel import Launch, channel_kind
+from procq._channel import channel_kind
 from procq._core import Core, Entry, WorkerLife, WorkerSlot
 from procq._dispatch import Reported
 from procq._entries import Wakeup
@@ -117,6 +117,7 @@ from procq._supervisor_lead import Handoffs, Leader, ask_retire_over_rss
 from procq._supervisor_start import Starts
 from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, Timers, Watcher, check_memory, stop_workers
 from procq._undertaker import Undertaker
+from procq._worker_channel import Launch
 
 __all__ = ["Supervisor"]
 

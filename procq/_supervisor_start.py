@@ -37,8 +37,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from procq import _log
-from procq._channel import Launch, WorkerChannel, channel_kind
+from procq._channel import channel_kind
 from procq._entries import LaneState, WorkerSlot
+from procq._worker_channel import Launch, WorkerChannel
 
 if TYPE_CHECKING:
     from procq._core import Core

@@ -1,32 +1,26 @@
-"""procq's public values that say where a key is: failures, the four key states, push outcomes, stats.
+"""procq's public values that say where a key is: failures, the four key states, stats.
 
 All of them are frozen dataclasses: they are handed across threads and event
 loops and never change once made. (What a job is, and the lanes and policies
-it runs under, are in ``_job``.)
+it runs under, are in ``_job`` and ``_policies``; what a push answers, in
+``_outcomes``, beside the handles it carries.)
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, get_args
-
-if TYPE_CHECKING:
-    from procq._handle import JobHandle
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 __all__ = [
     "RETRYABLE_KINDS",
-    "Cached",
     "Completed",
     "Failed",
     "Failure",
     "FailureKind",
-    "InFlight",
     "LaneStats",
     "Pending",
     "Processing",
-    "PushOutcome",
     "QueueStats",
-    "Queued",
     "State",
 ]
 
@@ -126,38 +120,6 @@ class Failed:
 
 
 State = Pending | Processing | Completed[Any] | Failed
-
-
-# --- What a push answers ------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Queued(Generic[T]):
-    """The key was free (new, or failed before): this push claimed it and queued the job."""
-
-    handle: JobHandle[T]
-
-
-@dataclass(frozen=True)
-class InFlight(Generic[T]):
-    """The key is pending or running: this push joined that job instead of starting another."""
-
-    handle: JobHandle[T]
-
-
-@dataclass(frozen=True, init=False)
-class Cached(Generic[T]):
-    """The key completed before: here is its stored output; nothing ran."""
-
-    output: T
-
-    def __init__(self, output: T) -> None:
-        self.__dict__["output"] = output  # (made at every cached push: kept cheap)
-
-
-#: What a push answers, generic in the job's output: ``PushOutcome[int]`` for a
-#: ``Job[int]``. (A generic alias: a bare ``PushOutcome`` means ``PushOutcome[Any]``.)
-PushOutcome = Queued[T] | InFlight[T] | Cached[T]
 
 
 # --- Stats --------------------------------------------------------------------

@@ -79,9 +79,9 @@ from joblib._parallel_backends import (
 from procq._errors import JobFailed
 from procq._handle import JobHandle
 from procq._job import Job, Lane
+from procq._outcomes import Queued
 from procq._policies import Retry
 from procq._queue import ProcQueue
-from procq._values import Queued
 
 __all__ = ["NAME", "ProcqBackend", "register"]
 
