@@ -22,12 +22,14 @@ import jobs
 import jobs_grace
 import pytest
 from core_support import WAIT, assert_all_gone, failure_of, open_queue, wait_started
+from dask_cluster import import_distributed
 from process_support import linux_only, subreaper
 
 from procq import DaskLane, InFlight, Job, Lane, Processing, ProcQueue, Queued
 from procq._settings import MAX_KILL_GRACE
 
-pytestmark = pytest.mark.skipif(not linux_only, reason="needs PR_SET_CHILD_SUBREAPER to see orphans exit")
+#: The tests that end process trees adopt the orphans, to see each one exit.
+subreaping = pytest.mark.skipif(not linux_only, reason="needs PR_SET_CHILD_SUBREAPER to see orphans exit")
 
 #: The grace of the jobs below: far longer than any close may take.
 LONG_GRACE = 10.0
@@ -47,6 +49,7 @@ def _close_without_waiting(q: ProcQueue) -> float:
     return time.monotonic() - start
 
 
+@subreaping
 def test_closing_cuts_short_the_grace_of_a_cancelled_job(tmp_path: Path) -> None:
     """The issue's program: a job that ignores SIGTERM and spins, with a
     child that ignores it too, cancelled in a lane with a 10 s grace."""
@@ -65,6 +68,7 @@ def test_closing_cuts_short_the_grace_of_a_cancelled_job(tmp_path: Path) -> None
         assert_all_gone(pids)
 
 
+@subreaping
 def test_closing_cuts_short_the_grace_of_a_timed_out_job(tmp_path: Path) -> None:
     termed = jobs.fifo(tmp_path, "termed")
     lane = Lane(workers=1, timeout=2.0, kill_grace=LONG_GRACE)
@@ -81,6 +85,7 @@ def test_closing_cuts_short_the_grace_of_a_timed_out_job(tmp_path: Path) -> None
         assert_all_gone(pids)
 
 
+@subreaping
 def test_a_memory_kill_waits_out_no_grace(tmp_path: Path) -> None:
     """A job past its memory limit is SIGKILLed at once (a grace would let it
     grow on), whatever its lane's grace: here an hour, ignored by a job and a
@@ -97,6 +102,7 @@ def test_a_memory_kill_waits_out_no_grace(tmp_path: Path) -> None:
         assert_all_gone(pids)
 
 
+@subreaping
 def test_closing_kills_at_once_a_job_cancelled_just_before(tmp_path: Path) -> None:
     """A cancel whose SIGTERM the I/O thread has not sent yet when the queue
     closes without waiting: the tree gets SIGKILL, no grace."""
@@ -162,6 +168,7 @@ def _line(proc: subprocess.Popen[bytes], timeout: float = WAIT) -> str:
     return line.decode()
 
 
+@subreaping
 def test_ctrl_c_in_the_with_block_cuts_short_a_grace(tmp_path: Path) -> None:
     script = tmp_path / "program.py"
     script.write_text(_PROGRAM.format(tests=TESTS_DIR, grace=LONG_GRACE))
@@ -190,23 +197,35 @@ def test_ctrl_c_in_the_with_block_cuts_short_a_grace(tmp_path: Path) -> None:
 # --- How long a grace may be ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("grace", [float("inf"), 1e9, MAX_KILL_GRACE + 0.5, float("nan")])
+TOO_LONG = [float("inf"), 1e9, MAX_KILL_GRACE + 0.5, float("nan")]
+
+
+def _refused(grace: float) -> str:
+    return rf"^lane kill_grace must be a number of seconds from 0 to 3600 \(an hour\), got {re.escape(repr(grace))}$"
+
+
+@pytest.mark.parametrize("grace", TOO_LONG)
 def test_a_grace_past_an_hour_is_refused(grace: float) -> None:
-    message = rf"^lane kill_grace must be a number of seconds from 0 to 3600 \(an hour\), got {re.escape(repr(grace))}$"
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(ValueError, match=_refused(grace)):
         Lane(kill_grace=grace)
-    with pytest.raises(ValueError, match=message):
-        DaskLane("tcp://127.0.0.1:8786", kill_grace=grace)
+
+
+def test_a_dask_lane_refuses_a_grace_past_an_hour() -> None:
+    import_distributed()  # (or skipped)
+    for grace in TOO_LONG:
+        with pytest.raises(ValueError, match=_refused(grace)):
+            DaskLane("tcp://127.0.0.1:8786", kill_grace=grace)
+    assert DaskLane("tcp://127.0.0.1:8786", kill_grace=3600).kill_grace == 3600.0
 
 
 def test_a_grace_of_an_hour_is_accepted() -> None:
     assert Lane(kill_grace=MAX_KILL_GRACE).kill_grace == MAX_KILL_GRACE == 3600.0
-    assert DaskLane("tcp://127.0.0.1:8786", kill_grace=3600).kill_grace == 3600.0
 
 
 # --- When a cancelled job's handle answers -------------------------------------------
 
 
+@subreaping
 def test_a_cancelled_job_answers_once_its_tree_is_gone_and_holds_its_key_till_then(tmp_path: Path) -> None:
     """``cancel`` decides the job's end at once (it will end "cancelled",
     whatever it reports), but the handle answers, and the key is free, only
