@@ -43,10 +43,10 @@ __all__ = [
 #: workers), and would otherwise fail only later, part-way through starting them.
 MAX_WORKERS = 4096
 
-#: The longest ``kill_grace`` a lane may give: an hour. A job that needs
-#: longer than that to clean up after SIGTERM is not cleaning up, and a
-#: longer grace (or an endless one) would keep its key, its worker and its
-#: waiters' answer for as long: a handle answers once the tree is gone.
+#: The longest ``kill_grace`` a lane may give: an hour, longer than any cleanup
+#: after SIGTERM should take. A longer grace (or an endless one) would hold the
+#: job's key, its worker and its waiters' answer for as long: a job ended by a
+#: cancel or a timeout answers once its tree is gone.
 MAX_KILL_GRACE = 3600.0
 
 #: Descriptors the supervisor holds per worker (its pipe, a pidfd, and under

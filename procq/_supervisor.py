@@ -241,7 +241,7 @@ class Supervisor:
             if self._cancel:
                 self._cancel = False
                 self._kill_all(core.cancel_all("was cancelled: the queue was closed without waiting"))
-                self._ends.cut_graces()  # (jobs ended before: a cancel, a timeout)
+                self._ends.cut_graces()  # (trees a cancel or a timeout ended before, still in their grace)
             while self._pending_terminations:  # from q.cancel(), on other threads
                 self._cancel_running(*self._pending_terminations.pop())
             self._handoffs.run()

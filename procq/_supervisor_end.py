@@ -144,9 +144,9 @@ class Endings:
 
     def terminate(self, worker: WorkerSlot) -> None:
         """End a worker's process tree: SIGTERM now (the job may clean up),
-        SIGKILL to whatever is left after its lane's ``kill_grace``; SIGKILL
-        at once once the queue closes without waiting (``Core.cancelled``),
-        which promises to be done within a second, whatever the grace."""
+        SIGKILL to whatever is left after its lane's ``kill_grace``. Once the
+        queue closes without waiting (``Core.cancelled``), SIGKILL at once:
+        that close promises to be done within a second, whatever the grace."""
         grace = worker.lane.spec.kill_grace
         if worker.life is WorkerLife.DEAD:
             return
