@@ -31,8 +31,9 @@ however it dies, that pipe reaches EOF and its procq processes exit.
 ``kill_job`` reaches a running job: the supervisor runs it on every Dask
 worker (``Client.run``, on the worker's event loop), and the one running the
 job wakes the job's waiting thread, which ends the process tree (SIGTERM,
-SIGKILL after the lane's ``kill_grace``). A kill that comes before its job
-started leaves a mark, and the job then never starts.
+SIGKILL after the lane's ``kill_grace``; a later kill with a shorter grace,
+from a queue closing without waiting, cuts it short). A kill that comes
+before its job started leaves a mark, and the job then never starts.
 
 This module is imported on Dask workers: it imports nothing of ``distributed``.
 """
@@ -175,13 +176,29 @@ class _Child:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
 
-    def end(self, grace: float) -> int | None:
-        """End its tree now (SIGTERM, SIGKILL after ``grace``); its exit code."""
+    def end(self, grace: float, run: _Run | None = None) -> int | None:
+        """End its tree now (SIGTERM, SIGKILL after ``grace``); its exit code.
+        A kill of ``run`` meanwhile with a shorter grace (the queue closing
+        without waiting: none) cuts the grace short."""
         if grace > 0:
             self.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.popen.wait(grace)
+            self._wait_exit(time.monotonic() + grace, run)
         return self.discard()
+
+    def _wait_exit(self, deadline: float, run: _Run | None) -> None:
+        """Wait until the process exits or ``deadline``, brought forward by kills of ``run``."""
+        poller = select.poll()
+        poller.register(self.sentinel, select.POLLIN)
+        if run is not None:
+            poller.register(run.wake_r, select.POLLIN)
+        while (left := deadline - time.monotonic()) > 0:
+            ready = {fd for fd, _ in poller.poll(int(left * 1000) + 1)}
+            if self.sentinel in ready:
+                return
+            if run is not None and run.wake_r in ready:
+                os.read(run.wake_r, 4096)
+                if run.grace is not None:
+                    deadline = min(deadline, time.monotonic() + run.grace)
 
     def discard(self) -> int | None:
         """Kill what is left of its tree, reap it and close its ends."""
@@ -349,10 +366,10 @@ def _supervise(
         if child.sentinel in ready:
             return ("exit", child.end(0), pid, address)
         if run.grace is not None:
-            return ("killed", child.end(run.grace), pid, address)
+            return ("killed", child.end(run.grace, run), pid, address)
         now = time.monotonic()
         if deadline is not None and now >= deadline:
-            return ("timeout", child.end(grace), pid, address)
+            return ("timeout", child.end(grace, run), pid, address)
         if next_sample is not None and now >= next_sample:
             assert memory_limit is not None
             used = tree_memory(pid, children_map(), base, memory_limit)

@@ -22,6 +22,7 @@ from procq._settings import (
     RLIMITS,
     check_cwd,
     check_env,
+    check_kill_grace,
     check_rlimits,
     format_size,
     parse_size,
@@ -280,6 +281,8 @@ class Lane:
       with kind ``"timeout"``.
     - ``memory_limit``: bytes (or ``"512M"``, ``"2G"``) a job may use; past it
       the job fails with kind ``"memory"`` (see docs/stopping.md for how it is enforced).
+    - ``kill_grace``: seconds from a timeout's or a cancel's SIGTERM to the SIGKILL
+      (0.05; at most an hour); ``close(wait=False)`` cuts it short.
 
     Worker recycling (between jobs; no job fails for it):
 
@@ -386,10 +389,7 @@ class Lane:
             if not isinstance(self.cwd, (str, os.PathLike)):
                 raise TypeError(f"lane cwd must be a path, got {type(self.cwd).__name__}")
             _set(self, "cwd", check_cwd(self.cwd))
-        grace = self.kill_grace
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not math.isfinite(grace) or grace < 0:
-            raise ValueError(f"lane kill_grace must be a number of seconds >= 0, got {grace!r}")
-        _set(self, "kill_grace", float(grace))
+        _set(self, "kill_grace", check_kill_grace(self.kill_grace))
         _set(self, "spare_workers", self._check_spares(self.spare_workers))
 
     def _check_spares(self, n: int | None) -> int:

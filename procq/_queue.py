@@ -261,10 +261,14 @@ class ProcQueue(MapFace, AsyncFace):
         job's worker process tree is killed (SIGTERM, then SIGKILL after the
         lane's ``kill_grace``) and the worker replaced. Either way the job ends
         ``Failed(kind="cancelled")``, every waiter is woken, and the key can be
-        pushed again like any failed key. Returns False, changing nothing, for
-        an unknown key, a finished one, or a job already being ended for
-        another reason (a timeout, say). A job that finishes just as it is
-        cancelled ends once: cancelled if this returned True.
+        pushed again like any failed key: a waiting job's at once, a running
+        job's once its worker has exited (until then the key stays
+        ``Processing`` and a push joins the ending job, so that no new run of
+        the key starts beside a tree still cleaning up; see docs/stopping.md).
+        Returns False, changing nothing, for an unknown key, a finished one, or
+        a job already being ended for another reason (a timeout, say). A job
+        that finishes just as it is cancelled ends once: cancelled if this
+        returned True.
 
         It never waits for a job, so it is safe to call from an event loop
         as it is. A job already sent ahead to a busy worker is skipped by that

@@ -1,6 +1,6 @@
 """The checks behind settings: byte sizes (``"512M"``), and a lane's worker
-settings (``env``, ``rlimits``, ``cwd``, how many workers), refused where they
-are written, with a message that names the setting and the rule.
+settings (``env``, ``rlimits``, ``cwd``, how many workers, ``kill_grace``),
+refused where they are written, with a message that names the setting and the rule.
 
 A setting that no worker could start with is refused at ``Lane()``, not when
 every worker then dies while starting: an environment the kernel cannot pass
@@ -11,6 +11,7 @@ process's limit of open descriptors.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import resource
@@ -23,11 +24,13 @@ if TYPE_CHECKING:
 __all__ = [
     "FDS_PER_WORKER",
     "FDS_RESERVED",
+    "MAX_KILL_GRACE",
     "MAX_WORKERS",
     "RLIMITS",
     "check_cwd",
     "check_descriptors",
     "check_env",
+    "check_kill_grace",
     "check_rlimits",
     "format_size",
     "parse_size",
@@ -39,6 +42,12 @@ __all__ = [
 #: descriptors; a larger number is a slip (a count of items passed as a count of
 #: workers), and would otherwise fail only later, part-way through starting them.
 MAX_WORKERS = 4096
+
+#: The longest ``kill_grace`` a lane may give: an hour, longer than any cleanup
+#: after SIGTERM should take. A longer grace (or an endless one) would hold the
+#: job's key, its worker and its waiters' answer for as long: a job ended by a
+#: cancel or a timeout answers once its tree is gone.
+MAX_KILL_GRACE = 3600.0
 
 #: Descriptors the supervisor holds per worker (its pipe, a pidfd, and under
 #: multiprocessing its sentinel), and those kept free for everything else.
@@ -94,6 +103,20 @@ def parse_size(what: str, value: int | str | None) -> int | None:
     if value < 1:
         raise ValueError(f"{what} must be at least 1 byte, got {given!r}")
     return value
+
+
+def check_kill_grace(grace: float) -> float:
+    """A lane's ``kill_grace``: seconds from 0 to ``MAX_KILL_GRACE``."""
+    if (
+        isinstance(grace, bool)
+        or not isinstance(grace, (int, float))
+        or not math.isfinite(grace)
+        or not 0 <= grace <= MAX_KILL_GRACE
+    ):
+        raise ValueError(
+            f"lane kill_grace must be a number of seconds from 0 to {MAX_KILL_GRACE:g} (an hour), got {grace!r}"
+        )
+    return float(grace)
 
 
 def check_rlimits(rlimits: Mapping[str, int | str] | None) -> dict[str, int] | None:

@@ -37,9 +37,11 @@ Who owns what, and what each pipe carries::
                                        │  │     Core re-times it for its backoff; no wake-up)
                                        │  │    on a due time: Core.due -> the job enters its lane
                                        │  │                   (an idle worker? send it the job)
-                                       │  │    on a deadline, a cancel, memory past a limit:
-                                       │  │                  SIGTERM the worker's tree, SIGKILL after
-                                       v  v                  the lane's kill_grace
+                                       │  │    on a deadline, a cancel: SIGTERM the worker's tree,
+                                       │  │                  SIGKILL after the lane's kill_grace (at
+                                       │  │                  once when closing without waiting, which
+                                       │  │                  also cuts short every grace running)
+                                       v  v    on memory past a limit: SIGKILL the worker's tree
                        WorkerChannel, one per worker (``_channel``): its pipe, process, sentinel
                          TrustedChannel:   multiprocessing child (``_worker``), pickled answers
                                            read in bulk, each naming its job in a trailer;
@@ -243,6 +245,7 @@ class Supervisor:
             if self._cancel:
                 self._cancel = False
                 self._kill_all(core.cancel_all("was cancelled: the queue was closed without waiting"))
+                self._ends.cut_graces()  # (trees a cancel or a timeout ended before, still in their grace)
             while self._pending_terminations:  # from q.cancel(), on other threads
                 self._cancel_running(*self._pending_terminations.pop())
             self._handoffs.run()

@@ -144,12 +144,22 @@ class Endings:
 
     def terminate(self, worker: WorkerSlot) -> None:
         """End a worker's process tree: SIGTERM now (the job may clean up),
-        SIGKILL to whatever is left after its lane's ``kill_grace``."""
+        SIGKILL to whatever is left after its lane's ``kill_grace``. Once the
+        queue closes without waiting (``Core.cancelled``), SIGKILL at once:
+        that close promises to be done within a second, whatever the grace."""
         grace = worker.lane.spec.kill_grace
         if worker.life is WorkerLife.DEAD:
             return
-        if grace <= 0:
+        if grace <= 0 or self.core.cancelled:
             worker.channel.kill()
             return
         descendants = worker.channel.terminate()
         self._timers.kill_later(self.clock() + grace, worker, descendants)
+
+    def cut_graces(self) -> None:
+        """The queue closes without waiting: every tree still in the grace
+        after its SIGTERM is SIGKILLed now, not when its grace ends (which
+        may be an hour away). Its job's end was decided when it was
+        terminated; the worker's death, seen as any other, ends it."""
+        for _, worker, descendants in self._timers.take_kills():
+            worker.channel.kill(descendants)

@@ -227,7 +227,7 @@ class Timers:
         return due
 
     def take_kills(self) -> list[tuple[float, WorkerSlot, list[Any]]]:
-        """Every SIGKILL still waiting, taken off the list (the queue stops)."""
+        """Every SIGKILL still waiting, taken off the list (the queue stops, or closes without waiting)."""
         kills, self._kills = self._kills, []
         return kills
 

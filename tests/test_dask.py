@@ -12,15 +12,17 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import jobs
 import jobs_dask
+import jobs_grace
 import psutil
 import pytest
 from conftest import _helper_pids
-from core_support import WAIT, Gates, open_queue
+from core_support import WAIT, Gates, open_queue, wait_started
 from dask_cluster import Cluster, import_distributed, running_cluster
 
 from procq import Cached, DaskLane, Failed, InFlight, Job, JobFailed, ProcQueue, Queued, Retry
@@ -244,6 +246,26 @@ def test_close_without_waiting_reaches_remote_processes(cluster: Cluster, gates:
     _, alive = psutil.wait_procs(remote, timeout=WAIT)
     assert not alive
     assert cluster.procq_processes() == []  # nothing left on the far side either
+
+
+def test_close_without_waiting_cuts_short_a_remote_grace(cluster: Cluster, tmp_path: Path) -> None:
+    """A cancelled job whose tree ignores SIGTERM, on the cluster, in its
+    10 s grace: closing without waiting SIGKILLs it there at once."""
+    started, termed = jobs.fifo(tmp_path, "started"), jobs.fifo(tmp_path, "termed")
+    with dask_queue(cluster, workers=1, kill_grace=10.0) as q:
+        handle = q.push(Job("stubborn", jobs_grace.stubborn_tree, args=(termed, started), lane=LANE)).handle
+        remote = [psutil.Process(int(p)) for p in wait_started(handle, started).split()]
+        assert q.cancel("stubborn")
+        wait_started(handle, termed)  # its grace runs, on the Dask worker
+        start = time.monotonic()
+        q.close(wait=False)
+        took = time.monotonic() - start
+        assert took < 1.0, f"close(wait=False) took {took:.2f}s during a remote 10s grace"
+        with pytest.raises(JobFailed) as raised:
+            handle.result(timeout=0)
+        assert raised.value.failure.kind == "cancelled"
+    _, alive = psutil.wait_procs(remote, timeout=WAIT)
+    assert not alive
 
 
 # --- the lane's surface ----------------------------------------------------------------

@@ -12,6 +12,7 @@ import pytest
 from core_support import failure_of, open_queue
 
 from procq import Failed, Job, Lane, Pending, Retry
+from procq._settings import MAX_KILL_GRACE
 
 FAR_DATETIMES = [
     datetime.datetime(2030, 1, 1),
@@ -61,7 +62,7 @@ def test_a_far_job_timeout_lets_the_job_finish(seconds: float) -> None:
 
 @pytest.mark.parametrize("seconds", [30 * 86400.0, 1e300])
 def test_a_far_lane_timeout_lets_jobs_finish(seconds: float) -> None:
-    with open_queue({"slow": Lane(workers=1, timeout=seconds, kill_grace=seconds)}) as q:
+    with open_queue({"slow": Lane(workers=1, timeout=seconds, kill_grace=MAX_KILL_GRACE)}) as q:
         assert q.push_and_wait(Job("lane-limit", jobs.square, args=(5,))) == 25
         assert_still_serving(q)
 
@@ -118,9 +119,10 @@ def test_the_earliest_datetimes_run_at_once(when: datetime.datetime) -> None:
         assert q.push_and_wait(Job("past", jobs.square, args=(3,), not_before=when), timeout=30) == 9
 
 
-def test_a_far_kill_grace_still_ends_a_timed_out_job() -> None:
+def test_the_longest_kill_grace_still_ends_a_timed_out_job() -> None:
     # SIGTERM ends the job at its timeout; the SIGKILL a grace later is never needed.
-    with open_queue({"graceful": Lane(workers=1, timeout=0.2, kill_grace=1e300)}) as q:
+    # (A longer grace is refused: see test_close_grace.)
+    with open_queue({"graceful": Lane(workers=1, timeout=0.2, kill_grace=MAX_KILL_GRACE)}) as q:
         failure_of(q.push(Job("slow", jobs.sleep, args=(60,))).handle, "timeout", timeout=30)
         assert_still_serving(q)
 

@@ -133,8 +133,16 @@ def test_bad_timeouts_are_refused(timeout: Any, error: type[Exception], match: s
             ValueError,
             r"^lane max_jobs_per_worker must be an int of at least 1 or None, got 2\.0$",
         ),
-        ({"kill_grace": -1}, ValueError, r"^lane kill_grace must be a number of seconds >= 0, got -1$"),
-        ({"kill_grace": float("inf")}, ValueError, r"^lane kill_grace must be a number of seconds >= 0, got inf$"),
+        (
+            {"kill_grace": -1},
+            ValueError,
+            r"^lane kill_grace must be a number of seconds from 0 to 3600 \(an hour\), got -1$",
+        ),
+        (
+            {"kill_grace": "1s"},
+            ValueError,
+            r"^lane kill_grace must be a number of seconds from 0 to 3600 \(an hour\), got '1s'$",
+        ),
         ({"trusted": "no"}, TypeError, r"^lane trusted must be a bool, got str$"),
         ({"inherit_env": 1}, TypeError, r"^lane inherit_env must be a bool or None, got int$"),
         ({"env": {"A": 1}}, TypeError, r"^lane env\['A'\] must be a str, got int: 1$"),
