@@ -169,6 +169,7 @@ _SOURCES = {
     "LaneFull": "procq._errors",
     "ProcQueueError": "procq._errors",
     "QueueClosed": "procq._errors",
+    "SandboxUnavailable": "procq._errors",
     "WrongProcess": "procq._errors",
     "PostgresStore": "procq._store_postgres",
     "SqliteStore": "procq._store_sqlite",
@@ -185,6 +186,7 @@ _SOURCES = {
     "Lane": "procq._job",
     "Retention": "procq._job",
     "Retry": "procq._job",
+    "Sandbox": "procq._sandbox",
     "Cached": "procq._values",
     "Completed": "procq._values",
     "Failed": "procq._values",
@@ -208,6 +210,7 @@ if TYPE_CHECKING:
         LaneFull,
         ProcQueueError,
         QueueClosed,
+        SandboxUnavailable,
         WrongProcess,
     )
     from procq._executor import Executor
@@ -216,6 +219,7 @@ if TYPE_CHECKING:
     from procq._handle import JobHandle
     from procq._job import Job, Lane, Retention, Retry
     from procq._queue import ProcQueue
+    from procq._sandbox import Sandbox
     from procq._store import Store, StoreError, StoreUnavailable
     from procq._store_postgres import PostgresStore
     from procq._store_sqlite import SqliteStore
@@ -280,6 +284,8 @@ __all__ = [
     "Queued",
     "Retention",
     "Retry",
+    "Sandbox",
+    "SandboxUnavailable",
     "SqliteStore",
     "Store",
     "StoreError",

@@ -29,24 +29,13 @@ from procq._values import RETRYABLE_KINDS, FailureKind
 
 if TYPE_CHECKING:
     from procq._job_of import JobOf
+    from procq._sandbox import Sandbox
 
 __all__ = [
-    "DEFAULT_CAPACITY",
-    "DEFAULT_RESULT_VALUES",
-    "DEFAULT_SPARE_WORKERS",
-    "DEFAULT_UNTRUSTED_RESULT_BYTES",
-    "MAX_WORKERS",
-    "REUSE_POLICIES",
-    "RLIMITS",
-    "Job",
-    "Lane",
-    "Retention",
-    "Retry",
-    "Reuse",
-    "check_wait",
-    "format_size",
-    "parse_size",
-]
+    "DEFAULT_CAPACITY", "DEFAULT_RESULT_VALUES", "DEFAULT_SPARE_WORKERS", "DEFAULT_UNTRUSTED_RESULT_BYTES",
+    "MAX_WORKERS", "REUSE_POLICIES", "RLIMITS", "Job", "Lane", "Retention", "Retry", "Reuse", "check_wait",
+    "format_size", "parse_size",
+]  # fmt: skip
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -400,6 +389,9 @@ class Lane:
       start from the supervisor's environment (default: trusted lanes do,
       untrusted ones do not).
     - ``cwd``: the workers' working directory.
+    - ``sandbox`` (untrusted lanes): a ``procq.Sandbox`` (``True``: its
+      defaults) of what each job may reach: files, network, processes,
+      privileges (see docs/untrusted.md). Checked against the kernel by ``ProcQueue()``.
     """
 
     workers: int = 1
@@ -417,6 +409,7 @@ class Lane:
     kill_grace: float = 0.05
     max_result_values: int = DEFAULT_RESULT_VALUES
     spare_workers: int | None = None
+    sandbox: Sandbox | bool | None = None
 
     #: Are its workers elsewhere than on this machine (``DaskLane``)? Then the
     #: limits that act on a job's process (time, memory) are enforced where it
@@ -468,6 +461,9 @@ class Lane:
             raise ValueError(f"lane kill_grace must be a number of seconds >= 0, got {grace!r}")
         _set(self, "kill_grace", float(grace))
         _set(self, "spare_workers", self._check_spares(self.spare_workers))
+        from procq._sandbox import check_lane_sandbox
+
+        _set(self, "sandbox", check_lane_sandbox(self.sandbox, self.trusted))
 
     def _check_spares(self, n: int | None) -> int:
         """``spare_workers`` resolved: None is the default, none for a lane that cannot have spares."""

@@ -209,7 +209,16 @@ def worker_config(spec: Lane) -> dict[str, Any]:
         # this process has opened an untrusted lane; else it is dumpable again,
         # so a native crash in it can leave a core dump.
         "untraceable": untraceable(),
+        "sandbox": _sandbox_config(spec),
     }
+
+
+def _sandbox_config(spec: Lane) -> dict[str, Any] | None:
+    if getattr(spec, "sandbox", None) is None:
+        return None
+    from procq._sandbox import sandbox_config
+
+    return sandbox_config(spec.sandbox)  # type: ignore[arg-type]
 
 
 def import_path() -> list[str]:

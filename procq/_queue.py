@@ -36,6 +36,7 @@ from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
 from procq._queue_async import AsyncFace
 from procq._queue_fork import queues
 from procq._queue_maps import MapFace
+from procq._sandbox import check as check_sandboxes
 from procq._settings import check_descriptors
 from procq._supervisor import Supervisor
 from procq._values import Cached, Completed, Failed, Pending, Processing, PushOutcome, QueueStats, State
@@ -106,6 +107,7 @@ class ProcQueue(MapFace, AsyncFace):
         parsed = parse_lanes(lanes)
         check_descriptors(parsed)
         check_policies(retention, reuse, on_mismatch)
+        check_sandboxes(parsed)
         self.start_method, context = worker_context(start_method, parsed)
         self._store: StoreCore | None = None
         if store is None:

@@ -74,6 +74,8 @@ def exec_main() -> None:
     # No thread watches the supervisor here (this loop waits on its liveness
     # pipe itself), so forking a job's process is safe.
     set_pdeathsig()
+    if config.get("sandbox"):
+        _enter_sandbox(config, {conn_fd, alive_fd})
     try:
         drop_privileges()
     except OSError as exc:
@@ -91,6 +93,25 @@ def exec_main() -> None:
     run_until_eof(lambda: _serve_forking(conn, config, alive_fd))
 
 
+def _enter_sandbox(config: dict[str, Any], pipes: set[int]) -> None:
+    """A sandboxed lane's worker: its namespaces and its jobs' view, made
+    while it still may (see ``_sandbox_worker``); it exits with the reason on
+    stderr if the kernel refuses."""
+    global _sandbox
+    from procq._sandbox_worker import WorkerSandbox
+
+    try:
+        _sandbox = WorkerSandbox(config["sandbox"], json.loads(sys.argv[4]), pipes)
+        worker = os.getppid()
+        set_pdeathsig()  # in a PID namespace of its own now, under a process that waits for it
+        if os.getppid() != worker:  # pragma: no cover - that process died first
+            os._exit(1)
+    except OSError as exc:
+        print(f"procq: a sandboxed worker could not enter its sandbox: {exc}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+
+
 # --- untrusted lanes: a forked process per job --------------------------------------
 
 _RELAY_CHUNK = 1 << 16
@@ -102,6 +123,8 @@ _CPU_REACHED = 0.75
 
 # The running job's process, while there is one (read by the SIGTERM handler).
 _child_pid = 0
+# A sandboxed lane's worker: its sandbox (see ``_enter_sandbox``).
+_sandbox: Any = None
 _terminating = False
 
 
@@ -192,11 +215,12 @@ def _fork_job(
     global _child_pid
     sys.stdout.flush()
     sys.stderr.flush()
+    tmp = _sandbox.job_dir() if _sandbox is not None else None
     ours, theirs = socket.socketpair()
     try:
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the job's process (coverage does not follow it)
-            _job_process(theirs, job_id, fn_bytes, args_bytes, memory_limit, config)
+            _job_process(theirs, job_id, fn_bytes, args_bytes, memory_limit, config, tmp)
         _child_pid = pid
     finally:
         theirs.close()
@@ -211,6 +235,8 @@ def _fork_job(
     finally:
         _child_pid = 0
         ours.close()
+        if tmp is not None:
+            _sandbox.after(tmp)
 
 
 def _relay_until_exit(
@@ -370,6 +396,7 @@ def _job_process(
     args_bytes: bytes,
     memory_limit: int | None,
     config: dict[str, Any],
+    tmp: str | None,
 ) -> NoReturn:
     """The forked process that runs one job and exits: it holds no descriptor
     but the standard streams and ``channel`` (not the supervisor's pipe, not
@@ -382,10 +409,13 @@ def _job_process(
         if os.getppid() != worker:  # the worker died before the line above took effect
             os._exit(1)
         _close_inherited_fds({0, 1, 2, channel.fileno()})
-        # Best effort: where the kernel has Landlock, no ptrace-class access
-        # (nor, from ABI 6, any signal) to a process outside this job's tree.
-        with contextlib.suppress(OSError):
-            confine_job(config.get("landlock") or 0)
+        if tmp is not None:
+            _sandbox.confine(tmp)  # all of it, or the job does not run
+        else:
+            # Best effort: where the kernel has Landlock, no ptrace-class access
+            # (nor, from ABI 6, any signal) to a process outside this job's tree.
+            with contextlib.suppress(OSError):
+                confine_job(config.get("landlock") or 0)
         conn = Connection(channel.detach())
         _run_job(conn.send_bytes, job_id, fn_bytes, args_bytes, memory_limit, config)
     except (BrokenPipeError, ConnectionResetError):

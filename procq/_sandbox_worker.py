@@ -1,0 +1,79 @@
+"""A sandboxed lane's worker side: its namespaces (once), and each job's
+private temporary directory and confinement (see ``_sandbox_linux``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from typing import Any
+
+from procq import _seccomp
+from procq._sandbox_linux import confine, default_reads, isolate, reap_leftovers
+
+__all__ = ["WorkerSandbox"]
+
+
+def _under_any(path: str, parents: list[str]) -> bool:
+    real = os.path.realpath(path)
+    for parent in parents:
+        p = os.path.realpath(parent).rstrip("/") + "/"
+        if real == p[:-1] or real.startswith(p):
+            return True
+    return False
+
+
+class WorkerSandbox:
+    """Made by an untrusted worker whose lane has a sandbox, before it drops
+    its privileges: with the ``namespaces`` part, the worker is then PID 1 of
+    its own namespaces, with the view for its jobs as its root."""
+
+    def __init__(self, config: dict[str, Any], import_path: list[str], keep: set[int]) -> None:
+        parts = set(config["parts"])
+        self.abi: int = config["landlock"]
+        self.network: bool = config["network"]
+        self.reads: list[str] = [*config["read"], *default_reads(import_path)]
+        self.writes: list[str] = list(config["write"])
+        self.namespaces = "namespaces" in parts
+        wants_filter = "privileges" in parts or ("network" in parts and not self.network)
+        self.filter = _seccomp.program(self.network) if wants_filter else None
+        # The job's working directory: the worker's, if the job may read it; else its own temporary directory.
+        cwd = os.getcwd()
+        self.visible_cwd = _under_any(cwd, self.reads + self.writes)
+        if self.namespaces:
+            isolate(self.reads, self.writes, self.network, cwd if self.visible_cwd else None, keep)
+            self.tmp_root = "/tmp"  # the view's own tmpfs, private to this worker
+        else:
+            self.tmp_root = tempfile.gettempdir()
+
+    def job_dir(self) -> str:
+        """A new private temporary directory for the next job (in the worker)."""
+        return tempfile.mkdtemp(prefix="procq-job-", dir=self.tmp_root)
+
+    def confine(self, tmp: str) -> None:
+        """In the job's process, before job code runs."""
+        os.environ["TMPDIR"] = tmp
+        tempfile.tempdir = tmp
+        if not self.visible_cwd:
+            os.chdir(tmp)
+        confine(self.abi, self.reads, [*self.writes, tmp], self.namespaces, self.network, self.filter)
+
+    def after(self, tmp: str) -> None:
+        """In the worker, once the job's process has exited: end what it left
+        running (with a PID namespace) and remove its temporary directory,
+        whatever modes the job gave what is in it."""
+        if self.namespaces:
+            reap_leftovers()
+        for root, dirs, _ in os.walk(tmp):
+            for name in dirs:
+                try:  # never through a symlink: the job chose where they point
+                    fd = os.open(os.path.join(root, name), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+                except OSError:
+                    continue
+                try:
+                    os.chmod(f"/proc/self/fd/{fd}", 0o700)
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+        shutil.rmtree(tmp, ignore_errors=True)
