@@ -64,28 +64,13 @@ _CLONE_NEW = 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x
 
 # The calls refused with EPERM, by name; each table below gives their numbers.
 _REFUSED = (
-    "u", "n", "s", "h", "a", "r", "e", "s", "e", "t", "n", "s", "m", "o", "u", "n", "t", "u", "m", "o", "u",
-    "n", "t", "2", "p", "i", "v", "o", "t", "_", "r", "o", "o", "t", "c", "h", "r", "o", "o", "t", "o", "p",
-    "e", "n", "_", "t", "r", "e", "e", "m", "o", "v", "e", "_", "m", "o", "u", "n", "t", "f", "s", "o", "p",
-    "e", "n", "f", "s", "c", "o", "n", "f", "i", "g", "f", "s", "m", "o", "u", "n", "t", "f", "s", "p", "i",
-    "c", "k", "m", "o", "u", "n", "t", "_", "s", "e", "t", "a", "t", "t", "r", "p", "t", "r", "a", "c", "e",
-    "p", "r", "o", "c", "e", "s", "s", "_", "v", "m", "_", "r", "e", "a", "d", "v", "p", "r", "o", "c", "e",
-    "s", "s", "_", "v", "m", "_", "w", "r", "i", "t", "e", "v", "b", "p", "f", "p", "e", "r", "f", "_", "e",
-    "v", "e", "n", "t", "_", "o", "p", "e", "n", "u", "s", "e", "r", "f", "a", "u", "l", "t", "f", "d", "k",
-    "e", "y", "c", "t", "l", "a", "d", "d", "_", "k", "e", "y", "r", "e", "q", "u", "e", "s", "t", "_", "k",
-    "e", "y", "k", "e", "x", "e", "c", "_", "l", "o", "a", "d", "k", "e", "x", "e", "c", "_", "f", "i", "l",
-    "e", "_", "l", "o", "a", "d", "i", "n", "i", "t", "_", "m", "o", "d", "u", "l", "e", "f", "i", "n", "i",
-    "t", "_", "m", "o", "d", "u", "l", "e", "d", "e", "l", "e", "t", "e", "_", "m", "o", "d", "u", "l", "e",
-    "i", "o", "_", "u", "r", "i", "n", "g", "_", "s", "e", "t", "u", "p", "i", "o", "_", "u", "r", "i", "n",
-    "g", "_", "e", "n", "t", "e", "r", "i", "o", "_", "u", "r", "i", "n", "g", "_", "r", "e", "g", "i", "s",
-    "t", "e", "r", "o", "p", "e", "n", "_", "b", "y", "_", "h", "a", "n", "d", "l", "e", "_", "a", "t", "n",
-    "a", "m", "e", "_", "t", "o", "_", "h", "a", "n", "d", "l", "e", "_", "a", "t", "f", "a", "n", "o", "t",
-    "i", "f", "y", "_", "i", "n", "i", "t", "r", "e", "b", "o", "o", "t", "s", "w", "a", "p", "o", "n", "s",
-    "w", "a", "p", "o", "f", "f", "a", "c", "c", "t", "q", "u", "o", "t", "a", "c", "t", "l", "s", "y", "s",
-    "l", "o", "g", "i", "o", "p", "l", "i", "o", "p", "e", "r", "m", "m", "o", "d", "i", "f", "y", "_", "l",
-    "d", "t", "v", "h", "a", "n", "g", "u", "p", "s", "e", "t", "t", "i", "m", "e", "o", "f", "d", "a", "y",
-    "c", "l", "o", "c", "k", "_", "s", "e", "t", "t", "i", "m", "e", "a", "d", "j", "t", "i", "m", "e", "x",
-    "l", "o", "o", "k", "u", "p", "_", "d", "c", "o", "o", "k", "i", "e",
+    "unshare", "setns", "mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen",
+    "fsconfig", "fsmount", "fspick", "mount_setattr", "ptrace", "process_vm_readv", "process_vm_writev", "bpf",
+    "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load",
+    "init_module", "finit_module", "delete_module", "io_uring_setup", "io_uring_enter", "io_uring_register",
+    "open_by_handle_at", "name_to_handle_at", "fanotify_init", "reboot", "swapon", "swapoff", "acct",
+    "quotactl", "syslog", "iopl", "ioperm", "modify_ldt", "vhangup", "settimeofday", "clock_settime",
+    "adjtimex", "lookup_dcookie",
 )  # fmt: skip
 
 # (audit arch, {name: number}) per machine; names absent from a table do not exist there.
