@@ -252,10 +252,8 @@ def ordinary(marker: str) -> dict[str, Any]:
     con = sqlite3.connect(os.path.join(tmp, "db.sqlite"))
     con.execute("create table t (x)")
     con.close()
-    child = subprocess.run(
-        [sys.executable, "-c", "import tempfile, json, sys; print(json.dumps([tempfile.gettempdir(), sys.version_info[0]]))"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    code = "import tempfile, json, sys; print(json.dumps([tempfile.gettempdir(), sys.version_info[0]]))"
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     return {
         "tmp": tmp,
         "env tmp": os.environ.get("TMPDIR"),

@@ -211,13 +211,13 @@ def test_errors_crashes_and_limits_still_end_jobs(area: Area) -> None:
 
 
 def test_stats_and_the_log_say_what_each_sandboxed_lane_enforces(area: Area, caplog: Any) -> None:
-    with caplog.at_level(logging.DEBUG, logger="procq.worker"):
-        with open_queue({"s": _sandboxed(area), "plain": Lane(trusted=False)}) as q:
-            lanes = q.stats().lanes
-            assert lanes["plain"].sandbox is None
-            enforced = lanes["s"].sandbox
-            assert enforced is not None and set(enforced) == set(PARTS)
-            assert "Landlock" in enforced["files"] and "seccomp" in enforced["privileges"]
+    lanes = {"s": _sandboxed(area), "plain": Lane(trusted=False)}
+    with caplog.at_level(logging.DEBUG, logger="procq.worker"), open_queue(lanes) as q:
+        stats = q.stats().lanes
+        assert stats["plain"].sandbox is None
+        enforced = stats["s"].sandbox
+        assert enforced is not None and set(enforced) == set(PARTS)
+        assert "Landlock" in enforced["files"] and "seccomp" in enforced["privileges"]
     said = [r.getMessage() for r in caplog.records if "is sandboxed" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("lane 's' is sandboxed: files: Landlock ABI"), said
 
@@ -254,7 +254,7 @@ def test_bad_sandboxes_are_refused_when_made(kwargs: dict[str, Any], error: type
 def test_a_sandbox_needs_an_untrusted_lane() -> None:
     with pytest.raises(ValueError, match=r"lane sandbox needs an untrusted lane"):
         Lane(sandbox=True)
-    with pytest.raises(TypeError, match="lane sandbox must be a procq.Sandbox, True or None, got str"):
+    with pytest.raises(TypeError, match=r"lane sandbox must be a procq\.Sandbox, True or None, got str"):
         Lane(trusted=False, sandbox="yes")  # type: ignore[arg-type]
     assert Lane(trusted=False, sandbox=True).sandbox == Sandbox()
     assert Lane(trusted=False, sandbox=False).sandbox is None
