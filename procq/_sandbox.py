@@ -168,13 +168,21 @@ def _probe() -> dict[str, Any]:
     return report
 
 
+_CAUSES = {
+    errno.ENOSPC: "user.max_user_namespaces is 0 here, or the limit is reached",
+    errno.EUSERS: "user namespaces are nested too deep",
+    errno.EINVAL: "this kernel may be built without user namespaces",
+}
+
+
 def _refusal(why: list[Any]) -> str:
+    """What the kernel said when the worker's namespaces were probed, why, and how to allow them."""
     code, text = why
     name = errno.errorcode.get(code, "")
     reason = f"{text} ({name})" if name and name not in text else text
-    if code in (errno.EPERM, errno.EACCES, errno.ENOSPC, errno.EINVAL, errno.EUSERS):
-        reason += f". {_USERNS_HELP}"
-    return reason
+    if code in _CAUSES:
+        reason += f": {_CAUSES[code]}"
+    return f"{reason}. {_USERNS_HELP}"
 
 
 def _parts(sandbox: Sandbox, k: dict[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
