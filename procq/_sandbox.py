@@ -6,7 +6,7 @@ here (the mechanics are in ``_sandbox_linux`` and ``_seccomp``):
 
 - ``files``: Landlock filesystem rules (ABI 3: reads, writes, renames,
   links, truncation) allow the job only its paths.
-- ``namespaces``: user, mount, PID, IPC and network namespaces, which need
+- ``namespaces``: user, mount, PID, IPC, UTS and network namespaces, which need
   unprivileged user namespaces: the job sees only its paths (read-only
   where it may not write: ``chmod``, ``utime``, a UNIX socket's path), only
   the processes of its worker's namespace, and no network interface.
@@ -195,7 +195,7 @@ def _parts(sandbox: Sandbox, k: dict[str, Any]) -> tuple[dict[str, str], dict[st
     else:
         lack["files"] = f"needs Landlock ABI 3 (Linux 6.2), this kernel has {abi or 'no Landlock'}"
     if ns is None:
-        have["namespaces"] = "user, mount, PID, IPC" + ("" if sandbox.network else " and network") + " namespaces"
+        have["namespaces"] = "user, mount, PID, IPC, UTS" + ("" if sandbox.network else " and network") + " namespaces"
     else:
         lack["namespaces"] = f"needs unprivileged user namespaces, which this kernel refused: {_refusal(ns)}"
     if not sandbox.network:

@@ -2,7 +2,7 @@
 of the filesystem, Landlock rules and the seccomp filter.
 
 Once per worker (``isolate``, before it drops its privileges): the worker
-enters new user, mount, PID, IPC and (without network) network namespaces,
+enters new user, mount, PID, IPC, UTS and (without network) network namespaces,
 as bubblewrap does, with no privilege on the host: its uid and gid map to
 themselves. The process the supervisor started stays outside, waits for
 the worker and ends as it ends (``_mirror``). The worker is PID 1 of its PID
@@ -10,7 +10,7 @@ namespace: a job sees only its own processes, and when the worker dies the
 kernel kills every process left in it. The worker then builds the view the
 jobs see and makes it their root (``pivot_root``): a tmpfs that holds only
 the allowed paths, bound read-only (or read-write for ``write=``), a few
-devices, a ``/proc`` of the PID namespace, and a private ``/tmp``. Every
+devices, a read-only ``/proc`` of the PID namespace, and a private ``/tmp``. Every
 other file of the host, a UNIX socket's path among them, does not exist
 there; a read-only mount also refuses what Landlock does not cover
 (``chmod``, ``chown``, ``utime``, extended attributes).
@@ -44,6 +44,7 @@ from procq._privileges import landlock_abi, set_dumpable
 __all__ = ["TMP_SIZE", "confine", "default_reads", "isolate", "probe_main", "reap_leftovers"]
 
 _CLONE_NEWNS = 0x00020000
+_CLONE_NEWUTS = 0x04000000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWPID = 0x20000000
@@ -129,9 +130,10 @@ def isolate(reads: list[str], writes: list[str], network: bool, cwd: str | None,
     naming the step the kernel refused. ``keep``: the descriptors the
     process outside closes (the worker's pipes)."""
     plan = _plan(reads, writes)
-    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | (0 if network else _CLONE_NEWNET)
+    flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS
+    flags |= 0 if network else _CLONE_NEWNET
     uid, gid = os.geteuid(), os.getegid()
-    _check(_lib().unshare(flags), "unshare (new user, mount, PID, IPC and network namespaces)")
+    _check(_lib().unshare(flags), "unshare (new user, mount, PID, IPC, UTS and network namespaces)")
     _map_ids(uid, gid)
     pid = os.fork()
     if pid:
@@ -233,7 +235,7 @@ def _build(plan: list[tuple[str, str, int, str]]) -> None:
     os.mkdir(root + "/tmp", 0o755)
     _mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=0755,size={TMP_SIZE}")
     os.mkdir(root + "/proc", 0o555)
-    _mount("proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    _mount("proc", root + "/proc", "proc", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     for kind, real, fd, link in plan:
         target = root + real
         if kind == "link":

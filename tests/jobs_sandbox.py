@@ -205,10 +205,19 @@ def privileges() -> dict[str, str]:
         "unshare command": _try(_unshare_command),
         "mount": _try(_mount_tmpfs),
         "setns": _try(lambda: _syscall(sys_["setns"], os.open("/proc/self/ns/net", os.O_RDONLY), 0)),
+        "sysctl": _try(_rewrite_sysctl),
     }
     for name in ("bpf", "perf_event_open", "userfaultfd", "keyctl", "io_uring_setup", "kexec_load", "init_module"):
         said[name] = _try(lambda n=name: _syscall(sys_[n], 0, 0, 0, 0, 0))
     return said
+
+
+def _rewrite_sysctl() -> int:
+    """Write a kernel setting its own value back (harmless if it got through)."""
+    with open("/proc/sys/kernel/hostname") as f:
+        value = f.read()
+    with open("/proc/sys/kernel/hostname", "w") as f:
+        return f.write(value)
 
 
 def _unshare_command() -> str:
