@@ -5,12 +5,14 @@ errors, crashes, limits); bad input is refused when the Sandbox or Lane is made.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import select
 import signal
 import socket
 import stat
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,3 +268,36 @@ def test_this_machine_enforces_every_part() -> None:
     k = kernel()
     assert k["landlock"] >= 6 and k["seccomp"] is None and k["namespaces"] is None, k
     _ = SandboxUnavailable
+
+
+# --- the command line -----------------------------------------------------------------------------
+
+
+def _cli(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    return subprocess.run(
+        [sys.executable, "-m", "procq", "run", *args], cwd=Path(__file__).parent, input=stdin,
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+
+
+def test_procq_run_sandbox_reads_only_what_it_is_given(area: Area) -> None:
+    paths = [str(area.secret), str(area.readable / "file")]
+    done = _cli("jobs_sandbox:read_files", "--sandbox", "--read", str(area.readable), "--write", str(area.first),
+                "-q", stdin=json.dumps(paths) + "\n")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = json.loads(done.stdout)["output"]
+    assert said[str(area.readable / "file")] == "reached: 'original'"
+    assert said[str(area.secret)].startswith("refused"), said
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--read", "/usr"], "--read needs --sandbox"),
+        (["--sandbox", "--write", "/no/such/dir"], "Sandbox write path '/no/such/dir' does not exist"),
+    ],
+)
+def test_procq_run_refuses_bad_sandbox_options(args: list[str], message: str) -> None:
+    done = _cli("jobs_sandbox:square", *args, stdin="3\n")
+    assert done.returncode == 2 and message in done.stderr, done.stderr
