@@ -184,6 +184,9 @@ def program(network: bool) -> bytes:
     return p.assemble()
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
 class _SockFprog(ctypes.Structure):
     _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_char_p))
 
@@ -192,6 +195,5 @@ def install(code: bytes) -> None:
     """Load ``code`` (from ``program``) as this process's seccomp filter.
     Needs ``no_new_privs`` (or CAP_SYS_ADMIN); raises ``OSError`` if refused."""
     prog = _SockFprog(len(code) // 8, code)
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(prog), 0, 0) != 0:
+    if _libc.prctl(_PR_SET_SECCOMP, ctypes.c_ulong(_SECCOMP_MODE_FILTER), ctypes.byref(prog), 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "seccomp could not load the sandbox's filter")
