@@ -100,7 +100,12 @@ supervisor's life) and ``_worker_untrusted`` (a clean worker that forks a
 process per job; ``_json_keys``: its results' dict keys, checked).
 ``_privileges``: what a process lets others do to it (dumpable or
 not) and may do itself (capabilities, ``no_new_privs``, Landlock), and the
-supervisor's "untraceable" latch. ``_forkserver_guard``: imported only by the
+supervisor's "untraceable" latch. ``_sandbox``: ``Sandbox`` (what a
+sandboxed lane's jobs may reach), and what this kernel can enforce of it
+(``SandboxUnavailable``); ``_sandbox_linux``: its kernel mechanics
+(namespaces and the jobs' view, Landlock rules, the probe);
+``_sandbox_worker``: a sandboxed worker's side of them; ``_seccomp``: the
+seccomp filter, assembled by hand. ``_forkserver_guard``: imported only by the
 forkserver procq starts, to make it untraceable and fork only for its parent.
 ``_dask_remote``: the far side of a Dask lane, run by the Dask workers: the
 task that hands each job to a procq worker process there and watches it
