@@ -62,8 +62,10 @@ def _paths(what: str, value: Any, directories: bool) -> tuple[str, ...]:
         if not os.path.exists(path):
             raise ValueError(f"Sandbox {what} path {path!r} does not exist")
         if directories and not os.path.isdir(path):
-            raise ValueError(f"Sandbox {what} path {path!r} is not a directory: a job may write only in directories")
+            raise ValueError(f"Sandbox {what} path {path!r} is a file, not a directory: a job writes in directories")
         path = os.path.normpath(path)
+        if os.path.realpath(path) == "/":
+            raise ValueError(f"Sandbox {what} path {path!r} is the whole filesystem: give the directories a job needs")
         if path not in paths:
             paths.append(path)
     return tuple(paths)

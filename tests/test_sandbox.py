@@ -203,6 +203,8 @@ def test_errors_crashes_and_limits_still_end_jobs(area: Area) -> None:
         assert failure.message == "ValueError: boom"
         failure = failure_of(q.push(Job("crash", js.crash)).handle, "crashed")
         assert failure.signal == "SIGABRT"
+        # The memory limit is the job's own: its worker (two processes here) does not count.
+        assert q.push_and_wait(Job("within", jobs_control.allocate, args=(48,)), timeout=WAIT) == 48 << 20
         failure = failure_of(q.push(Job("greedy", jobs_control.allocate, args=(100,))).handle, "memory")
         failure = failure_of(q.push(Job("forever", jobs.block_forever, timeout=1.0)).handle, "timeout")
         _serves(q)
@@ -242,7 +244,8 @@ def test_network_true_leaves_the_network(area: Area) -> None:
         ({"read": "/usr"}, TypeError, "Sandbox read must be a tuple of paths, got str"),
         ({"read": ("usr",)}, ValueError, "Sandbox read path 'usr' is relative"),
         ({"write": ("/no/such/dir",)}, ValueError, "Sandbox write path '/no/such/dir' does not exist"),
-        ({"write": ("/etc/hostname",)}, ValueError, "Sandbox write path '/etc/hostname' is not a directory"),
+        ({"write": ("/etc/hostname",)}, ValueError, "Sandbox write path '/etc/hostname' is a file, not a directory"),
+        ({"read": ("/",)}, ValueError, "Sandbox read path '/' is the whole filesystem"),
         ({"read": (3,)}, TypeError, "Sandbox read paths must be str or os.PathLike, got int"),
         ({"network": "no"}, TypeError, "Sandbox network must be a bool, got str"),
         ({"relax": ("speed",)}, ValueError, "Sandbox relax: unknown part 'speed'"),
