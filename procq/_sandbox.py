@@ -76,8 +76,9 @@ class Sandbox:
     """What the jobs of a sandboxed lane (``Lane(trusted=False, sandbox=...)``) may reach.
 
     - ``read``: absolute paths (files or directories) a job may read, beyond
-      what Python needs to run it: the interpreter's prefixes, the import
-      path's directories, system libraries and programs (``/usr``).
+      what Python needs to run it: the interpreter's prefixes, every
+      directory on the supervisor's ``sys.path`` (keep secrets out of them),
+      system libraries and programs (``/usr``).
     - ``write``: absolute paths of directories a job may read and write, and
       create, rename and delete in. Beyond them it writes only to a private
       temporary directory made for the job (its ``TMPDIR``), removed after it.
