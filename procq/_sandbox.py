@@ -32,7 +32,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from procq._errors import SandboxUnavailable
@@ -91,10 +91,12 @@ class Sandbox:
       ``ProcQueue()`` raise ``SandboxUnavailable``.
     """
 
-    read: tuple[str, ...] = ()
-    write: tuple[str, ...] = ()
+    # Given as any iterable of paths (str or os.PathLike); held as a tuple of
+    # normalized str paths once checked (so a Sandbox hashes and compares).
+    read: Iterable[str | os.PathLike[str]] = ()
+    write: Iterable[str | os.PathLike[str]] = ()
     network: bool = False
-    relax: tuple[str, ...] = field(default=())
+    relax: Iterable[str] | str = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "read", _paths("read", self.read, False))
@@ -256,8 +258,8 @@ def sandbox_config(sandbox: Sandbox | None) -> dict[str, Any] | None:
         return None
     parts = enforced(sandbox) or {}
     return {
-        "read": list(sandbox.read),
-        "write": list(sandbox.write),
+        "read": [os.fspath(p) for p in sandbox.read],
+        "write": [os.fspath(p) for p in sandbox.write],
         "network": sandbox.network,
         "parts": sorted(parts),
         "landlock": kernel()["landlock"],

@@ -10,7 +10,8 @@ namespace: a job sees only its own processes, and when the worker dies the
 kernel kills every process left in it. The worker then builds the view the
 jobs see and makes it their root (``pivot_root``): a tmpfs that holds only
 the allowed paths, bound read-only (or read-write for ``write=``), a few
-devices, a read-only ``/proc`` of the PID namespace, and a private ``/tmp``. Every
+devices, a read-only ``/proc`` of the PID namespace, and a private ``/tmp``
+and ``/dev/shm``. Every
 other file of the host, a UNIX socket's path among them, does not exist
 there; a read-only mount also refuses what Landlock does not cover
 (``chmod``, ``chown``, ``utime``, extended attributes).
@@ -41,7 +42,7 @@ from typing import Any, NoReturn
 from procq import _seccomp
 from procq._privileges import landlock_abi, set_dumpable
 
-__all__ = ["TMP_SIZE", "confine", "default_reads", "isolate", "probe_main", "reap_leftovers"]
+__all__ = ["SHM", "TMP_SIZE", "confine", "default_reads", "isolate", "probe_main", "reap_leftovers"]
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUTS = 0x04000000
@@ -80,8 +81,10 @@ _SYSTEM_READS = (
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 #: Where the view is built in the worker's mount namespace (hidden from the host by it).
 _BUILD = "/tmp"
-#: The size of the jobs' private /tmp (a tmpfs: it counts as the machine's memory).
+#: The size of the jobs' private /tmp and /dev/shm (each a tmpfs: they count as the machine's memory).
 TMP_SIZE = "1g"
+#: Where a job's POSIX shared memory lives: a tmpfs of its worker's in the view.
+SHM = "/dev/shm"
 
 _libc: Any = None
 
@@ -234,6 +237,9 @@ def _build(plan: list[tuple[str, str, int, str]]) -> None:
     _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=4m")
     os.mkdir(root + "/tmp", 0o755)
     _mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=0755,size={TMP_SIZE}")
+    # A private /dev/shm: POSIX shared memory and semaphores (multiprocessing's locks) work in a job.
+    os.makedirs(root + SHM, 0o755)
+    _mount("tmpfs", root + SHM, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={TMP_SIZE}")
     os.mkdir(root + "/proc", 0o555)
     _mount("proc", root + "/proc", "proc", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     for kind, real, fd, link in plan:

@@ -3,13 +3,14 @@ private temporary directory and confinement (see ``_sandbox_linux``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 from typing import Any
 
 from procq import _seccomp
-from procq._sandbox_linux import confine, default_reads, isolate, reap_leftovers
+from procq._sandbox_linux import SHM, confine, default_reads, isolate, reap_leftovers
 
 __all__ = ["WorkerSandbox"]
 
@@ -56,24 +57,36 @@ class WorkerSandbox:
         tempfile.tempdir = tmp
         if not self.visible_cwd:
             os.chdir(tmp)
-        confine(self.abi, self.reads, [*self.writes, tmp], self.namespaces, self.network, self.filter)
+        writes = [*self.writes, tmp, SHM] if self.namespaces else [*self.writes, tmp]
+        confine(self.abi, self.reads, writes, self.namespaces, self.network, self.filter)
 
     def after(self, tmp: str) -> None:
         """In the worker, once the job's process has exited: end what it left
-        running (with a PID namespace) and remove its temporary directory,
-        whatever modes the job gave what is in it."""
+        running (with a PID namespace), empty the view's /dev/shm and remove
+        its temporary directory."""
         if self.namespaces:
             reap_leftovers()
-        for root, dirs, _ in os.walk(tmp):
-            for name in dirs:
-                try:  # never through a symlink: the job chose where they point
-                    fd = os.open(os.path.join(root, name), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-                except OSError:
-                    continue
-                try:
-                    os.chmod(f"/proc/self/fd/{fd}", 0o700)
-                except OSError:
-                    pass
-                finally:
-                    os.close(fd)
-        shutil.rmtree(tmp, ignore_errors=True)
+            for name in os.listdir(SHM):  # the view's own: what the job left in shared memory
+                _remove(os.path.join(SHM, name))
+        _remove(tmp)
+
+
+def _remove(path: str) -> None:
+    """Remove ``path`` (a file or a tree), whatever modes the job gave what is in it."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+    for root, dirs, _ in os.walk(path):
+        for name in dirs:
+            try:  # never through a symlink: the job chose where they point
+                fd = os.open(os.path.join(root, name), os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                os.chmod(f"/proc/self/fd/{fd}", 0o700)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+    shutil.rmtree(path, ignore_errors=True)

@@ -306,3 +306,25 @@ def fail(text: str) -> None:
 
 def square(x: int) -> int:
     return x * x
+
+
+def pools(leave: str) -> dict[str, Any]:
+    """A thread, a multiprocessing pool and a process pool (semaphores in
+    /dev/shm) in the job; leaves a file ``leave`` in /dev/shm; says what
+    /dev/shm held when it started."""
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    found = sorted(os.listdir("/dev/shm"))
+    ran: list[int] = []
+    thread = threading.Thread(target=lambda: ran.append(1))
+    thread.start()
+    thread.join()
+    with get_context("fork").Pool(2) as pool:
+        mapped = pool.map(abs, [-1, -2])
+    with ProcessPoolExecutor(1) as executor:
+        executed = list(executor.map(abs, [-3]))
+    with open(os.path.join("/dev/shm", leave), "w") as f:
+        f.write("left")
+    return {"found": found, "thread": ran, "pool": mapped, "executor": executed}

@@ -191,6 +191,14 @@ def test_ordinary_jobs_run_with_a_private_temporary_directory(queue: ProcQueue) 
     assert not os.path.exists(tmp)  # nor on the host: it was never there
 
 
+def test_threads_and_process_pools_run_with_a_private_shared_memory(queue: ProcQueue) -> None:
+    first = queue.push_and_wait(Job("pools:1", js.pools, args=("one",)), timeout=60)
+    assert first == {"found": [], "thread": [1], "pool": [1, 2], "executor": [3]}
+    second = queue.push_and_wait(Job("pools:2", js.pools, args=("two",)), timeout=60)
+    assert second["found"] == []  # what the first job left is gone
+    assert not os.path.exists("/dev/shm/one")  # and was never the host's
+
+
 def test_a_program_the_job_starts_inherits_the_sandbox(queue: ProcQueue, area: Area) -> None:
     said = queue.push_and_wait(Job("child", js.child_reads, args=(str(area.secret),)), timeout=60)
     assert said.startswith("refused"), said
