@@ -37,7 +37,7 @@ import platform
 import signal
 import stat
 import sys
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from procq import _seccomp
 from procq._privileges import landlock_abi, set_dumpable
@@ -183,10 +183,20 @@ def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
-def _plan(reads: list[str], writes: list[str]) -> list[tuple[str, str, int, str]]:
-    """What to bind where: (kind, real path, 0, link target), parents first.
-    Read on the host before the build hides its /tmp."""
-    plan: list[tuple[str, str, int, str]] = []
+class _Step(NamedTuple):
+    """One step of building the view: bind ``path`` ("read", "write" or
+    "dev") at the same place in the view, or ("link") make it a symlink to ``link``."""
+
+    kind: str
+    path: str
+    link: str = ""
+
+
+def _plan(reads: list[str], writes: list[str]) -> list[_Step]:
+    """The steps that build the view, parents first. Read on the host before
+    the build hides its /tmp: each path's real place, and the symlinks on
+    the way to it (``/bin`` -> ``usr/bin``), made again in the view."""
+    plan: list[_Step] = []
     links: dict[str, str] = {}
     wanted = [("write", p) for p in writes] + [("read", p) for p in reads] + [("dev", p) for p in _DEVICES]
     for kind, path in wanted:
@@ -198,18 +208,20 @@ def _plan(reads: list[str], writes: list[str]) -> list[tuple[str, str, int, str]
             if os.path.islink(prefix) and prefix not in links:
                 links[prefix] = os.readlink(prefix)
         real = os.path.realpath(path)
-        if any(real == r for _, r, _, _ in plan):
-            continue
-        plan.append((kind, real, 0, ""))
-    plan.sort(key=lambda step: (step[1].count("/"), step[1]))
-    kept: list[tuple[str, str, int, str]] = []
+        if all(real != step.path for step in plan):
+            plan.append(_Step(kind, real))
+    plan.sort(key=_depth)
+    kept: list[_Step] = []
     for step in plan:
-        kind, real, _, _ = step
-        covers = ("write",) if kind == "write" else ("read", "write")
-        if not any(k in covers and _under(real, r) for k, r, _, _ in kept):  # else: in the view already
+        covers = ("write",) if step.kind == "write" else ("read", "write")
+        if not any(k.kind in covers and _under(step.path, k.path) for k in kept):  # else: in the view already
             kept.append(step)
-    kept += [("link", p, -1, t) for p, t in links.items()]
-    return sorted(kept, key=lambda step: (step[1].count("/"), step[1]))
+    kept += [_Step("link", p, t) for p, t in links.items()]
+    return sorted(kept, key=_depth)
+
+
+def _depth(step: _Step) -> tuple[int, str]:
+    return step.path.count("/"), step.path
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
@@ -226,13 +238,13 @@ def _setattr(path: str, attrs: int, recursive: bool) -> None:
     _check(result, f"mount_setattr on {path}")
 
 
-def _build(plan: list[tuple[str, str, int, str]]) -> None:
+def _build(plan: list[_Step]) -> None:
     """In the worker (PID 1 of its namespace): build the view on a tmpfs and
     make it the root. Nothing mounted here is seen outside the namespace."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     # Descriptors of the paths to bind, opened in this mount namespace (a bind
     # from another one is refused) and before the tmpfs below hides the host's /tmp.
-    plan = [(k, r, -1 if k == "link" else os.open(r, os.O_PATH | os.O_CLOEXEC), t) for k, r, _, t in plan]
+    fds = {step.path: os.open(step.path, os.O_PATH | os.O_CLOEXEC) for step in plan if step.kind != "link"}
     root = _BUILD
     _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=4m")
     os.mkdir(root + "/tmp", 0o755)
@@ -242,13 +254,14 @@ def _build(plan: list[tuple[str, str, int, str]]) -> None:
     _mount("tmpfs", root + SHM, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={TMP_SIZE}")
     os.mkdir(root + "/proc", 0o555)
     _mount("proc", root + "/proc", "proc", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    for kind, real, fd, link in plan:
+    for kind, real, link in plan:
         target = root + real
         if kind == "link":
             if not os.path.lexists(target):
                 os.makedirs(os.path.dirname(target), exist_ok=True)
                 os.symlink(link, target)
             continue
+        fd = fds[real]
         if stat.S_ISDIR(os.stat(fd).st_mode):
             os.makedirs(target, exist_ok=True)
         elif not os.path.lexists(target):
