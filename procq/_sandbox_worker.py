@@ -6,13 +6,15 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from typing import Any
 
 from procq import _seccomp
+from procq._privileges import set_pdeathsig
 from procq._sandbox_linux import SHM, confine, default_reads, isolate, reap_leftovers
 
-__all__ = ["WorkerSandbox"]
+__all__ = ["WorkerSandbox", "enter"]
 
 
 def _under_any(path: str, parents: list[str]) -> bool:
@@ -69,6 +71,22 @@ class WorkerSandbox:
             for name in os.listdir(SHM):  # the view's own: what the job left in shared memory
                 _remove(os.path.join(SHM, name))
         _remove(tmp)
+
+
+def enter(config: dict[str, Any], import_path: list[str], pipes: set[int]) -> WorkerSandbox:
+    """The untrusted worker's sandbox, entered; a worker the kernel refuses
+    exits with the reason on stderr and never takes a job."""
+    try:
+        sandbox = WorkerSandbox(config, import_path, pipes)
+        worker = os.getppid()
+        set_pdeathsig()  # in a PID namespace of its own now, under a process that waits for it
+        if os.getppid() != worker:  # pragma: no cover - that process died first
+            os._exit(1)
+    except OSError as exc:
+        print(f"procq: a sandboxed worker could not enter its sandbox: {exc}", file=sys.stderr)
+        sys.stderr.flush()
+        os._exit(1)
+    return sandbox
 
 
 def _remove(path: str) -> None:

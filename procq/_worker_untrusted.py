@@ -74,8 +74,11 @@ def exec_main() -> None:
     # No thread watches the supervisor here (this loop waits on its liveness
     # pipe itself), so forking a job's process is safe.
     set_pdeathsig()
-    if config.get("sandbox"):
-        _enter_sandbox(config, {conn_fd, alive_fd})
+    if config.get("sandbox"):  # its namespaces and its jobs' view, made while it still may
+        global _sandbox
+        from procq._sandbox_worker import enter
+
+        _sandbox = enter(config["sandbox"], json.loads(sys.argv[4]), {conn_fd, alive_fd})
     try:
         drop_privileges()
     except OSError as exc:
@@ -93,25 +96,6 @@ def exec_main() -> None:
     run_until_eof(lambda: _serve_forking(conn, config, alive_fd))
 
 
-def _enter_sandbox(config: dict[str, Any], pipes: set[int]) -> None:
-    """A sandboxed lane's worker: its namespaces and its jobs' view, made
-    while it still may (see ``_sandbox_worker``); it exits with the reason on
-    stderr if the kernel refuses."""
-    global _sandbox
-    from procq._sandbox_worker import WorkerSandbox
-
-    try:
-        _sandbox = WorkerSandbox(config["sandbox"], json.loads(sys.argv[4]), pipes)
-        worker = os.getppid()
-        set_pdeathsig()  # in a PID namespace of its own now, under a process that waits for it
-        if os.getppid() != worker:  # pragma: no cover - that process died first
-            os._exit(1)
-    except OSError as exc:
-        print(f"procq: a sandboxed worker could not enter its sandbox: {exc}", file=sys.stderr)
-        sys.stderr.flush()
-        os._exit(1)
-
-
 # --- untrusted lanes: a forked process per job --------------------------------------
 
 _RELAY_CHUNK = 1 << 16
@@ -123,7 +107,7 @@ _CPU_REACHED = 0.75
 
 # The running job's process, while there is one (read by the SIGTERM handler).
 _child_pid = 0
-# A sandboxed lane's worker: its sandbox (see ``_enter_sandbox``).
+# A sandboxed lane's worker: its sandbox (see ``_sandbox_worker``).
 _sandbox: Any = None
 _terminating = False
 
