@@ -61,6 +61,9 @@ def exec_main() -> None:
     inherit that) and holds no privilege: no capability, even as root, and
     ``no_new_privs``, so no job can gain one back by exec. A worker that
     cannot drop them exits with the reason on stderr and never takes a job.
+    A sandboxed lane's worker first enters its sandbox (``_sandbox_worker``):
+    then it is pid 1 of namespaces of its own, the process started here
+    waiting outside for it, and each job is confined before it runs.
     """
     set_dumpable(False)
     _boot()
