@@ -77,6 +77,11 @@ _SYSTEM_READS = (
     "/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32", "/etc/ld.so.cache", "/etc/ld.so.conf",
     "/etc/ld.so.conf.d", "/etc/localtime", "/etc/alternatives",
 )  # fmt: skip
+#: What a job with the network also reads: name resolution and certificates.
+_NETWORK_READS = (
+    "/etc/resolv.conf", "/etc/hosts", "/etc/nsswitch.conf", "/etc/gai.conf", "/etc/host.conf", "/etc/services",
+    "/etc/ssl", "/etc/pki", "/etc/ca-certificates",
+)  # fmt: skip
 #: Devices a job may read and write.
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 #: Where the view is built in the worker's mount namespace (hidden from the host by it).
@@ -106,12 +111,13 @@ def _check(result: int, what: str) -> int:
 # --- what a job may reach -------------------------------------------------------------------
 
 
-def default_reads(import_path: list[str]) -> list[str]:
+def default_reads(import_path: list[str], network: bool = False) -> list[str]:
     """The paths every sandboxed job may read: the interpreter's prefixes,
-    the import path's directories (never ``/``), system libraries."""
+    the import path's directories (never ``/``), system libraries; with the
+    network, name resolution's files and certificates."""
     paths = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, os.path.realpath(sys.executable)]
     paths += [p for p in import_path if os.path.isdir(p) and os.path.realpath(p) != "/"]
-    paths += _SYSTEM_READS
+    paths += _SYSTEM_READS + (_NETWORK_READS if network else ())
     return _existing(paths)
 
 

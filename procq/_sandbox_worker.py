@@ -35,7 +35,7 @@ class WorkerSandbox:
         parts = set(config["parts"])
         self.abi: int = config["landlock"]
         self.network: bool = config["network"]
-        self.reads: list[str] = [*config["read"], *default_reads(import_path)]
+        self.reads: list[str] = [*config["read"], *default_reads(import_path, self.network)]
         self.writes: list[str] = list(config["write"])
         self.namespaces = "namespaces" in parts
         wants_filter = "privileges" in parts or ("network" in parts and not self.network)

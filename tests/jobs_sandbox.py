@@ -284,6 +284,10 @@ def child_reads(path: str) -> str:
     return "reached" if done.returncode == 0 else "refused: " + done.stderr.strip().splitlines()[-1]
 
 
+def resolve(name: str) -> list[str]:
+    return sorted({info[4][0] for info in socket.getaddrinfo(name, 80, socket.AF_INET)})
+
+
 def child_connects(port: int) -> str:
     code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=5); print('connected')"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

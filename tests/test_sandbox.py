@@ -241,6 +241,7 @@ def test_network_true_leaves_the_network(area: Area) -> None:
             said = q.push_and_wait(Job("net", js.child_connects, args=(tcp.getsockname()[1],)), timeout=60)
         assert said == "reached"
         assert "network" not in (q.stats().lanes["s"].sandbox or {})
+        assert q.push_and_wait(Job("resolve", js.resolve, args=("localhost",)), timeout=60) == ["127.0.0.1"]
 
 
 # --- bad input ------------------------------------------------------------------------------------
