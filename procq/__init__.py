@@ -100,7 +100,12 @@ supervisor's life) and ``_worker_untrusted`` (a clean worker that forks a
 process per job; ``_json_keys``: its results' dict keys, checked).
 ``_privileges``: what a process lets others do to it (dumpable or
 not) and may do itself (capabilities, ``no_new_privs``, Landlock), and the
-supervisor's "untraceable" latch. ``_forkserver_guard``: imported only by the
+supervisor's "untraceable" latch. ``_sandbox``: ``Sandbox`` (what a
+sandboxed lane's jobs may reach), and what this kernel can enforce of it
+(``SandboxUnavailable``); ``_sandbox_linux``: its kernel mechanics
+(namespaces and the jobs' view, Landlock rules, the probe);
+``_sandbox_worker``: a sandboxed worker's side of them; ``_seccomp``: the
+seccomp filter, assembled by hand. ``_forkserver_guard``: imported only by the
 forkserver procq starts, to make it untraceable and fork only for its parent.
 ``_dask_remote``: the far side of a Dask lane, run by the Dask workers: the
 task that hands each job to a procq worker process there and watches it
@@ -169,6 +174,7 @@ _SOURCES = {
     "LaneFull": "procq._errors",
     "ProcQueueError": "procq._errors",
     "QueueClosed": "procq._errors",
+    "SandboxUnavailable": "procq._errors",
     "WrongProcess": "procq._errors",
     "PostgresStore": "procq._store_postgres",
     "SqliteStore": "procq._store_sqlite",
@@ -185,6 +191,7 @@ _SOURCES = {
     "Lane": "procq._job",
     "Retention": "procq._policies",
     "Retry": "procq._policies",
+    "Sandbox": "procq._sandbox",
     "Cached": "procq._outcomes",
     "Completed": "procq._values",
     "Failed": "procq._values",
@@ -208,6 +215,7 @@ if TYPE_CHECKING:
         LaneFull,
         ProcQueueError,
         QueueClosed,
+        SandboxUnavailable,
         WrongProcess,
     )
     from procq._executor import Executor
@@ -218,6 +226,7 @@ if TYPE_CHECKING:
     from procq._outcomes import Cached, InFlight, Queued
     from procq._policies import Retention, Retry
     from procq._queue import ProcQueue
+    from procq._sandbox import Sandbox
     from procq._store import Store, StoreError, StoreUnavailable
     from procq._store_postgres import PostgresStore
     from procq._store_sqlite import SqliteStore
@@ -270,6 +279,8 @@ __all__ = [
     "Queued",
     "Retention",
     "Retry",
+    "Sandbox",
+    "SandboxUnavailable",
     "SqliteStore",
     "Store",
     "StoreError",

@@ -77,7 +77,7 @@ class ProcessChannel(WorkerChannel):
             if self.fns.touch(entry.fn_id):
                 fn_bytes = None
             if entry.memory_limit is not None:
-                entry.rss_base = process_pss(self.pid)  # measured as job_memory measures the tree
+                entry.rss_base = self.memory_base()  # measured as job_memory measures the tree
             frame = pickle.dumps((RUN, entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes, entry.memory_limit), -1)
             if len(frame) > self.inline_limit:
                 thread = threading.Thread(target=self._send, args=(core, worker, frame), name="procq-send", daemon=True)
@@ -123,6 +123,10 @@ class ProcessChannel(WorkerChannel):
 
     def rss(self) -> int:
         return process_rss(self.pid)
+
+    def memory_base(self) -> int:
+        """What the worker uses before a job, which ``job_memory`` does not count as the job's."""
+        return process_pss(self.pid)
 
     def job_memory(self, entry: Entry, children: dict[int, list[int]]) -> int:
         # Proportional set sizes: pages shared after a fork count once. (An

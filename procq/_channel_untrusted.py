@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from procq._channel import KINDS, ProcessChannel
-from procq._processes import ExecProcess, import_path, worker_config
+from procq._processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
 from procq._protocol import (
     CUT_SHORT,
     FROM_JOB,
@@ -36,6 +36,7 @@ from procq._protocol import (
     Violation,
     decode_untrusted,
 )
+from procq._sandbox_kernel import sandbox_config
 from procq._supervisor_failures import exit_failure
 from procq._values import Completed, Failed, Failure
 from procq._worker_channel import Launch
@@ -121,6 +122,7 @@ class UntrustedChannel(ProcessChannel):
         # While a message is decoded on the decode thread (see DecodeLater):
         # what was read after it, checked once it is back. None otherwise.
         self._later: list[bytes | bytearray | Violation] | None = None
+        self.sandboxed = False
 
     @classmethod
     def start(cls, lane: LaneState, launch: Launch) -> UntrustedChannel:
@@ -132,6 +134,7 @@ class UntrustedChannel(ProcessChannel):
         env = dict(os.environ) if spec.inherit_env else {}
         env.update(spec.env or {})
         config = worker_config(spec)
+        config["sandbox"] = sandbox_config(spec.sandbox)  # type: ignore[arg-type]  # a Sandbox or None once made
         code = (
             "import sys, json; sys.path[:0] = json.loads(sys.argv[4]); "
             "from procq._worker_untrusted import exec_main; exec_main()"
@@ -165,7 +168,16 @@ class UntrustedChannel(ProcessChannel):
         limit = (spec.max_result or 0) + MESSAGE_SLACK
         what = f"the lane's max_result_bytes of {spec.max_result}"
         reader = FrameReader(parent_conn.fileno(), limit, what, trailer=len(FROM_WORKER))
-        return cls(process, parent_conn, reader, spec.max_result, spec.max_result_values)
+        channel = cls(process, parent_conn, reader, spec.max_result, spec.max_result_values)
+        channel.sandboxed = spec.sandbox is not None
+        return channel
+
+    def memory_base(self) -> int:
+        """A sandboxed worker is two processes: the one started here, which
+        waits outside the namespaces, and the worker (see ``_sandbox_linux``)."""
+        if not self.sandboxed:
+            return super().memory_base()
+        return sum(process_pss(pid) for pid in [self.pid, *(p.pid for p in find_descendants(self.pid))])
 
     def read(self, worker: WorkerSlot) -> list[Event]:
         frames: list[bytes | bytearray | Violation]

@@ -50,9 +50,11 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from procq._cli_report import Tally, failure_fields
+from procq._errors import SandboxUnavailable
 from procq._job import Job, Lane
 from procq._outcomes import Cached, InFlight
 from procq._policies import Retry
+from procq._sandbox import Sandbox
 from procq._store_sqlite import SqliteStore
 from procq._values import Completed, Failed
 
@@ -88,9 +90,20 @@ resume:  items are matched by content: equal items run once, and a re-run
          item exactly once.
 exit:    0 all items done, 1 some failed, 2 usage error, 130 interrupted.
 
+sandbox: with --sandbox each item runs as in an untrusted lane, confined by
+         the kernel (Landlock, namespaces, seccomp): it reads Python, the
+         directories of sys.path, system libraries and the --read paths; it
+         writes only a private temporary directory and the --write
+         directories; no network (unless --network), no other process, no
+         privilege. Where the kernel lacks a part, the run stops with the
+         reason (exit 2) rather than run weaker. See docs/untrusted.md.
+
 examples:
   # square the numbers 1 to 20 with the example stage that ships with procq
   seq 1 20 | procq run procq.examples.stage:square
+
+  # a stage you do not trust: it reads data/, writes only out/
+  procq run plugin:stage --sandbox --read data --write out -i items.jsonl
 
   # your own stage: def clean(item): ... in mystage.py in this directory;
   # run it again after a crash or Ctrl-C and only the unfinished items run
@@ -137,6 +150,19 @@ def parser(prog: str = "procq run") -> argparse.ArgumentParser:
         help="run items in locked-down processes whose results come back as JSON, never unpickled",
     )  # fmt: skip
     p.add_argument(
+        "--sandbox", action="store_true",
+        help="as --untrusted, and each item may read only Python and the --read paths, write only a private temp "
+        "dir and the --write paths, reach no network, see no other process and gain no privilege",
+    )  # fmt: skip
+    p.add_argument(
+        "--read", action="append", default=[], metavar="PATH", help="with --sandbox: a path items may read (repeat)"
+    )
+    p.add_argument(
+        "--write", action="append", default=[], metavar="DIR",
+        help="with --sandbox: a directory items may write in (repeat)",
+    )  # fmt: skip
+    p.add_argument("--network", action="store_true", help="with --sandbox: leave items the network")
+    p.add_argument(
         "--store", metavar="FILE",
         help="SQLite file of completed items: a re-run of the same command skips them (resume)",
     )  # fmt: skip
@@ -150,8 +176,9 @@ def main(argv: list[str], prog: str = "procq run") -> int:
     fn = _load(p, args.function)
     try:
         lane = Lane(
-            workers=args.workers, timeout=args.timeout, memory_limit=args.memory_limit, trusted=not args.untrusted
-        )
+            workers=args.workers, timeout=args.timeout, memory_limit=args.memory_limit,
+            trusted=not (args.untrusted or args.sandbox), sandbox=_sandbox(p, args),
+        )  # fmt: skip
     except (TypeError, ValueError) as exc:
         p.error(str(exc))
     source = _open(p, args.input, "r")
@@ -159,10 +186,26 @@ def main(argv: list[str], prog: str = "procq run") -> int:
     tally = Tally(sys.stderr, total=_count_lines(args.input), quiet=args.quiet)
     try:
         return _run(fn, _items(source, args.text), sink, tally, lane, args)
+    except SandboxUnavailable as exc:
+        p.error(str(exc))
     finally:
         for f in (source, sink):
             if f not in (sys.stdin, sys.stdout):
                 f.close()
+
+
+def _sandbox(p: argparse.ArgumentParser, args: argparse.Namespace) -> Sandbox | None:
+    """The lane's sandbox, from --sandbox, --read, --write and --network (paths relative to here)."""
+    if not args.sandbox:
+        for option in ("read", "write", "network"):
+            if getattr(args, option):
+                p.error(f"--{option} needs --sandbox")
+        return None
+    return Sandbox(
+        read=tuple(os.path.abspath(path) for path in args.read),
+        write=tuple(os.path.abspath(path) for path in args.write),
+        network=args.network,
+    )
 
 
 def _run(fn: Callable[[Any], Any], items: Iterator[tuple[Any, str | None]], sink: IO[str], tally: Tally,

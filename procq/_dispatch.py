@@ -33,6 +33,7 @@ from procq._decoding import Decoding
 from procq._entries import PENDING, PROCESSING, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
 from procq._job import Job, Lane
 from procq._protocol import Report, Undecoded
+from procq._sandbox_kernel import enforced
 from procq._statemap import StateMap
 from procq._values import Failed, Failure, LaneStats
 
@@ -458,6 +459,7 @@ class Dispatch:
                 failed=lane.failed,
                 retries=lane.retries,
                 spares=len(lane.spares),
+                sandbox=enforced(lane.spec.sandbox),  # type: ignore[arg-type]
             )
             for name, lane in self.lanes.items()
         }

@@ -7,6 +7,7 @@ The tree is small on purpose, and keeps "you closed it" apart from "it broke"::
     │   ├── KeyConflict           (also a ValueError) a push's payload differs from the key's job
     │   ├── LaneFull              (also a TimeoutError) a push waited for room past its timeout
     │   ├── QueueClosed           a push after close(): you closed it, nothing broke
+    │   ├── SandboxUnavailable    a sandboxed lane asks for a part this kernel cannot enforce
     │   └── WrongProcess          the queue was used from a process that did not open it (after os.fork())
     ├── JobFailed                 a job ended in Failed; .key and .failure say which and why
     ├── TypeError, pickle.PicklingError
@@ -41,6 +42,7 @@ __all__ = [
     "LaneFull",
     "ProcQueueError",
     "QueueClosed",
+    "SandboxUnavailable",
     "WrongProcess",
 ]
 
@@ -80,6 +82,24 @@ class KeyConflictWarning(UserWarning):
 
 class QueueClosed(ProcQueueError):
     """The queue is closed (or closing) and takes no new pushes."""
+
+
+class SandboxUnavailable(ProcQueueError):
+    """A sandboxed lane asks for a part of its ``Sandbox`` that this kernel
+    cannot enforce (no Landlock, an older Landlock ABI, user namespaces
+    refused, no seccomp table for this machine), and the ``Sandbox`` did not
+    relax it. Raised by ``ProcQueue()``, before any worker starts. ``part``
+    names the part (``"files"``, ``"namespaces"``, ``"network"``,
+    ``"processes"`` or ``"privileges"``); the message says why and how to
+    relax it. A sandbox never runs weaker than asked without saying so.
+    """
+
+    def __init__(self, message: str, part: str) -> None:
+        super().__init__(message)
+        self.part = part
+
+    def __reduce__(self) -> tuple[type[SandboxUnavailable], tuple[str, str]]:
+        return (type(self), (str(self), self.part))
 
 
 class WrongProcess(ProcQueueError):

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, ParamSpec, TypeVar
 
 from procq._policies import Retry
+from procq._sandbox import Sandbox, check_lane_sandbox
 from procq._settings import (
     MAX_WORKERS,
     RLIMITS,
@@ -326,6 +327,9 @@ class Lane:
       start from the supervisor's environment (default: trusted lanes do,
       untrusted ones do not).
     - ``cwd``: the workers' working directory.
+    - ``sandbox`` (untrusted lanes): a ``procq.Sandbox`` (``True``: its
+      defaults) of what each job may reach: files, network, processes,
+      privileges (see docs/untrusted.md). Checked against the kernel by ``ProcQueue()``.
     """
 
     workers: int = 1
@@ -343,6 +347,7 @@ class Lane:
     kill_grace: float = 0.05
     max_result_values: int = DEFAULT_RESULT_VALUES
     spare_workers: int | None = None
+    sandbox: Sandbox | bool | None = None
 
     #: Are its workers elsewhere than on this machine (``DaskLane``)? Then the
     #: limits that act on a job's process (time, memory) are enforced where it
@@ -391,6 +396,7 @@ class Lane:
             _set(self, "cwd", check_cwd(self.cwd))
         _set(self, "kill_grace", check_kill_grace(self.kill_grace))
         _set(self, "spare_workers", self._check_spares(self.spare_workers))
+        _set(self, "sandbox", check_lane_sandbox(self.sandbox, self.trusted))
 
     def _check_spares(self, n: int | None) -> int:
         """``spare_workers`` resolved: None is the default, none for a lane that cannot have spares."""

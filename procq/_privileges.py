@@ -52,12 +52,18 @@ _CAP_VERSION_3 = 0x20080522
 
 # Landlock: its system calls have the same numbers on every architecture.
 _SYS_LANDLOCK_CREATE_RULESET = 444
+_SYS_LANDLOCK_ADD_RULE = 445
 _SYS_LANDLOCK_RESTRICT_SELF = 446
 _LANDLOCK_CREATE_RULESET_VERSION = 1
 # Access rights a domain must handle to exist before ABI 6: making character
 # and block devices, which a process without CAP_MKNOD cannot do anyway.
 _LANDLOCK_ACCESS_FS_MAKE_CHAR = 1 << 6
 _LANDLOCK_ACCESS_FS_MAKE_BLOCK = 1 << 11
+# Reparenting a file (rename or link across directories), from ABI 2. A domain
+# that does not handle it refuses every reparenting (EXDEV): it must handle it,
+# and allow it everywhere.
+_LANDLOCK_ACCESS_FS_REFER = 1 << 13
+_LANDLOCK_RULE_PATH_BENEATH = 1
 _LANDLOCK_SCOPE_SIGNAL = 1 << 1
 
 _libc: Any = None
@@ -172,10 +178,13 @@ def confine_job(abi: int) -> bool:
     ``landlock_abi()``, looked up once by the worker). It keeps every file
     access it had; it loses every ptrace-class access to processes outside
     the domain and, from ABI 6, signals to them. Needs ``no_new_privs``.
-    False if the kernel has no Landlock."""
+    False if the kernel has no Landlock. (On ABI 1, Landlock refuses every
+    rename or link across directories in any domain: EXDEV.)"""
     if abi < 1:
         return False
     fs = _LANDLOCK_ACCESS_FS_MAKE_CHAR | _LANDLOCK_ACCESS_FS_MAKE_BLOCK
+    if abi >= 2:
+        fs |= _LANDLOCK_ACCESS_FS_REFER
     # The ruleset's size tells the kernel which fields it has: ABI 6 added "scoped".
     attr = (ctypes.c_uint64 * 3)(fs, 0, _LANDLOCK_SCOPE_SIGNAL) if abi >= 6 else (ctypes.c_uint64 * 1)(fs)
     libc = _lib()
@@ -183,6 +192,16 @@ def confine_job(abi: int) -> bool:
     if fd < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
     try:
+        if abi >= 2:
+            root = os.open("/", os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = ctypes.create_string_buffer(
+                    _LANDLOCK_ACCESS_FS_REFER.to_bytes(8, sys.byteorder) + root.to_bytes(4, sys.byteorder), 12
+                )
+                if libc.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _LANDLOCK_RULE_PATH_BENEATH, rule, 0) != 0:
+                    raise OSError(ctypes.get_errno(), "landlock_add_rule failed")
+            finally:
+                os.close(root)
         if libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0) != 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
     finally:

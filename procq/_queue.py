@@ -38,6 +38,7 @@ from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
 from procq._queue_async import AsyncFace
 from procq._queue_fork import queues
 from procq._queue_maps import MapFace
+from procq._sandbox_kernel import check as check_sandboxes
 from procq._settings import check_descriptors
 from procq._supervisor import Supervisor
 from procq._values import Completed, Failed, Pending, Processing, QueueStats, State
@@ -110,6 +111,7 @@ class ProcQueue(MapFace, AsyncFace):
             import procq._channel_dask  # noqa: F401  (registers the Dask lanes' channel)
         check_descriptors(parsed)
         check_policies(retention, reuse, on_mismatch)
+        check_sandboxes(parsed)
         self.start_method, context = worker_context(start_method, parsed)
         self._store: StoreCore | None = None
         if store is None:

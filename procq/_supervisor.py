@@ -49,7 +49,9 @@ Who owns what, and what each pipe carries::
                          UntrustedChannel: fresh `python -I` (``_worker_untrusted``) that forks
                                            a process per job and relays its JSON answer, then
                                            its exit; read by a non-blocking FrameReader and
-                                           checked message by message; a job ends at its exit
+                                           checked message by message; a job ends at its exit.
+                                           Sandboxed: it waits outside the namespaces of the
+                                           worker it forks (pid 1 there, ``_sandbox_linux``)
                          DaskChannel:      one slot of a Dask lane: a job at a time, a task on
                                            the cluster (``_channel_dask``, ``_dask_remote``)
                        worker process (one pipe each; nothing shared)

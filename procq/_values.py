@@ -151,6 +151,8 @@ class LaneStats(_ItemAccess):
     failed: int
     retries: int = 0  # failed attempts that a Retry ran again
     spares: int = 0  # warm spare workers, booting or ready (see ``Lane.spare_workers``)
+    # A sandboxed lane's parts and what enforces each here (see ``Sandbox``); None for other lanes.
+    sandbox: dict[str, str] | None = None
 
 
 @dataclass(frozen=True)

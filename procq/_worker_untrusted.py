@@ -61,6 +61,9 @@ def exec_main() -> None:
     inherit that) and holds no privilege: no capability, even as root, and
     ``no_new_privs``, so no job can gain one back by exec. A worker that
     cannot drop them exits with the reason on stderr and never takes a job.
+    A sandboxed lane's worker first enters its sandbox (``_sandbox_worker``):
+    then it is pid 1 of namespaces of its own, the process started here
+    waiting outside for it, and each job is confined before it runs.
     """
     set_dumpable(False)
     _boot()
@@ -74,6 +77,11 @@ def exec_main() -> None:
     # No thread watches the supervisor here (this loop waits on its liveness
     # pipe itself), so forking a job's process is safe.
     set_pdeathsig()
+    if config.get("sandbox"):  # its namespaces and its jobs' view, made while it still may
+        global _sandbox
+        from procq._sandbox_worker import enter
+
+        _sandbox = enter(config["sandbox"], json.loads(sys.argv[4]), {conn_fd, alive_fd})
     try:
         drop_privileges()
     except OSError as exc:
@@ -102,6 +110,8 @@ _CPU_REACHED = 0.75
 
 # The running job's process, while there is one (read by the SIGTERM handler).
 _child_pid = 0
+# A sandboxed lane's worker: its sandbox (see ``_sandbox_worker``).
+_sandbox: Any = None
 _terminating = False
 
 
@@ -192,11 +202,12 @@ def _fork_job(
     global _child_pid
     sys.stdout.flush()
     sys.stderr.flush()
+    tmp = _sandbox.job_dir() if _sandbox is not None else None
     ours, theirs = socket.socketpair()
     try:
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the job's process (coverage does not follow it)
-            _job_process(theirs, job_id, fn_bytes, args_bytes, memory_limit, config)
+            _job_process(theirs, job_id, fn_bytes, args_bytes, memory_limit, config, tmp)
         _child_pid = pid
     finally:
         theirs.close()
@@ -211,6 +222,8 @@ def _fork_job(
     finally:
         _child_pid = 0
         ours.close()
+        if tmp is not None:
+            _sandbox.after(tmp)
 
 
 def _relay_until_exit(
@@ -370,6 +383,7 @@ def _job_process(
     args_bytes: bytes,
     memory_limit: int | None,
     config: dict[str, Any],
+    tmp: str | None,
 ) -> NoReturn:
     """The forked process that runs one job and exits: it holds no descriptor
     but the standard streams and ``channel`` (not the supervisor's pipe, not
@@ -382,10 +396,13 @@ def _job_process(
         if os.getppid() != worker:  # the worker died before the line above took effect
             os._exit(1)
         _close_inherited_fds({0, 1, 2, channel.fileno()})
-        # Best effort: where the kernel has Landlock, no ptrace-class access
-        # (nor, from ABI 6, any signal) to a process outside this job's tree.
-        with contextlib.suppress(OSError):
-            confine_job(config.get("landlock") or 0)
+        if tmp is not None:
+            _sandbox.confine(tmp)  # all of it, or the job does not run
+        else:
+            # Best effort: where the kernel has Landlock, no ptrace-class access
+            # (nor, from ABI 6, any signal) to a process outside this job's tree.
+            with contextlib.suppress(OSError):
+                confine_job(config.get("landlock") or 0)
         conn = Connection(channel.detach())
         _run_job(conn.send_bytes, job_id, fn_bytes, args_bytes, memory_limit, config)
     except (BrokenPipeError, ConnectionResetError):

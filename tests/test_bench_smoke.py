@@ -63,3 +63,9 @@ def test_worker_start_costs_are_reported() -> None:
         rf" forkserver and workers CPU {number} ms\n",
         out,
     ), out
+
+
+def test_the_sandbox_bench_runs() -> None:
+    out = _python_m("bench.sandbox", "--quick")
+    assert re.search(r"^\| round trip, median ms per job \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|$", out, re.MULTILINE), out
+    assert re.search(r"^\| sandbox: seccomp filter \(per job\) \| [\d.]+ \|$", out, re.MULTILINE), out

@@ -1,0 +1,117 @@
+"""``Sandbox``: what a sandboxed lane's jobs may reach, checked when made.
+What this kernel can enforce of it is asked in ``_sandbox_kernel``.
+
+A sandbox is enforced in five parts, each by the kernel mechanisms named
+here (the mechanics are in ``_sandbox_linux`` and ``_seccomp``, the
+worker's side in ``_sandbox_worker``):
+
+- ``files``: Landlock filesystem rules (ABI 3: reads, writes, renames,
+  links, truncation) allow the job only its paths.
+- ``namespaces``: user, mount, PID, IPC, UTS and network namespaces, which need
+  unprivileged user namespaces: the job sees only its paths (read-only
+  where it may not write: ``chmod``, ``utime``, a UNIX socket's path), only
+  the processes of its worker's namespace, and no network interface.
+- ``network`` (with ``network=False``): a seccomp filter that allows no
+  socket family but ``AF_UNIX``, and Landlock's TCP rules (ABI 4) where the
+  kernel has them.
+- ``processes``: Landlock scoping (ABI 6): no signal, no ptrace-class
+  access and no abstract UNIX socket outside the job's own tree.
+- ``privileges``: a seccomp filter that refuses new namespaces, mounts,
+  ``ptrace`` and the kernel's rarely needed, often exploited calls.
+
+Never silently weaker: ``_sandbox_kernel.check`` runs when a queue is made, and a part the
+kernel cannot enforce raises ``SandboxUnavailable``, naming it and why,
+unless the ``Sandbox`` relaxed it (``relax=("namespaces",)``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PARTS", "Sandbox", "check_lane_sandbox"]
+
+PARTS = ("files", "namespaces", "network", "processes", "privileges")
+
+
+def _paths(what: str, value: Any, directories: bool) -> tuple[str, ...]:
+    if isinstance(value, (str, bytes, os.PathLike)) or not isinstance(value, Iterable):
+        raise TypeError(f"Sandbox {what} must be a tuple of paths, got {type(value).__name__}: {value!r}")
+    paths = []
+    for p in value:
+        if not isinstance(p, (str, os.PathLike)):
+            raise TypeError(f"Sandbox {what} paths must be str or os.PathLike, got {type(p).__name__}: {p!r}")
+        path = os.fspath(p)
+        if not isinstance(path, str):
+            raise TypeError(f"Sandbox {what} paths must be str, got {type(path).__name__}: {path!r}")
+        if not os.path.isabs(path):
+            raise ValueError(f"Sandbox {what} path {path!r} is relative: give an absolute path")
+        if not os.path.exists(path):
+            raise ValueError(f"Sandbox {what} path {path!r} does not exist")
+        if directories and not os.path.isdir(path):
+            raise ValueError(f"Sandbox {what} path {path!r} is a file, not a directory: a job writes in directories")
+        path = os.path.normpath(path)
+        if os.path.realpath(path) == "/":
+            raise ValueError(f"Sandbox {what} path {path!r} is the whole filesystem: give the directories a job needs")
+        if path not in paths:
+            paths.append(path)
+    return tuple(paths)
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """What the jobs of a sandboxed lane (``Lane(trusted=False, sandbox=...)``) may reach.
+
+    - ``read``: absolute paths (files or directories) a job may read, beyond
+      what Python needs to run it: the interpreter's prefixes, every
+      directory on the supervisor's ``sys.path`` (keep secrets out of them),
+      system libraries and programs (``/usr``).
+    - ``write``: absolute paths of directories a job may read and write, and
+      create, rename and delete in. Beyond them it writes only to a private
+      temporary directory made for the job (its ``TMPDIR``), removed after it.
+    - ``network``: False (the default): no socket but ``AF_UNIX`` and no
+      network interface; a job's UNIX sockets reach only its own tree.
+      True: the network as the supervisor has it.
+    - ``relax``: parts (of ``"files"``, ``"namespaces"``, ``"network"``,
+      ``"processes"``, ``"privileges"``) the lane may run without where the
+      kernel cannot enforce them. Without it, a part the kernel lacks makes
+      ``ProcQueue()`` raise ``SandboxUnavailable``.
+    """
+
+    # Given as any iterable of paths (str or os.PathLike); held as a tuple of
+    # normalized str paths once checked (so a Sandbox hashes and compares).
+    read: Iterable[str | os.PathLike[str]] = ()
+    write: Iterable[str | os.PathLike[str]] = ()
+    network: bool = False
+    relax: Iterable[str] | str = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "read", _paths("read", self.read, False))
+        object.__setattr__(self, "write", _paths("write", self.write, True))
+        if not isinstance(self.network, bool):
+            raise TypeError(f"Sandbox network must be a bool, got {type(self.network).__name__}")
+        relax = self.relax
+        if isinstance(relax, str):
+            relax = (relax,)
+        if not isinstance(relax, Iterable):
+            raise TypeError(f"Sandbox relax must be a tuple of part names, got {type(relax).__name__}")
+        relax = tuple(relax)
+        for part in relax:
+            if part not in PARTS:
+                raise ValueError(f"Sandbox relax: unknown part {part!r}; the parts are {', '.join(PARTS)}")
+        object.__setattr__(self, "relax", tuple(p for p in PARTS if p in relax))
+
+
+def check_lane_sandbox(value: Any, trusted: bool) -> Sandbox | None:
+    """``Lane(sandbox=...)`` resolved: True is ``Sandbox()``; False and None are none."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = Sandbox()
+    if not isinstance(value, Sandbox):
+        raise TypeError(f"lane sandbox must be a procq.Sandbox, True or None, got {type(value).__name__}")
+    if trusted:
+        raise ValueError("lane sandbox needs an untrusted lane: give Lane(trusted=False, sandbox=...)")
+    return value

@@ -1,0 +1,119 @@
+"""A supervisor for test_sandbox_users, run as a program of its own:
+
+- ``nobody DIR``: started as root, it becomes ``nobody`` (uid and gid
+  65534, no supplementary group) and opens a sandboxed lane as that
+  ordinary user. First, in a mount namespace of its own, it makes the
+  directories on the way to the interpreter that ``nobody`` may not enter
+  (``/root`` when Python lives under it) passable, as a read-only bind of
+  what they lead to over an empty tmpfs: nothing else of them is visible.
+- ``no-userns DIR``: it enters a user namespace of its own and sets
+  ``user.max_user_namespaces`` to 0 there, as distributions that disable
+  user namespaces do: from then on the kernel refuses it (and its
+  children) any new user namespace. A sandboxed lane must then refuse to
+  open, unless its Sandbox relaxes ``namespaces``.
+
+Either way it prints, as the last line of its output, a JSON object of
+what it saw.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+from typing import Any
+
+_CLONE_NEWNS, _CLONE_NEWUSER = 0x00020000, 0x10000000
+_MS_BIND, _MS_REC, _MS_PRIVATE, _MS_RDONLY, _MS_REMOUNT = 4096, 16384, 1 << 18, 1, 32
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"{what}: {os.strerror(code)}")
+
+
+def _passable_for_others(paths: list[str]) -> None:
+    """(As root.) Make every directory on the way to ``paths`` passable for
+    other users, in a mount namespace of this process only."""
+    _check(_libc.unshare(_CLONE_NEWNS), "unshare")
+    _check(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount private")
+    done: set[str] = set()
+    for path in paths:
+        prefix = ""
+        parts = path.strip("/").split("/")
+        for i, part in enumerate(parts[:-1]):
+            prefix += "/" + part
+            if prefix in done or os.stat(prefix).st_mode & 0o001:
+                continue
+            child = prefix + "/" + parts[i + 1]
+            fd = os.open(child, os.O_PATH | os.O_CLOEXEC)
+            _check(_libc.mount(b"tmpfs", prefix.encode(), b"tmpfs", 0, b"mode=0755"), f"tmpfs on {prefix}")
+            os.mkdir(child)
+            _check(_libc.mount(f"/proc/self/fd/{fd}".encode(), child.encode(), None, _MS_BIND | _MS_REC, None), child)
+            os.close(fd)
+            done.add(prefix)
+
+
+def _become_nobody() -> None:
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+
+
+def _no_user_namespaces() -> None:
+    uid, gid = os.geteuid(), os.getegid()
+    _check(_libc.unshare(_CLONE_NEWUSER), "unshare")
+    for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as f:
+            f.write(text)
+    with open("/proc/sys/user/max_user_namespaces", "w") as f:
+        f.write("0")
+
+
+def _scenario(directory: str, **sandbox: Any) -> dict[str, Any]:
+    import jobs_sandbox as js
+
+    from procq import Job, Lane, ProcQueue, Sandbox
+
+    secret, out = os.path.join(directory, "secret"), os.path.join(directory, "out")
+    lane = Lane(workers=1, trusted=False, sandbox=Sandbox(write=(out,), **sandbox))
+    with ProcQueue({"s": lane}) as q:
+        return {
+            "uid": os.getuid(),
+            "supervisor reads": open(secret).read(),
+            "job reads": q.push_and_wait(Job("read", js.read_files, args=([secret, "/etc/shadow"],)), timeout=60),
+            "job writes": q.push_and_wait(Job("write", js.use_write_dirs, args=(out, out)), timeout=60),
+            "ordinary": q.push_and_wait(Job("ordinary", js.ordinary, args=("x",)), timeout=60),
+            "enforced": sorted(q.stats().lanes["s"].sandbox or {}),
+        }
+
+
+def main() -> None:
+    mode, directory, here, root = sys.argv[1:5]
+    if mode == "nobody":
+        _passable_for_others([os.path.realpath(sys.executable), sys.executable, here, root])
+        _become_nobody()
+    else:
+        _no_user_namespaces()
+    sys.path[:0] = [root, here]
+    said: dict[str, Any] = {}
+    if mode == "nobody":
+        said = _scenario(directory)
+    else:
+        from procq import SandboxUnavailable
+
+        try:
+            _scenario(directory)
+            said["strict"] = "opened"
+        except SandboxUnavailable as exc:
+            said["strict"] = {"part": exc.part, "message": str(exc)}
+        said["relaxed"] = _scenario(directory, relax=("namespaces",))
+    print()
+    print(json.dumps(said))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""A sandboxed lane whose supervisor runs as an ordinary user (``nobody``),
+and one where the kernel refuses user namespaces: ``SandboxUnavailable``
+unless the Sandbox relaxes them. Each scenario runs as a program of its own
+(``sandbox_program``): a uid, and a user namespace's limits, are a process's."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
+
+HERE = Path(__file__).parent
+SECRET = "AWS_SECRET=wJalrXUtnFEMI/K7MDENG"
+
+
+@pytest.fixture
+def shared() -> Iterator[str]:
+    """A directory an ordinary user may read (pytest's tmp_path is root's
+    alone): a secret any process of that user could read, and a directory it
+    may write to."""
+    directory = tempfile.mkdtemp(prefix="procq-sandbox-test-")
+    try:
+        os.chmod(directory, 0o755)
+        with open(os.path.join(directory, "secret"), "w") as f:
+            f.write(SECRET)
+        os.chmod(os.path.join(directory, "secret"), 0o644)
+        os.mkdir(os.path.join(directory, "out"))
+        os.chmod(os.path.join(directory, "out"), 0o777)
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _run(mode: str, directory: str) -> dict[str, Any]:
+    argv = [sys.executable, "-I", str(HERE / "sandbox_program.py"), mode, directory, str(HERE), str(HERE.parent)]
+    with subprocess.Popen(argv, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as program:  # fmt: skip
+        try:
+            out, err = program.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(program.pid, signal.SIGKILL)
+            out, err = program.communicate(timeout=10)
+            pytest.fail(f"the program did not finish within 120 s: {err[-3000:]}")
+    assert program.returncode == 0, err[-3000:]
+    said: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return said
+
+
+def _sandboxed(said: dict[str, Any], directory: str) -> None:
+    """What a job did in a lane with a sandbox: refused what it was not given, did the rest."""
+    assert said["supervisor reads"] == SECRET  # its user may read it: the sandbox is what refuses the job
+    reads = said["job reads"]
+    assert all(how.startswith("refused") for how in reads.values()), reads
+    assert said["job writes"] == {"first": ["b"], "second": ["b"]}
+    assert os.path.exists(os.path.join(directory, "out", "b"))
+    ordinary = said["ordinary"]
+    assert ordinary["true"] == 0 and ordinary["child"] == [ordinary["tmp"], 3], ordinary
+    assert not os.path.exists(ordinary["tmp"])
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="becoming nobody needs root; as another user, every test is this one")
+def test_a_supervisor_running_as_an_ordinary_user_sandboxes_its_jobs(shared: str) -> None:
+    said = _run("nobody", shared)
+    assert said["uid"] == 65534
+    _sandboxed(said, shared)
+    assert said["enforced"] == ["files", "namespaces", "network", "privileges", "processes"]
+    assert os.stat(os.path.join(shared, "out", "b")).st_uid == 65534
+
+
+def test_where_user_namespaces_are_refused_a_sandbox_raises_unless_it_relaxes_them(shared: str) -> None:
+    said = _run("no-userns", shared)
+    strict = said["strict"]
+    assert isinstance(strict, dict), f"a sandboxed lane opened without user namespaces: {strict}"
+    assert strict["part"] == "namespaces"
+    message = strict["message"]
+    assert message.startswith("lane 's': the sandbox's namespaces part cannot be enforced here: ")
+    assert "max_user_namespaces" in message and "ENOSPC" in message
+    assert "kernel.apparmor_restrict_unprivileged_userns=0" in message
+    assert "Sandbox(relax=('namespaces',))" in message
+    relaxed = said["relaxed"]
+    _sandboxed(relaxed, shared)
+    assert relaxed["enforced"] == ["files", "network", "privileges", "processes"]
