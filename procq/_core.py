@@ -7,20 +7,14 @@ decide something another party must act on return it (a worker to send a job
 to, a list of wake-ups to run) and the caller acts once the lock is released.
 
 ``Core`` is thin: each method takes the lock, reads the clock, asks its parts
-and runs the wake-ups after. The parts, each with its own state:
-
-- ``keys``: ``_statemap.StateMap``, the live keys and every status change
-  (with the counts that follow it; a key's life is drawn there), the queue's
-  door (closing, stopped, cancelled), and ``records``, the ended keys' store
-  (``_records.KeyRecords``; in memory, with retention: ``MemoryRecords``);
-- ``timers``: ``_timers.Timers``, waiting jobs' due times and running jobs'
-  deadlines;
-- ``dispatch``: ``_dispatch.Dispatch``, the lanes and their workers: handing
-  jobs to workers, jobs sent ahead, a worker's reports, start and death;
-- ``stopping``: ``_stopping.Stopping``, ending jobs from outside: time and
-  memory limits, ``q.cancel``, closing without waiting.
-
-Their bookkeeping objects (an entry, a worker slot, a lane) are in ``_entries``.
+and runs the wake-ups after. The parts, each with its own state: ``keys``
+(``_statemap.StateMap``: the live keys and every status change, with the counts
+that follow it; the queue's door; ``records``, the ended keys, a
+``_records.KeyRecords``), ``timers`` (``_timers.Timers``: due times and
+deadlines), ``dispatch`` (``_dispatch.Dispatch``: the lanes and their workers,
+jobs handed and sent ahead, a worker's reports, start and death) and
+``stopping`` (``_stopping.Stopping``: time and memory limits, ``q.cancel``,
+closing without waiting). Their bookkeeping objects are in ``_entries``.
 
 **One lock.** ``Core.lock`` guards all of it: the state map, each lane's queues
 and worker slots, each live entry's waiters, the timers and the records (every
