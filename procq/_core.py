@@ -241,6 +241,7 @@ class Core:
             if not self.dispatch.unblock(entry):
                 return Unblocked.ACCEPTED
             wakeups = self.keys.abandon(entry, why, self.clock())
+            self._given_back([entry])
         self.deliver(wakeups)
         return Unblocked.ABANDONED
 
@@ -257,7 +258,11 @@ class Core:
             for entry in reversed(entries):
                 if entry.status is PENDING and entry.outcome is None and not entry.timed:
                     wakeups += self.keys.abandon(entry, why, now)
+            self._given_back(entries)
         self.deliver(wakeups)
+
+    def _given_back(self, entries: list[Entry]) -> None:
+        """Claims just abandoned, under the lock (a store's core queues their rows' restores)."""
 
     # --- time: deadlines of running jobs, timers of waiting ones ---------------------
 

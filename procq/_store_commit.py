@@ -149,6 +149,10 @@ def commit_writes(core: StoreCore) -> list[Wakeup]:
         core.group_since = None
         commits.last = time.monotonic()
         commits.took = commits.last - began
+        ended = [write for _, _, write in taken if type(write) is Row]
+        if ended:
+            with core.lock:
+                core.records_.committed(ended)  # (before their wake-ups run: see StoreCore.settled)
         return commits.done(taken)
 
 
