@@ -63,3 +63,14 @@ def test_worker_start_costs_are_reported() -> None:
         rf" forkserver and workers CPU {number} ms\n",
         out,
     ), out
+
+
+def test_programs_sharing_a_store_report_their_waits() -> None:
+    out = _python_m("bench.store", "--only-programs", "--programs", "2", "--seconds", "1")
+    assert re.search(
+        r"^2 programs on one SQLite file, 1 s: [\d,]+ jobs \([\d,]+, [\d,]+\); "
+        r"wait for an outcome: worst \d+\.\d{3} s, p99 \d+ ms$",
+        out,
+        re.MULTILINE,
+    ), out
+    assert "| 2 programs on one SQLite file, 1 s: worst wait (p99), jobs |" in out, out
