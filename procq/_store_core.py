@@ -10,25 +10,22 @@ Locks: ``db_lock`` (re-entrant) serialises the queue's one database
 connection, and is taken *before* ``Core.lock``, never while holding it; no
 statement runs under ``Core.lock``. A push, under ``db_lock`` throughout:
 
-1. under ``Core.lock`` (``_claim_here``): a key this queue holds is joined at
-   once: a live key, as in memory, and a key whose job ended but whose row is
-   not yet committed (``StoreRecords.ending``): for every thread of the queue
-   a job ends when its row is durable, so a push meanwhile joins it, and its
-   handle resolves at that commit;
-2. a key not held here: its queued writes, if any (a claim given back, its
-   row not yet restored), are made in the transaction first (``_settle_here``);
-   then its row is claimed (``Conn.claim``, judged by ``_store.judge``) inside
-   the group transaction (``_store_commit``); where that transaction holds
-   every key (SQLite), a key with no row is claimed by a read, its row queued
-   (``Fresh``) and written with the group;
+1. under ``Core.lock`` (``_claim_here``): a key this queue holds is joined:
+   a live key, as in memory, or one whose job ended with its row not yet
+   committed (``StoreRecords.ending``): for every thread of the queue a job
+   ends when its row is durable, and the handle resolves at that commit;
+2. a key not held here: its queued writes, if any (a claim given back), are
+   made in the transaction first (``_settle_here``); then its row is claimed
+   (``Conn.claim``, judged by ``_store.judge``) in the group transaction
+   (``_store_commit``); where that transaction holds every key (SQLite), a
+   key with no row is claimed by a read, its row queued (``Fresh``);
 3. under ``Core.lock`` again: a fresh claim enters the state map.
 
-Why the row read in 2 is never behind the state map: only a claim makes a
-key live here, and claims take ``db_lock``; so a key not held at 1 stays so
-until 3, no write of it can be queued meanwhile (only a held key ends or is
-given back), and the writes queued before are made. A key held here is never
-judged from its row: a claim never finds its own queue's live row but where
-that queue lost the claim's writes, and then the row is rightly interrupted.
+So the row read in 2 is never behind the state map: only a claim (under
+``db_lock``) makes a key live here, so a key not held at 1 stays so until 3,
+and no write of it can be queued meanwhile (only a held key ends or is given
+back). A claim meets its own queue's live row only where that queue lost the
+claim's writes, and then the row is rightly judged interrupted.
 
 Outcomes and given-back claims are queued writes (``StoreRecords``), committed
 by the ``Committer`` before the wake-ups they released (``deliver``). A push
@@ -131,18 +128,14 @@ class StoreCore(Core):
             self.committer.notice()
 
     def _settle_keys(self, keys: list[str]) -> list[Wakeup]:
-        """Make the uncommitted writes of ``keys`` visible to this connection
-        before a read (under db_lock): committed, or made inside the caller's
-        transaction (``_settle_here``)."""
+        """Before a read (under db_lock): commit the queued writes of ``keys`` (in a ``q.transaction()``: make them)."""
         counts = self.commits.keys
         if not any(counts.get(k) for k in keys):
             return []
         if self.in_user_tx:
             self._settle_here(keys)
             return []
-        wakeups = self.commit()
-        # (Writes queued during that commit, by jobs that ended meanwhile,
-        # came after the read began: it need not see them.)
+        wakeups = self.commit()  # (writes queued meanwhile came after the read began: it need not see them)
         if self.commits.refused_since is not None:
             raise StoreUnavailable(
                 f"the store {self.store.url} cannot be written now: earlier outcomes of these keys wait for it"
@@ -422,24 +415,14 @@ class StoreCore(Core):
     # --- waiting on another queue's key ------------------------------------------------
 
     def settled(self, entry: Any) -> bool:
-        """An outcome is given out once its row is committed (see
-        ``StoreRecords``): until then its claim is held here. Read without
-        the lock: ``held`` first, then ``ending``, the reverse of the order
-        in which a claim goes from one to the other."""
+        # An outcome is given out once its row is committed: until then its claim is held here.
         if entry.outcome is None:
             return False
-        if type(entry) is RemoteEntry or self.commits.released:
-            return True
-        records, key = self.records_, entry.key
-        held = records.held.get(key)
-        if held is not None and held.entry is entry:
-            return False
-        held = records.ending.get(key)
-        return held is None or held.entry is not entry
+        return type(entry) is RemoteEntry or self.commits.released or not self.records_.holds(entry)
 
     def wait_event(self, entry: Any) -> threading.Event | None:
         if type(entry) is RemoteEntry:
-            self._watch(entry)
+            self.watcher.watch(entry)
         event = super().wait_event(entry)  # (ending, its wake-ups wait for the commit: see deliver)
         if event is not None or self.settled(entry):
             return event
@@ -448,21 +431,10 @@ class StoreCore(Core):
 
     def add_callback(self, entry: Any, callback: Callable[[], None]) -> bool:
         if type(entry) is RemoteEntry:
-            self._watch(entry)
+            self.watcher.watch(entry)
         if super().add_callback(entry, callback):
             return True
         return not self.settled(entry) and self.commits.hold([callback])
-
-    def _watch(self, entry: RemoteEntry) -> None:
-        """Watch ``entry`` from now on, then read its row once: an end the
-        watcher could have missed (before it watched) is seen here."""
-        if entry.outcome is not None:
-            return
-        self.watcher.watch(entry)
-        with self.db_lock:
-            row = self.conn.read(entry.key)
-        if row is not None and row.state != "live":
-            self.watcher.resolve(entry, row.outcome())
 
     # --- reading ----------------------------------------------------------------------
 

@@ -62,6 +62,17 @@ class StoreRecords:
         self.found: Record | None = None  # for the claim being made
         self.counts = (0, 0)  # rows done and failed, as last read
 
+    def holds(self, entry: Any) -> bool:
+        """Is ``entry``'s claim still held here (live, or its ended row not yet
+        committed)? Read without the lock: ``held`` first, then ``ending``,
+        the reverse of the order in which a claim goes from one to the other."""
+        key = entry.key
+        held = self.held.get(key)
+        if held is not None and held.entry is entry:
+            return True
+        held = self.ending.get(key)
+        return held is not None and held.entry is entry
+
     @property
     def completed(self) -> int:  # read from the database by StoreCore.stats, just before
         return self.counts[0]
