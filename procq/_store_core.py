@@ -423,7 +423,7 @@ class StoreCore(Core):
     def wait_event(self, entry: Any) -> threading.Event | None:
         if type(entry) is RemoteEntry:
             self.watcher.watch(entry)
-        event = super().wait_event(entry)  # (ending, its wake-ups wait for the commit: see deliver)
+        event = super().wait_event(entry)  # (live: set by its end's wake-ups, after the commit: see deliver)
         if event is not None or self.settled(entry):
             return event
         event = threading.Event()  # ended, not yet durable: set after the commit

@@ -169,7 +169,7 @@ class SqliteConn:
         self._busy_timeout = f"PRAGMA busy_timeout = {int(busy * 1000)}"
         self.in_tx = False
         self._ended = 0.0  # when this connection's last write transaction ended (monotonic)
-        self._waited = -_CONTENDED  # when it last waited for another's write lock (monotonic)
+        self._waited = float("-inf")  # when it last waited for another's write lock (monotonic)
         try:
             db = sqlite3.connect(path, timeout=busy, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
