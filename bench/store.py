@@ -10,7 +10,10 @@
 - cached: pushes/s of keys that completed earlier, from a fresh process;
 - joiner: how long after a job's end a joiner in another process is told
   (median and p90 over rounds), SQLite (it polls every 10 ms) and PostgreSQL
-  (LISTEN/NOTIFY).
+  (LISTEN/NOTIFY);
+- programs: several programs (``--programs``, 4) pushing tiny jobs on one
+  SQLite file for ``--seconds`` (15): the worst wait for an outcome, and the
+  jobs done (``bench.store_programs``). ``--only-programs`` runs this alone.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from bench.store_jobs import noop, stamp_when_released
+from bench.store_programs import programs
 from procq import Job, Lane, ProcQueue, SqliteStore
 
 _runs = itertools.count()
@@ -245,6 +249,9 @@ def main() -> None:
     parser.add_argument("--cached", type=int, default=20000)
     parser.add_argument("--rounds", type=int, default=30, help="joiner samples")
     parser.add_argument("--repeat", type=int, default=3, help="runs of tiny and cached; the median is kept")
+    parser.add_argument("--programs", type=int, default=4, help="programs sharing one SQLite file")
+    parser.add_argument("--seconds", type=float, default=15.0, help="how long those programs push")
+    parser.add_argument("--only-programs", action="store_true", help="run only the programs workload")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="procq-bench-")
     n = itertools.count()
@@ -256,9 +263,11 @@ def main() -> None:
     pg_url = None
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, tmp, ignore_errors=True)
-        if not args.no_postgres and _pg_available():
+        if not args.no_postgres and not args.only_programs and _pg_available():
             pg_url = stack.enter_context(postgres())
-        _run(args, fresh_db, pg_url, rows)
+        if not args.only_programs:
+            _run(args, fresh_db, pg_url, rows)
+        _programs(args, fresh_db(), rows)
         print()
         print("| measure | in memory | store | target |")
         print("|---|---:|---:|---|")
@@ -320,6 +329,22 @@ def _run(
     med, p90 = joiner(pg_url, args.rounds)
     print(f"joiner, PostgreSQL: median {med:.1f} ms, p90 {p90:.1f} ms")
     rows.append(("joiner told, PostgreSQL (median, p90)", "", f"{med:.1f} ms, {p90:.1f} ms", "10 ms"))
+
+
+def _programs(args: argparse.Namespace, path: str, rows: list[tuple[str, ...]]) -> None:
+    found = programs(path, args.programs, args.seconds)
+    each = ", ".join(f"{n:,}" for n in found["each"])
+    print(
+        f"{args.programs} programs on one SQLite file, {args.seconds:g} s: {found['jobs']:,} jobs ({each}); "
+        f"wait for an outcome: worst {found['worst']:.3f} s, p99 {found['p99'] * 1e3:.0f} ms; "
+        f"job's end to its handle done: worst {found['commit_worst'] * 1e3:.0f} ms, "
+        f"p99 {found['commit_p99'] * 1e3:.0f} ms"
+    )
+    label = f"{args.programs} programs on one SQLite file, {args.seconds:g} s"
+    waits = f"{found['worst']:.2f} s ({found['p99'] * 1e3:.0f} ms), {found['jobs']:,}"
+    commits = f"{found['commit_worst'] * 1e3:.0f} ms ({found['commit_p99'] * 1e3:.0f} ms)"
+    rows.append((f"{label}: worst wait (p99), jobs", "", waits, "none over 1 s"))
+    rows.append(("... a job's end to its handle done (its row committed): worst (p99)", "", commits, "tens of ms"))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,8 @@ code, pickling, a pipe send or an await, and no wake-up (event set, callback,
 future resolution) runs under it (``deliver`` runs them after). The parts
 never take it: ``Core`` holds it around every call.
 
-**Time.** Every time the core reads comes from ``Core.clock`` (``time.monotonic``
-unless given). The I/O thread sleeps towards ``next_deadline`` and
-``on_new_deadline`` wakes it when a push adds an earlier one: no thread polls.
+**Time** comes from ``Core.clock`` (``time.monotonic`` unless given). No thread
+polls: the I/O thread sleeps towards ``next_deadline``, woken by ``on_new_deadline``.
 """
 
 from __future__ import annotations
@@ -89,9 +88,8 @@ class Core:
         self.lane_for = self.dispatch.lane_for  # (no lock: the lanes never change)
         self.default_lane = self.dispatch.default_lane
         self.drained = self.keys.drained  # set while closing and nothing is live
-        # Called (no lock held) when a new deadline may be earlier than the one
-        # the I/O thread is sleeping towards. ``lead``: a caller's wait on a
-        # running job, reading its worker's pipe itself (``_supervisor_lead``).
+        # Called (no lock held) when a new deadline may be earlier than the I/O thread's. ``lead``:
+        # a caller's wait on a running job, reading its worker's pipe itself (``_supervisor_lead``).
         self.on_new_deadline: Wakeup = lambda: None
         self.lead: Callable[[Entry, threading.Event, float | None], bool] | None = None
 
@@ -108,9 +106,8 @@ class Core:
         return self.keys.memory_jobs
 
     def deliver(self, wakeups: list[Wakeup]) -> None:
-        """Run wake-ups gathered under the lock, after it. Every wake-up of a
-        waiter goes through here, so a core whose outcomes must first be made
-        durable (``_store_core``) can hold them back until they are."""
+        """Run wake-ups gathered under the lock, after it: every waiter's goes through here, so a
+        core whose outcomes must first be durable (``_store_core``) holds them back until they are."""
         run_wakeups(wakeups)
 
     # --- claiming -----------------------------------------------------------
@@ -236,6 +233,7 @@ class Core:
             if not self.dispatch.unblock(entry):
                 return Unblocked.ACCEPTED
             wakeups = self.keys.abandon(entry, why, self.clock())
+            self._given_back([entry])
         self.deliver(wakeups)
         return Unblocked.ABANDONED
 
@@ -252,7 +250,11 @@ class Core:
             for entry in reversed(entries):
                 if entry.status is PENDING and entry.outcome is None and not entry.timed:
                     wakeups += self.keys.abandon(entry, why, now)
+            self._given_back(entries)
         self.deliver(wakeups)
+
+    def _given_back(self, entries: list[Entry]) -> None:  # a store's core restores their rows
+        """Claims just abandoned, under the lock."""
 
     # --- time: deadlines of running jobs, timers of waiting ones ---------------------
 

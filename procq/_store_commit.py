@@ -12,17 +12,27 @@ Two kinds of write reach a queue's database connection:
   a key with no row is claimed by a read and a queued write (``Fresh``) made
   with the group's other writes, in one statement; and a job that ended
   before its claim was written has one row written, its ended one.
-  The committer commits the group transaction at most ``GROUP_WINDOW`` after
-  it opened, so other processes wait no longer than that for a key it holds;
+  The committer commits the group transaction ``GROUP_WINDOW`` after it
+  opened, never later, so other processes wait no longer than that for a
+  key it holds (and, on SQLite, for the file's one write lock);
 - **outcomes** (a job's ended row) and **restores** (a claim given back),
   queued by the state map's record operations under ``Core.lock`` as
   ``Write``s (``Commits.add``). The supervisor's thread never runs a
   statement: the committer runs the queued writes in the group transaction,
-  commits, and only then runs the wake-ups those outcomes released. It
-  commits at most every ``GROUP_WINDOW`` after the last commit, or every
-  twice the time the last commit took where commits wait for a disk: a
-  stream of outcomes shares commits, and the pushing threads keep the
-  connection most of the time.
+  commits, and only then runs the wake-ups those outcomes released. With no
+  group open, it commits outcomes at most every ``GROUP_WINDOW`` after the
+  last commit, or every twice the time the last commit's own work took where
+  commits wait for a disk (at most ``PACE_LIMIT``): a stream of outcomes
+  shares commits, and the pushing threads keep the connection most of the
+  time.
+
+Pacing never feeds on itself: what a commit waited for before it held the
+database's lock (another program's transaction) is not its work, and does
+not space the next commit further; and an open group transaction, which
+holds that lock, is never kept open for pacing. (Counting the wait once made
+each wait for another program lengthen this program's next hold of the lock,
+which lengthened the other programs' waits in turn: with a few programs on
+one SQLite file, outcomes waited seconds to be committed.)
 
 The committer, not the pushing thread, runs the group's writes: the database
 does their work with the GIL released (``sqlite3`` and ``psycopg`` both let it
@@ -55,7 +65,17 @@ from procq._store import Conn, Row, StoreUnavailable
 if TYPE_CHECKING:
     from procq._store_core import StoreCore
 
-__all__ = ["GROUP_WINDOW", "Commits", "Committer", "Fresh", "Write", "commit_claims", "commit_writes", "run_writes"]
+__all__ = [
+    "GROUP_WINDOW",
+    "PACE_LIMIT",
+    "Commits",
+    "Committer",
+    "Fresh",
+    "Write",
+    "commit_claims",
+    "commit_writes",
+    "run_writes",
+]
 
 log = logging.getLogger("procq.store")
 
@@ -110,6 +130,8 @@ def run_writes(conn: Conn, writes: list[Write]) -> None:
 
 #: How long a group transaction of claims may stay open (seconds).
 GROUP_WINDOW = 0.002
+#: The longest the committer spaces two commits of outcomes (seconds).
+PACE_LIMIT = 0.02
 #: How often writes the store refused are tried again (seconds).
 RETRY = 0.25
 
@@ -131,6 +153,7 @@ def commit_writes(core: StoreCore) -> list[Wakeup]:
             if taken:
                 if not conn.in_tx:
                     conn.begin()
+                    began = time.monotonic()  # (waiting for the lock is not the commit's work: see pacing)
                 run_writes(conn, [write for _, _, write in taken])
             conn.commit()
         except StoreUnavailable as exc:
@@ -149,6 +172,10 @@ def commit_writes(core: StoreCore) -> list[Wakeup]:
         core.group_since = None
         commits.last = time.monotonic()
         commits.took = commits.last - began
+        ended = [write for _, _, write in taken if type(write) is Row]
+        if ended:
+            with core.lock:
+                core.records_.committed(ended)  # (before their wake-ups run: see StoreCore.settled)
         return commits.done(taken)
 
 
@@ -271,7 +298,6 @@ class Committer(threading.Thread):
         self._cond = threading.Condition(threading.Lock())
         self._poked = False
         self._stopping = False
-        self._idle = False  # waiting with no time set (no group open): a new group must wake it
         core.commits.poke = self.poke
 
     def poke(self) -> None:
@@ -286,11 +312,9 @@ class Committer(threading.Thread):
                 self._cond.notify()
 
     def notice(self) -> None:
-        """A group transaction opened: commit it once its window is over.
-        (A committer already waiting for a time reads the new group then.)"""
+        """A group transaction opened: commit it once its window is over."""
         with self._cond:
-            if self._idle:
-                self._cond.notify()
+            self._cond.notify()
 
     def stop(self) -> None:
         with self._cond:
@@ -303,29 +327,12 @@ class Committer(threading.Thread):
         commits = core.commits
         while True:
             with self._cond:
-                while not (self._stopping or self._poked or self._due()):
-                    timeout = self._timeout()
-                    self._idle = timeout is None
-                    self._cond.wait(timeout)
-                self._idle = False
+                while not self._stopping and (wait := self._wait()) != 0.0:
+                    self._cond.wait(wait)
                 if self._stopping:
                     return
-            refused = core.commits.refused_since
-            if refused is not None and time.monotonic() - refused < RETRY:
-                with self._cond:
-                    self._poked = False
-                continue  # the store refused the last try: wait for the next one
-            # Commits at most every window: outcomes that arrive in a stream
-            # share a commit. (Or twice as long as the last commit took, where
-            # a commit waits for the disk: pushes keep two thirds of the
-            # connection's time.)
-            rest = commits.last + max(GROUP_WINDOW, 2 * commits.took) - time.monotonic()
-            if rest > 0:
-                with self._cond:
-                    self._cond.wait_for(lambda: self._stopping, rest)
-            with self._cond:
                 self._poked = False  # writes added from here on poke again
-            if not commits.pending and not self._due():
+            if not commits.pending and core.group_since is None and commits.refused_since is None:
                 continue  # another thread committed them meanwhile: no need of the connection
             try:
                 wakeups = core.commit()
@@ -334,17 +341,16 @@ class Committer(threading.Thread):
                 wakeups = []
             core.deliver_now(wakeups)
 
-    def _due(self) -> bool:
-        now = time.monotonic()
-        since, refused = self.core.group_since, self.core.commits.refused_since
-        if refused is not None:
-            return now - refused >= RETRY
-        return since is not None and now - since >= GROUP_WINDOW
-
-    def _timeout(self) -> float | None:
-        since, refused = self.core.group_since, self.core.commits.refused_since
-        if refused is not None:
-            return max(0.0, refused + RETRY - time.monotonic())
-        if since is not None:
-            return max(0.0, since + GROUP_WINDOW - time.monotonic())
+    def _wait(self) -> float | None:
+        """How long to wait before the next commit (under ``_cond``): 0.0, now;
+        None, until poked or a group transaction opens."""
+        core, now = self.core, time.monotonic()
+        commits = core.commits
+        if commits.refused_since is not None:  # the store refused the last try: wait for the next one
+            return max(0.0, commits.refused_since + RETRY - now)
+        since = core.group_since
+        if since is not None:  # a group holds its keys: committed at the end of its window, never later
+            return max(0.0, since + GROUP_WINDOW - now)
+        if self._poked:  # outcomes only: paced (see the module docstring)
+            return max(0.0, commits.last + min(PACE_LIMIT, max(GROUP_WINDOW, 2 * commits.took)) - now)
         return None

@@ -8,18 +8,24 @@ so other queues join them.
 
 Locks: ``db_lock`` (re-entrant) serialises the queue's one database
 connection, and is taken *before* ``Core.lock``, never while holding it; no
-statement runs under ``Core.lock``. A push:
+statement runs under ``Core.lock``. A push, under ``db_lock`` throughout:
 
-1. under ``Core.lock``: a key live in this queue is joined at once;
-2. under ``db_lock``: the key's row is claimed (``Conn.claim``, judged by
-   ``_store.judge``) inside the group transaction (``_store_commit``); where
-   that transaction holds every key (SQLite), a key with no row is claimed by
-   a read, its row queued (``Fresh``) and written with the group;
+1. under ``Core.lock`` (``_claim_here``): a key this queue holds is joined:
+   a live key, as in memory, or one whose job ended with its row not yet
+   committed (``StoreRecords.ending``): for every thread of the queue a job
+   ends when its row is durable, and the handle resolves at that commit;
+2. a key not held here: its queued writes, if any (a claim given back), are
+   made in the transaction first (``_settle_here``); then its row is claimed
+   (``Conn.claim``, judged by ``_store.judge``) in the group transaction
+   (``_store_commit``); where that transaction holds every key (SQLite), a
+   key with no row is claimed by a read, its row queued (``Fresh``);
 3. under ``Core.lock`` again: a fresh claim enters the state map.
 
-No other thread of this queue can claim the key between 1 and 3 (claims take
-``db_lock``), and a key with an outcome not yet committed is committed first
-(``_settle_keys``), so the row read in 2 is never behind the state map.
+So the row read in 2 is never behind the state map: only a claim (under
+``db_lock``) makes a key live here, so a key not held at 1 stays so until 3,
+and no write of it can be queued meanwhile (only a held key ends or is given
+back). A claim meets its own queue's live row only where that queue lost the
+claim's writes, and then the row is rightly judged interrupted.
 
 Outcomes and given-back claims are queued writes (``StoreRecords``), committed
 by the ``Committer`` before the wake-ups they released (``deliver``). A push
@@ -123,22 +129,29 @@ class StoreCore(Core):
             self.committer.notice()
 
     def _settle_keys(self, keys: list[str]) -> list[Wakeup]:
-        """Make the uncommitted writes of ``keys`` visible to this connection
-        (under db_lock): committed, or inside the caller's transaction, where
-        they stay queued too (a write done twice changes nothing)."""
+        """Before a read (under db_lock): commit the queued writes of ``keys`` (in a ``q.transaction()``: make them)."""
         counts = self.commits.keys
         if not any(counts.get(k) for k in keys):
             return []
         if self.in_user_tx:
-            for key in keys:
-                run_writes(self.conn, self.commits.for_key(key))
+            self._settle_here(keys)
             return []
-        wakeups = self.commit()
-        if any(counts.get(k) for k in keys):
+        wakeups = self.commit()  # (writes queued meanwhile came after the read began: it need not see them)
+        if self.commits.refused_since is not None:
             raise StoreUnavailable(
                 f"the store {self.store.url} cannot be written now: earlier outcomes of these keys wait for it"
             )
         return wakeups
+
+    def _settle_here(self, keys: list[str]) -> None:
+        """Make the queued writes of ``keys`` in the open transaction (under
+        db_lock), for a claim or a read in it to see them. They stay queued
+        and are made again with the group, changing nothing then: each write
+        is guarded by its claim's ``run``."""
+        writes = [w for k in keys if self.commits.keys.get(k) for w in self.commits.for_key(k)]
+        if writes:
+            self._begin()
+            run_writes(self.conn, writes)
 
     def _lost(self) -> None:
         """The store failed under a claim (db_lock held): drop the group transaction."""
@@ -177,7 +190,6 @@ class StoreCore(Core):
         fps = [job_fingerprint(job) if self.check_payload else None for job, _, _ in items]
         with self.db_lock:
             try:
-                wakeups += self._settle_keys(keys)
                 taken: dict[str, tuple[Row, Taken | tuple[Row, bool]]] = {}
                 if len(items) > 1:
                     if not self.in_user_tx and not self.store.read_first:
@@ -186,16 +198,12 @@ class StoreCore(Core):
                     self.conn.lock_all(keys)
                     taken = self._claim_held(items)
                 for i, ((job, lane, due), fp) in enumerate(zip(items, fps, strict=True)):
-                    # Only a claim (under db_lock, held here) makes a key live:
-                    # one not live now stays so, and is read without the lock.
-                    local = self.keys.closing or job.key in self.keys.live
-                    if local:
-                        with self.lock:
-                            local = self.keys.closing or job.key in self.keys.live
-                            if local:
-                                claim = self.keys.claim(job, lane, fp, due, self.clock())
-                    if not local:
-                        claim, more = self._claim(job, lane, fp, due, read, taken.pop(job.key, None))
+                    claim = self._claim_here(job, lane, fp, due)
+                    if claim is None:
+                        ahead = taken.pop(job.key, None)
+                        if ahead is None:
+                            self._settle_here([job.key])
+                        claim, more = self._claim(job, lane, fp, due, read, ahead)
                         wakeups += more
                     if claim.conflict is not None and conflict_at is None:
                         conflict_at = i
@@ -230,18 +238,42 @@ class StoreCore(Core):
             raise StoreUnavailable(refused)
         return claims, conflict_at
 
+    def _claim_here(self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None) -> Claim | None:
+        """The claim of a key this queue holds (step 1 of the module
+        docstring; db_lock held), or None: the key's row decides."""
+        key = job.key
+        keys, ending = self.keys, self.records_.ending
+        # A first look without the lock. A key leaves ``live`` for ``ending``
+        # (under the lock), and only a claim (under db_lock, held here) makes
+        # it live again: read in this order, a key found in neither is in neither.
+        if not (keys.closing or key in keys.live or key in ending):
+            return None
+        with self.lock:
+            if keys.closing or key in keys.live:
+                return keys.claim(job, lane, fp, due, self.clock())
+            held = ending.get(key)
+            if held is None:
+                return None
+            entry = held.entry
+            assert entry is not None
+            return new_claim(Claim, (INFLIGHT, entry, conflict(entry.fp, fp, None)))
+
     def _claim_held(self, items: list[Item]) -> dict[str, tuple[Row, Taken | tuple[Row, bool]]]:
         """Where the store claims a batch in one statement (PostgreSQL), and not
         in the caller's transaction: claim the batch's keys held (``lock_all``)
-        and not live here, each once, ahead of the batch's loop (db_lock held)."""
+        and not held by this queue, each once, ahead of the batch's loop
+        (db_lock held; a key held here now is still held at its turn)."""
         if not self.store.claims_batches or self.in_user_tx or self.keys.closing:
             return {}
         rows: dict[str, Row] = {}
-        for job, _, due in items:
-            if job.key not in rows and job.key not in self.keys.live:  # (live: see claim_all)
+        with self.lock:
+            here = [job.key in self.keys.live or job.key in self.records_.ending for job, _, _ in items]
+        for (job, _, due), held in zip(items, here, strict=True):
+            if job.key not in rows and not held:
                 rows[job.key] = self._live_row(job, due)
         if not rows:
             return {}
+        self._settle_here(list(rows))
         return dict(zip(rows, zip(rows.values(), self.conn.claim_held(list(rows.values())), strict=True), strict=True))
 
     def _live_row(self, job: Job[Any], due: float | None) -> Row:
@@ -344,16 +376,8 @@ class StoreCore(Core):
 
     # --- abandoned claims: rows that must go ---------------------------------------------
 
-    def abandon_all(self, entries: list[Entry], why: str) -> None:
-        super().abandon_all(entries, why)
-        with self.lock:
-            self.records_.abandoned(entries)
-
-    def unblock(self, entry: Entry, why: str) -> Any:
-        answer = super().unblock(entry, why)
-        with self.lock:
-            self.records_.abandoned([entry])
-        return answer
+    def _given_back(self, entries: list[Entry]) -> None:
+        self.records_.abandoned(entries)
 
     def cancel_all(self, why: str) -> list[Any]:
         doomed = super().cancel_all(why)
@@ -392,36 +416,26 @@ class StoreCore(Core):
     # --- waiting on another queue's key ------------------------------------------------
 
     def settled(self, entry: Any) -> bool:
-        # An outcome is given out once its row is committed (see _store_commit).
+        # An outcome is given out once its row is committed: until then its claim is held here.
         if entry.outcome is None:
             return False
-        return type(entry) is RemoteEntry or self.commits.released or not self.commits.keys.get(entry.key)
+        return type(entry) is RemoteEntry or self.commits.released or not self.records_.holds(entry)
 
     def wait_event(self, entry: Any) -> threading.Event | None:
         if type(entry) is RemoteEntry:
-            self._watch(entry)
-        elif entry.outcome is not None and not self.settled(entry):
-            event = threading.Event()  # ended, not yet durable: set after the commit
-            return event if self.commits.hold([event.set]) else None
-        return super().wait_event(entry)
+            self.watcher.watch(entry)
+        event = super().wait_event(entry)  # (live: set by its end's wake-ups, after the commit: see deliver)
+        if event is not None or self.settled(entry):
+            return event
+        event = threading.Event()  # ended, not yet durable: set after the commit
+        return event if self.commits.hold([event.set]) and not self.settled(entry) else None
 
     def add_callback(self, entry: Any, callback: Callable[[], None]) -> bool:
         if type(entry) is RemoteEntry:
-            self._watch(entry)
-        elif entry.outcome is not None and not self.settled(entry):
-            return self.commits.hold([callback])
-        return super().add_callback(entry, callback)
-
-    def _watch(self, entry: RemoteEntry) -> None:
-        """Watch ``entry`` from now on, then read its row once: an end the
-        watcher could have missed (before it watched) is seen here."""
-        if entry.outcome is not None:
-            return
-        self.watcher.watch(entry)
-        with self.db_lock:
-            row = self.conn.read(entry.key)
-        if row is not None and row.state != "live":
-            self.watcher.resolve(entry, row.outcome())
+            self.watcher.watch(entry)
+        if super().add_callback(entry, callback):
+            return True
+        return not self.settled(entry) and self.commits.hold([callback])
 
     # --- reading ----------------------------------------------------------------------
 

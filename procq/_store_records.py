@@ -1,7 +1,13 @@
 """The ended-key records of a queue on a store (``StoreRecords``, its
 ``KeyRecords``): the state map's record operations become queued row writes
 (``_store_commit``); see ``_store_core`` for how they keep the database and
-the state map in step."""
+the state map in step.
+
+A key this queue claimed is *held* here from its claim until its outcome's
+row is committed: first in ``held`` (live), then in ``ending`` (ended, its row
+queued). Every other thread of the queue learns of the end only at that
+commit (``StoreCore.settled``), and a push of the key meanwhile joins it:
+for everyone, the job ends when its row is durable."""
 
 from __future__ import annotations
 
@@ -46,9 +52,26 @@ class StoreRecords:
 
     def __init__(self, core: StoreCore) -> None:
         self._core = core
-        self.held: dict[str, Held] = {}  # this queue's live claims
+        # This queue's claims: live ones, and ended ones whose row is not yet
+        # committed (``committed`` drops them). A claim moves from the first to
+        # the second at its end, added there before it leaves ``held`` (read
+        # without the lock: see ``StoreCore.settled``). Invariant: a key of
+        # ``ending`` is not live, and has its ended row queued.
+        self.held: dict[str, Held] = {}
+        self.ending: dict[str, Held] = {}
         self.found: Record | None = None  # for the claim being made
         self.counts = (0, 0)  # rows done and failed, as last read
+
+    def holds(self, entry: Any) -> bool:
+        """Is ``entry``'s claim still held here (live, or its ended row not yet
+        committed)? Read without the lock: ``held`` first, then ``ending``,
+        the reverse of the order in which a claim goes from one to the other."""
+        key = entry.key
+        held = self.held.get(key)
+        if held is not None and held.entry is entry:
+            return True
+        held = self.ending.get(key)
+        return held is not None and held.entry is entry
 
     @property
     def completed(self) -> int:  # read from the database by StoreCore.stats, just before
@@ -90,9 +113,12 @@ class StoreRecords:
             held.prev = None
 
     def record(self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float) -> None:
-        held = self.held.pop(key, None)
+        held = self.held.get(key)
         if held is None:
             return
+        if held.entry is not None:
+            self.ending[key] = held  # (first: the claim is never in neither; see StoreCore.settled)
+        del self.held[key]
         attempts = held.entry.attempt if held.entry is not None else 1
         try:
             state, output, encoding, failure = encode_outcome(outcome, held.trusted)
@@ -102,6 +128,14 @@ class StoreRecords:
         ended = held.live._replace(state=state, holder=None, output=output, encoding=encoding,
                                    failure=failure, attempts=attempts, ended=time.time())  # fmt: skip
         self._core.commits.add(key, ended)
+
+    def committed(self, rows: list[Row]) -> None:
+        """These ended rows are committed: their claims are no longer held (under ``Core.lock``)."""
+        ending = self.ending
+        for row in rows:
+            held = ending.get(row.key)
+            if held is not None and held.live.run == row.run:
+                del ending[row.key]
 
     def abandoned(self, entries: Iterable[Entry | None]) -> None:
         """Of ``entries``, the claims abandoned: their rows go, or the rows
@@ -134,6 +168,10 @@ class StoreRecords:
     def check(self) -> None:
         for key, held in self.held.items():
             assert held.entry is None or held.entry.key == key, key
+        live = self._core.keys.live
+        for key, held in self.ending.items():
+            assert held.entry is not None and held.entry.key == key and held.entry.outcome is not None, key
+            assert key not in live and key not in self.held, key
 
 
 def _restore(held: Held) -> Write:

@@ -84,13 +84,23 @@ class Watcher(threading.Thread):
         self._failing = False  # the store failed the last round
 
     def watch(self, entry: RemoteEntry) -> None:
+        """Watch ``entry`` from now on (a waiter's thread), then read its row
+        once, on the queue's connection: an end this thread could have missed
+        (before it watched) is seen there."""
+        if entry.outcome is not None:
+            return
         with self._lock:
             entries = self._watched.setdefault(entry.key, [])
             if entry not in entries:
                 entries.append(entry)
         self._wake.set()
+        core = self.core
+        with core.db_lock:
+            row = core.conn.read(entry.key)
+        if row is not None and row.state != "live":
+            self._resolve_one(entry, row.outcome())
 
-    def resolve(self, entry: RemoteEntry, outcome: Completed[Any] | Failed) -> None:
+    def _resolve_one(self, entry: RemoteEntry, outcome: Completed[Any] | Failed) -> None:
         """``entry``'s run ended (its waiter read the row itself)."""
         with self._lock:
             entries = self._watched.get(entry.key)

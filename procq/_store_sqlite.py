@@ -6,6 +6,17 @@ any process (SIGKILL included), though not a power cut. A claim is one
 ``BEGIN IMMEDIATE`` transaction: SQLite's single write lock is what makes it
 atomic across processes. SQLite cannot tell a joiner that a row changed, so a
 joiner of another queue's key polls its row (``Store.poll``, 10 ms).
+
+Taking the write lock (``SqliteConn.begin``). SQLite has no queue for its
+lock: a connection that finds it taken sleeps and tries again, and its own
+busy handler sleeps longer and longer (up to 100 ms a try), so that a program
+that lets go of the lock and takes it back at once (as a queue whose pushes
+stream does, every group window) starves the others for seconds. So a
+connection waits for the lock itself, trying again every ``_TRY_EVERY``
+(until ``busy``); and once it has met another holder (within the last
+``_CONTENDED`` seconds) it leaves the lock free for ``_LET_GO`` after each
+of its transactions before taking it again: long enough for a waiting
+program to take its turn. Alone on the file, it never waits.
 """
 
 from __future__ import annotations
@@ -48,6 +59,14 @@ _CLAIM = (
 )
 _CLAIM_AT, _CLAIM_NOW = _CLAIM.format("?"), _CLAIM.format("NULL")
 _EXISTS = "SELECT 1 FROM procq_keys WHERE key = ?"
+
+#: How often a BEGIN tries again for the write lock another connection holds (seconds).
+_TRY_EVERY = 0.0005
+#: How long a connection leaves the write lock free after a transaction, while
+#: others want it (more than ``_TRY_EVERY``: a waiting connection tries within it).
+_LET_GO = 0.002
+#: How long a connection counts others as wanting the lock after it last waited for it.
+_CONTENDED = 1.0
 
 
 @functools.lru_cache(maxsize=32)
@@ -132,6 +151,11 @@ class SqliteStore(Store):
         return SqliteConn(self.path, self.busy)
 
 
+def _busy(exc: sqlite3.Error) -> bool:
+    """Is ``exc`` SQLite's "the lock is taken" (SQLITE_BUSY)?"""
+    return getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_BUSY or "locked" in str(exc)
+
+
 def _unavailable(path: str, exc: Exception) -> StoreUnavailable:
     return StoreUnavailable(f"the SQLite store {path!r} cannot be used now: {exc}")
 
@@ -141,7 +165,11 @@ class SqliteConn:
 
     def __init__(self, path: str, busy: float = 30.0) -> None:
         self.path = path
+        self.busy = busy
+        self._busy_timeout = f"PRAGMA busy_timeout = {int(busy * 1000)}"
         self.in_tx = False
+        self._ended = 0.0  # when this connection's last write transaction ended (monotonic)
+        self._waited = float("-inf")  # when it last waited for another's write lock (monotonic)
         try:
             db = sqlite3.connect(path, timeout=busy, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
@@ -180,9 +208,32 @@ class SqliteConn:
         self.commit()
 
     def begin(self) -> None:
+        """Take the write lock (see the module docstring), or raise
+        ``StoreUnavailable`` after ``busy`` seconds without it."""
+        db = self.db
+        now = time.monotonic()
+        if now - self._waited < _CONTENDED and now - self._ended < _LET_GO:
+            time.sleep(self._ended + _LET_GO - now)  # the others' turn (see the module docstring)
+        deadline = now + self.busy
         try:
-            self.db.execute("BEGIN IMMEDIATE")
+            # SQLite's busy handler off while this waits (its other statements keep it).
+            db.execute("PRAGMA busy_timeout = 0")
+            try:
+                while True:
+                    try:
+                        db.execute("BEGIN IMMEDIATE")
+                        break
+                    except sqlite3.OperationalError as exc:
+                        if not _busy(exc):
+                            raise
+                    self._waited = time.monotonic()
+                    if self._waited >= deadline:
+                        raise sqlite3.OperationalError(f"database is locked (another program held it {self.busy}s)")
+                    time.sleep(_TRY_EVERY)
+            finally:
+                db.execute(self._busy_timeout)
         except sqlite3.Error as exc:
+            self.rollback()
             raise _unavailable(self.path, exc) from exc
         self.in_tx = True
 
@@ -193,12 +244,14 @@ class SqliteConn:
             self.rollback()
             raise _unavailable(self.path, exc) from exc
         self.in_tx = False
+        self._ended = time.monotonic()
 
     def rollback(self) -> None:
         self.in_tx = False
         with suppress(sqlite3.Error):
             if self.db.in_transaction:
                 self.db.execute("ROLLBACK")
+        self._ended = time.monotonic()
 
     def _write(self, sql: str, args: Any) -> sqlite3.Cursor:
         try:

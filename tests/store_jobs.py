@@ -33,3 +33,17 @@ def big(started: str, go: str, size: int) -> bytes:
 
     signal_and_wait(started, go)
     return b"x" * size
+
+
+def stamped(log: str, key: str, work: float) -> str:
+    """Append ``key`` and a fresh run id to ``log`` (one line per execution),
+    work ``work`` seconds, return the run id: each execution's own output."""
+    run = f"{os.getpid()}-{time.monotonic_ns()}"
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, f"{key} {run}\n".encode())
+    finally:
+        os.close(fd)
+    if work:
+        time.sleep(work)  # the job's work, not a wait for anything
+    return run

@@ -8,12 +8,13 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 import jobs
 import store_jobs
 
-from procq import Job, JobFailed, ProcQueue
+from procq import Cached, Job, JobFailed, ProcQueue
 from procq._store import Store
 from procq._store_urls import open_store
 
@@ -85,5 +86,57 @@ def later(url: str, key: str, log: str) -> None:
         print(pushed.handle.result(timeout=60), flush=True)  # type: ignore[union-attr]
 
 
+def _job(log: str, key: str) -> Job[Any]:
+    """A key's one job (its work, from its name: every push of a key is the same job)."""
+    return Job(key, store_jobs.stamped, args=(log, key, 0.1 if key.endswith("slow") else 0.0))
+
+
+def serve(url: str, log: str) -> None:
+    """Run commands from stdin, each in a thread of its own, answering each as a
+    JSON line: ``push`` a key (``repeats`` > 1: in one ``push_all``), push it
+    again until its first handle is done, and answer every outcome (each
+    handle's output or failure kind); ``cancel`` a key, ``after`` seconds.
+    Says "ready" first."""
+    said = threading.Lock()
+
+    def say(answer: dict[str, Any]) -> None:
+        with said:
+            print(json.dumps(answer), flush=True)
+
+    def outcome(pushed: Any) -> list[Any]:
+        if isinstance(pushed, Cached):
+            return ["cached", pushed.output]
+        try:
+            return [type(pushed).__name__, pushed.handle.result(timeout=60)]
+        except JobFailed as exc:
+            return [type(pushed).__name__ + " failed", exc.failure.kind]
+
+    def run(q: ProcQueue, command: dict[str, Any]) -> None:
+        try:
+            job = _job(log, command["key"])
+            if command["op"] == "cancel":
+                time.sleep(command["after"])  # (when in the job's life the cancel comes: the command's choice)
+                say({"id": command["id"], "cancelled": q.cancel(job.key)})
+                return
+            first = q.push_all([job] * command["repeats"])
+            pushed = list(first)
+            while not all(p.handle.done() for p in first if not isinstance(p, Cached)) and len(pushed) < 500:
+                pushed.append(q.push(job))
+            say({"id": command["id"], "outs": [outcome(p) for p in pushed]})
+        except BaseException as exc:
+            say({"id": command["id"], "error": repr(exc)})
+
+    with ProcQueue(2, store=store(url, 10.0)) as q:
+        print("ready", flush=True)
+        threads = []
+        for line in sys.stdin:
+            t = threading.Thread(target=run, args=(q, json.loads(line)))
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+
+
 if __name__ == "__main__":
-    {"race": race, "hold": hold, "stage": stage, "work": work, "later": later}[sys.argv[1]](*sys.argv[2:])
+    commands = {"race": race, "hold": hold, "stage": stage, "work": work, "later": later, "serve": serve}
+    commands[sys.argv[1]](*sys.argv[2:])

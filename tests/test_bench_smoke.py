@@ -69,3 +69,15 @@ def test_the_sandbox_bench_runs() -> None:
     out = _python_m("bench.sandbox", "--quick")
     assert re.search(r"^\| round trip, median ms per job \| [\d.]+ \| [\d.]+ \| [+-][\d.]+ \|$", out, re.MULTILINE), out
     assert re.search(r"^\| sandbox: seccomp filter \(per job\) \| [\d.]+ \|$", out, re.MULTILINE), out
+
+
+def test_programs_sharing_a_store_report_their_waits() -> None:
+    out = _python_m("bench.store", "--only-programs", "--programs", "2", "--seconds", "1")
+    assert re.search(
+        r"^2 programs on one SQLite file, 1 s: [\d,]+ jobs \([\d,]+, [\d,]+\); "
+        r"wait for an outcome: worst \d+\.\d{3} s, p99 \d+ ms; job's end to its handle done: worst -?\d+ ms, "
+        r"p99 -?\d+ ms$",
+        out,
+        re.MULTILINE,
+    ), out
+    assert "| 2 programs on one SQLite file, 1 s: worst wait (p99), jobs |" in out, out
