@@ -9,10 +9,21 @@ The tree is small on purpose, and keeps "you closed it" apart from "it broke"::
     │   ├── QueueClosed           a push after close(): you closed it, nothing broke
     │   └── WrongProcess          the queue was used from a process that did not open it (after os.fork())
     ├── JobFailed                 a job ended in Failed; .key and .failure say which and why
+    │   └── BrokenJob             (also concurrent.futures' BrokenProcessPool) what an Executor's future
+    │                             raises where ProcessPoolExecutor's would be broken: one job, not the pool
     ├── TypeError, pickle.PicklingError
     │   └── JobPicklingError      a push's function or arguments cannot be pickled
     └── UserWarning
         └── KeyConflictWarning    as KeyConflict, with ProcQueue(on_mismatch="warn")
+
+``BrokenJob`` exists for code written for ``ProcessPoolExecutor``, which
+catches ``BrokenProcessPool`` from ``future.result()`` (and often rebuilds its
+pool then): ``procq.Executor``'s futures raise it where the job's worker died
+(kind ``"crashed"``), broke procq's protocol, or the job's arguments or
+outcome could not cross between the processes and no exception of the job's
+came back. Only the executor's futures raise it: a ``ProcQueue`` handle raises
+plain ``JobFailed``, its contract, and no ``except RuntimeError`` in code
+written for ``ProcQueue`` starts catching job failures.
 
 ``JobFailed`` is deliberately not a ``ProcQueueError``: the queue is healthy, one
 job's work failed. Where the job raised an exception that could be unpickled in
@@ -28,12 +39,14 @@ raises ``JobPicklingError``, both a ``TypeError`` and a ``pickle.PicklingError``
 from __future__ import annotations
 
 import pickle
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from procq._values import Failure
 
 __all__ = [
+    "BrokenJob",
     "JobFailed",
     "JobPicklingError",
     "KeyConflict",
@@ -153,3 +166,15 @@ class JobFailed(Exception):
 
     def __reduce__(self) -> tuple[type[JobFailed], tuple[str, Failure, str | None]]:
         return (type(self), (self.key, self.failure, self.item))
+
+
+class BrokenJob(JobFailed, BrokenProcessPool):
+    """A ``JobFailed`` that is also a ``concurrent.futures.process.BrokenProcessPool``.
+
+    ``procq.Executor``'s futures raise it where ``ProcessPoolExecutor``'s would
+    raise ``BrokenProcessPool``: the job's worker died (``failure.kind ==
+    "crashed"``, with its signal or exit code) or broke procq's protocol, or the
+    job's arguments or outcome could not cross between the processes. Unlike
+    ``ProcessPoolExecutor``'s, it fails this one job: the executor is not
+    broken, its other jobs carry on and the next ``submit`` works.
+    """

@@ -120,18 +120,57 @@ def test_procq_options_reach_the_jobs() -> None:
         assert info.value.failure.kind == "timeout"
 
 
-def test_cancel_before_start_cancels_the_job(tmp_path: Path) -> None:
+def test_cancel_cancels_only_a_call_not_yet_handed_to_the_queue(tmp_path: Path) -> None:
+    """As ``ProcessPoolExecutor``'s call queue: a lane's workers + 1 calls are
+    handed over (RUNNING, not cancellable); the rest wait in the executor."""
     go = tmp_path / "go"
     with Executor(1) as ex:
         blocker = ex.submit(ej.wait_for_file, str(go))
-        waiting = ex.submit(ej.mul, 1, 1)
+        handed = ex.submit(ej.mul, 1, 1)
+        waiting = ex.submit(ej.mul, 2, 2)
         _wait_until_running(ex, blocker)
-        assert waiting.cancel() and waiting.cancelled()
+        assert blocker.running() and handed.running() and not waiting.running()
+        assert ex.queue.stats().lanes["default"].waiting == 1  # (handed, in the lane; waiting is not)
+        assert not handed.cancel()
         assert not blocker.cancel()  # running: like the stdlib, no
+        assert waiting.cancel() and waiting.cancelled()
         go.touch()
         blocker.result(timeout=30)
+        assert handed.result(timeout=30) == 1
         with pytest.raises(cf.CancelledError):
             waiting.result()
+        assert ex.submit(ej.mul, 3, 3).result(timeout=30) == 9
+
+
+def test_shutdown_cancel_futures_lets_the_handed_over_calls_finish(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    ex = Executor(2)
+    try:
+        held = [ex.submit(ej.wait_for_file, str(go)) for _ in range(2)]
+        handed = ex.submit(ej.mul, 2, 3)
+        rest = [ex.submit(ej.mul, i, 1) for i in range(20)]
+        for future in held:
+            _wait_until_running(ex, future)
+        ex.shutdown(wait=False, cancel_futures=True)
+        assert all(f.cancelled() for f in rest)
+        assert not handed.cancelled()
+        go.touch()
+        assert handed.result(timeout=30) == 6 and [f.result(timeout=30) for f in held] == [None, None]
+    finally:
+        go.touch()
+        ex.shutdown()
+
+
+def test_a_window_of_workers_plus_one_per_lane_and_the_rest_in_order() -> None:
+    with Executor(2) as ex:
+        futures = [ex.submit(ej.mul, i, 2) for i in range(50)]
+        assert [f.result(timeout=30) for f in futures] == [2 * i for i in range(50)]
+    with Executor(lanes={"a": 1, "b": 2}) as ex:
+        a = [ex.submit(ej.mul, i, 1, procq_lane="a") for i in range(6)]
+        b = [ex.submit(ej.mul, i, 1, procq_lane="b") for i in range(6)]
+        assert [f.result(timeout=30) for f in a + b] == list(range(6)) * 2
+        with pytest.raises(ValueError, match="unknown lane 'c'"):
+            ex.submit(int, procq_lane="c")
 
 
 def test_callbacks_wait_and_asyncio() -> None:
