@@ -155,3 +155,14 @@ class ErrorAtUnpickle:
         from pickle import UnpicklingError
 
         return _raise_error_ignore_stderr, (UnpicklingError,)
+
+
+def raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+def square_or_crash(x: int) -> int:
+    """``x * x``; -1 kills its worker (SIGKILL)."""
+    if x == -1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x * x
