@@ -55,7 +55,7 @@ def test_a_result_that_cannot_be_pickled_raises_what_pickling_it_raised() -> Non
     with Executor(1) as ex:
         with pytest.raises(pickle.PicklingError, match="Error in pickle"):
             ex.submit(ej.return_instance, ej.ErrorAtPickle).result(timeout=30)
-        with pytest.raises(TypeError, match="cannot pickle '_thread.lock' object"):
+        with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock' object"):
             ex.submit(threading.Lock).result(timeout=30)
         assert ex.submit(ej.mul, 2, 2).result(timeout=30) == 4
 
