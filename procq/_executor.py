@@ -1,10 +1,9 @@
 """``procq.Executor``: a drop-in ``concurrent.futures.Executor`` over one ``ProcQueue``.
 
 It takes what ``ProcessPoolExecutor`` takes and behaves as its tests ask
-(``tests/test_executor_cpython.py`` runs CPython's own executor tests on
-it), with procq underneath: a job whose worker crashes fails its own future
-with ``JobFailed`` (naming the signal) and nothing else; the executor is
-never broken.
+(``tests/test_executor_cpython.py`` runs CPython's own process-pool tests on
+it, their assertions unchanged), with procq underneath: a job whose worker
+crashes fails its own future and nothing else; the executor is never broken.
 
 Keys. Every procq job has a key. ``submit`` gives each call a fresh one,
 ``"executor:<token>:<n>"`` (a per-executor random token and a counter), so
@@ -20,12 +19,25 @@ keyword to ``fn``, and ``key=`` is a common argument of the functions people
 submit (``sorted``, ``max``); ``procq_lane`` likewise picks a lane.
 
 Futures are ``procq._futures.JobFuture`` objects (real ``Future`` objects),
-resolved from their handles' done callbacks; ``cancel()`` cancels the procq
-job while it waits. Errors: a job that raised sets its own exception, as in
-the stdlib; any other failure (``"crashed"``, ``"timeout"``, ``"memory"``)
-sets ``JobFailed``, whose message names the signal and whose ``.failure``
-says the rest. It is deliberately not ``BrokenProcessPool``: that means "the
-pool is unusable", and here only the one job failed.
+resolved from their handles' done callbacks. Calls reach the queue as they
+reach ``ProcessPoolExecutor``'s call queue, a lane's workers + 1 ahead of
+them (``procq._executor_feed``): a future is PENDING, and ``cancel()`` and
+``shutdown(cancel_futures=True)`` cancel it, until its call is handed over;
+then it is RUNNING and runs to its end.
+
+Errors, as ``ProcessPoolExecutor``'s futures raise them, so code written for
+it keeps working: a job's own exception, any ``BaseException``
+(``SystemExit``, ``KeyboardInterrupt``) included; what pickling its result
+raised; for a function or arguments that cannot be pickled, the future fails
+with ``JobPicklingError`` (a ``PicklingError``) and ``submit`` returns it;
+where ``ProcessPoolExecutor`` would raise ``BrokenProcessPool`` (the worker
+died, or the job's task or outcome could not cross between the processes),
+``BrokenJob``, which is both a ``BrokenProcessPool`` and a ``JobFailed``
+(``failure.kind == "crashed"``, ``failure.signal``...). It fails only that
+job: the next ``submit`` works, and a program that rebuilds its pool on
+``BrokenProcessPool`` rebuilds it needlessly but loses nothing.
+``InitializerFailed`` is a ``BrokenProcessPool`` too. procq's own limits
+(``timeout``, ``memory_limit``) fail with ``JobFailed``.
 """
 
 from __future__ import annotations

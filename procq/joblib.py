@@ -44,6 +44,16 @@ Options, as ``parallel_config(backend="procq", ...)`` keywords:
 - ``inner_max_num_threads``: the thread count for OpenMP, BLAS and the like in
   the workers, as for loky; by default each worker gets ``cpu_count // n_jobs``
   unless the variable is already set.
+- ``initializer``, ``initargs``: run once in each worker before its first
+  batch (``Parallel(initializer=..., initargs=...)`` takes their place for
+  its call). They travel pickled with each batch.
+
+A task's own exception is raised as itself, ``KeyboardInterrupt`` and
+``SystemExit`` included. Where procq cannot start workers, a call runs in the
+calling process with a ``UserWarning``, as joblib's process backends do: in a
+daemonic process, and in a loky worker (see ``_cannot_start``). joblib's
+memory-mapping of large arrays (``max_nbytes``, ``mmap_mode``) is its own
+backends' and is not done here: arguments are pickled into each batch.
 
 Each ``Parallel`` call (``configure`` to ``terminate``) opens one
 ``ProcQueue`` and closes it at the end, so no worker outlives the call; a
