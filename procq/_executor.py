@@ -274,7 +274,7 @@ class Executor(concurrent.futures.Executor):
 
     def _close(self) -> None:
         """Hand the waiting calls over, then close the queue once every job ended."""
-        self._feed.close(wait=True)
+        self._feed.drain()
         self.queue.close()
 
     def _drop_forgettable(self) -> None:

@@ -63,7 +63,8 @@ class Feed:
         self._room = dict(windows)
         # Per lane: the calls waiting for room, oldest first.
         self._waiting: dict[str, deque[Call]] = {lane: deque() for lane in windows}
-        self._closing = False  # no more submissions; the feeder ends once nothing waits
+        # The feeder thread, while calls wait (it ends once none does, so that it
+        # never keeps a dropped executor alive; the next wait starts another).
         self._thread: threading.Thread | None = None
 
     def submit(self, call: Call) -> bool:
@@ -97,25 +98,25 @@ class Feed:
             self._changed.notify()
         return calls
 
-    def close(self, wait: bool) -> None:
-        """No more submissions: the feeder hands over what waits, then ends;
-        with ``wait``, return once it has."""
+    def drain(self) -> None:
+        """Return once every waiting call is handed over (the executor takes no
+        more submissions by then)."""
         with self._lock:
-            self._closing = True
-            self._changed.notify()
             thread = self._thread
-        if wait and thread is not None and thread is not threading.current_thread():
+        if thread is not None and thread is not threading.current_thread():
             thread.join()
 
     def _next(self) -> Call | None:
-        """The next call to hand over, waiting until one has room; None once closing and none waits."""
+        """The next call to hand over, waiting until one has room; None (and
+        the thread ends) once none waits."""
         with self._lock:
             while True:
                 for lane, waiting in self._waiting.items():
                     if waiting and self._room[lane] > 0:
                         self._room[lane] -= 1
                         return waiting.popleft()
-                if self._closing and not any(self._waiting.values()):
+                if not any(self._waiting.values()):
+                    self._thread = None
                     return None
                 self._changed.wait()
 

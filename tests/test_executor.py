@@ -302,3 +302,20 @@ def test_shutdown_without_wait_finishes_the_jobs() -> None:
 def test_exported() -> None:
     assert procq.Executor is Executor
     assert procq.as_completed is not None
+
+
+def test_the_call_queues_thread_ends_once_nothing_waits_and_keeps_no_executor_alive() -> None:
+    import gc
+    import weakref
+
+    ex = Executor(1)
+    queue = ex.queue
+    try:
+        futures = [ex.submit(ej.mul, i, 2) for i in range(10)]  # 8 wait for room: a feed thread hands them over
+        assert [f.result(timeout=30) for f in futures] == [2 * i for i in range(10)]
+        ref = weakref.ref(ex)
+        del ex, futures
+        gc.collect()
+        assert ref() is None
+    finally:
+        queue.close()
