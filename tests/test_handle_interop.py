@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import sys
 import threading
@@ -103,6 +104,11 @@ def test_timeouts_are_positional_as_in_concurrent_futures() -> None:
         assert ok.handle.result(30) == 25
         assert ok.handle.future().result(30) == 25
         assert ok.handle.future().exception(30) is None
+
+        async def main() -> int:
+            return await q.apush_and_wait(Job("sq2", jobs.square, (6,)), 30)
+
+        assert asyncio.run(main()) == 36
 
 
 def test_a_handle_raises_plain_job_failed_for_a_crash_not_broken_process_pool() -> None:
