@@ -59,7 +59,9 @@ class Feed:
         self._push = push
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        # Per lane: how many more of the executor's jobs may be in the queue (>= 0).
+        self._windows = dict(windows)
+        # Per lane: how many more of the executor's jobs may be in the queue
+        # (0 <= room <= window: a job counts from its hand-over to its end).
         self._room = dict(windows)
         # Per lane: the calls waiting for room, oldest first.
         self._waiting: dict[str, deque[Call]] = {lane: deque() for lane in windows}
@@ -105,6 +107,13 @@ class Feed:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+    def check_invariants(self) -> None:
+        """Assert what the fields' comments say (for tests)."""
+        with self._lock:
+            for lane, window in self._windows.items():
+                assert 0 <= self._room[lane] <= window, (lane, self._room[lane], window)
+            assert self._thread is not None or not any(self._waiting.values()), "calls wait with no feeder"
 
     def _next(self) -> Call | None:
         """The next call to hand over, waiting until one has room; None (and

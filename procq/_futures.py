@@ -16,7 +16,9 @@ the executor, and RUNNING from the moment the executor hands its job to the
 queue (``handed_over``), as ``ProcessPoolExecutor``'s are once in its call
 queue: ``cancel()`` then returns False. A job cancelled by any route
 (``cancel()``, ``q.cancel(key)``, a close without waiting) ends its future
-cancelled. A future that only joined another push's job (``InFlight``) never
+cancelled, unless the future is RUNNING (handed over): that one fails with
+the ``JobFailed`` (kind ``"cancelled"``), a running future being past
+cancelling. A future that only joined another push's job (``InFlight``) never
 cancels that job: cancelling it detaches the future alone.
 
 The stdlib's waiters (``wait``, ``as_completed``) learn of a cancellation
@@ -84,15 +86,6 @@ class JobFuture(Future[T]):
         self._notified = False  # set_running_or_notify_cancel() was called (at most once)
         if handle is not None:
             handle.add_done_callback(self._settle)
-
-    @classmethod
-    def of_output(cls, output: T) -> JobFuture[T]:
-        """A future already resolved with ``output`` (a push answered ``Cached``)."""
-        future: JobFuture[T] = cls(None, owned=False, unwrap=False)
-        future._notified = True
-        future.set_running_or_notify_cancel()
-        future.set_result(output)
-        return future
 
     @property
     def key(self) -> str | None:

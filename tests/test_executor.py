@@ -250,7 +250,9 @@ def test_shutdown_cancel_futures_lets_the_handed_over_calls_finish(tmp_path: Pat
 def test_a_window_of_workers_plus_one_per_lane_and_the_rest_in_order() -> None:
     with Executor(2) as ex:
         futures = [ex.submit(ej.mul, i, 2) for i in range(50)]
+        ex._feed.check_invariants()
         assert [f.result(timeout=30) for f in futures] == [2 * i for i in range(50)]
+        ex._feed.check_invariants()
     with Executor(lanes={"a": 1, "b": 2}) as ex:
         a = [ex.submit(ej.mul, i, 1, procq_lane="a") for i in range(6)]
         b = [ex.submit(ej.mul, i, 1, procq_lane="b") for i in range(6)]
