@@ -10,7 +10,7 @@ from typing import Any
 from procq._job import REUSE_POLICIES, Lane, Retention
 from procq._privileges import make_untraceable
 
-__all__ = ["MISMATCH_POLICIES", "check_policies", "parse_lanes", "preload_worker", "worker_context"]
+__all__ = ["MISMATCH_POLICIES", "check_policies", "parse_lanes", "preload_also", "preload_worker", "worker_context"]
 
 #: What a push does when its key's holder has other work (see ``ProcQueue``).
 MISMATCH_POLICIES = ("raise", "warn", "ignore")
@@ -19,6 +19,19 @@ MISMATCH_POLICIES = ("raise", "warn", "ignore")
 #: What a forkserver child imports before it reaches procq's code, when
 #: the server has not (see ``preload_worker``).
 _CHILD_IMPORTS = ("multiprocessing.popen_forkserver", "multiprocessing.popen_fork", "runpy", "pkgutil")
+
+#: procq's own modules that want to be on the forkserver's preload list too,
+#: in the order asked (``preload_also``): what their jobs need imported.
+_ALSO_PRELOADED: list[str] = []
+
+
+def preload_also(module: str) -> None:
+    """Have the forkserver procq starts import ``module`` too (say, the joblib
+    backend: every worker of a ``Parallel`` call would import joblib to
+    unpickle its first batch, a tenth of a second, paid again by each call's
+    fresh workers). Only until the forkserver has started; harmless after."""
+    if module not in _ALSO_PRELOADED:
+        _ALSO_PRELOADED.append(module)
 
 
 def parse_lanes(lanes: int | Mapping[str, int | Lane] | None) -> dict[str, Lane]:
@@ -124,6 +137,6 @@ def preload_worker(context: Any) -> None:
     except Exception:  # pragma: no cover - the stdlib's internals changed
         return
     guard = "procq._forkserver_guard"
-    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker", "procq._queue") if m not in modules]
+    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker", "procq._queue", *_ALSO_PRELOADED) if m not in modules]
     if wanted or guard not in modules:
         context.set_forkserver_preload([guard, *(m for m in modules if m != guard), *wanted])

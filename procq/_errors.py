@@ -23,7 +23,9 @@ pool then): ``procq.Executor``'s futures raise it where the job's worker died
 outcome could not cross between the processes and no exception of the job's
 came back. Only the executor's futures raise it: a ``ProcQueue`` handle raises
 plain ``JobFailed``, its contract, and no ``except RuntimeError`` in code
-written for ``ProcQueue`` starts catching job failures.
+written for ``ProcQueue`` starts catching job failures. It lives in
+``procq._futures``, with the futures that raise it: importing
+``concurrent.futures`` is left to programs that use them.
 
 ``JobFailed`` is deliberately not a ``ProcQueueError``: the queue is healthy, one
 job's work failed. Where the job raised an exception that could be unpickled in
@@ -39,14 +41,12 @@ raises ``JobPicklingError``, both a ``TypeError`` and a ``pickle.PicklingError``
 from __future__ import annotations
 
 import pickle
-from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from procq._values import Failure
 
 __all__ = [
-    "BrokenJob",
     "JobFailed",
     "JobPicklingError",
     "KeyConflict",
@@ -166,15 +166,3 @@ class JobFailed(Exception):
 
     def __reduce__(self) -> tuple[type[JobFailed], tuple[str, Failure, str | None]]:
         return (type(self), (self.key, self.failure, self.item))
-
-
-class BrokenJob(JobFailed, BrokenProcessPool):
-    """A ``JobFailed`` that is also a ``concurrent.futures.process.BrokenProcessPool``.
-
-    ``procq.Executor``'s futures raise it where ``ProcessPoolExecutor``'s would
-    raise ``BrokenProcessPool``: the job's worker died (``failure.kind ==
-    "crashed"``, with its signal or exit code) or broke procq's protocol, or the
-    job's arguments or outcome could not cross between the processes. Unlike
-    ``ProcessPoolExecutor``'s, it fails this one job: the executor is not
-    broken, its other jobs carry on and the next ``submit`` works.
-    """

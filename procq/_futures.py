@@ -43,21 +43,34 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from procq._errors import BrokenJob, JobFailed
+from procq._errors import JobFailed
 from procq._job import check_wait
 from procq._values import Pending
 
 if TYPE_CHECKING:
     from procq._handle import JobHandle
 
-__all__ = ["JobFuture", "as_completed", "run_callback"]
+__all__ = ["BrokenJob", "JobFuture", "as_completed", "run_callback"]
 
 T = TypeVar("T")
 W = TypeVar("W")
 
 LOGGER = logging.getLogger("procq")
+
+
+class BrokenJob(JobFailed, BrokenProcessPool):
+    """A ``JobFailed`` that is also a ``concurrent.futures.process.BrokenProcessPool``.
+
+    ``procq.Executor``'s futures raise it where ``ProcessPoolExecutor``'s would
+    raise ``BrokenProcessPool``: the job's worker died (``failure.kind ==
+    "crashed"``, with its signal or exit code) or broke procq's protocol, or the
+    job's arguments or outcome could not cross between the processes. Unlike
+    ``ProcessPoolExecutor``'s, it fails this one job: the executor is not
+    broken, its other jobs carry on and the next ``submit`` works.
+    """
 
 
 def run_callback(fn: Any, arg: Any) -> None:

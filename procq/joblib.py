@@ -88,6 +88,7 @@ from joblib._parallel_backends import (
     ThreadingBackend,
 )
 
+from procq._config import preload_also
 from procq._errors import JobFailed
 from procq._executor_calls import Initialized
 from procq._handle import JobHandle
@@ -380,8 +381,12 @@ def _cannot_start() -> str | None:
 
 
 def register() -> None:
-    """Register ``ProcqBackend`` with joblib as ``"procq"`` (done on import)."""
+    """Register ``ProcqBackend`` with joblib as ``"procq"`` (done on import),
+    and have procq's forkserver import this module (and so joblib) before it
+    forks workers, if it has not started yet: each ``Parallel`` call starts
+    fresh workers, which then need not import joblib to read their first batch."""
     joblib.register_parallel_backend(NAME, ProcqBackend)
+    preload_also(__name__)
 
 
 register()
