@@ -100,6 +100,15 @@ def worker_context(start_method: str | None, lanes: Mapping[str, Lane]) -> tuple
     except ValueError:
         known = ", ".join(multiprocessing.get_all_start_methods())
         raise ValueError(f"unknown start method {method!r}; this platform has {known}") from None
+    inherited = multiprocessing.get_start_method(allow_none=True)
+    if inherited is not None and inherited not in multiprocessing.get_all_start_methods():
+        # Every child started from here (by spawn or by the forkserver) is told
+        # to set this process's own start method as it starts, and dies there.
+        raise RuntimeError(
+            f"this process's multiprocessing start method is {inherited!r}, which the standard library does not "
+            f"know (a loky worker's, say): every process started from here would die looking for it, whatever "
+            f"start method procq uses; open the ProcQueue in a process with a standard start method"
+        )
     if any(not lane.trusted for lane in lanes.values()):
         make_untraceable()
     if method == "forkserver":

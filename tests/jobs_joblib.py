@@ -108,3 +108,14 @@ def write_into_memmap(path: str, i: int) -> None:
     array = np.memmap(path, dtype="float64", mode="r+", shape=(4,))
     array[i] = i * 10.0
     array.flush()
+
+
+def open_a_queue_here() -> str:
+    """What opening a ProcQueue in this process (a loky worker) says."""
+    from procq import ProcQueue
+
+    try:
+        with ProcQueue(1):
+            return "opened"
+    except RuntimeError as exc:
+        return str(exc)

@@ -178,6 +178,9 @@ def test_inside_a_loky_worker_it_falls_back_with_a_warning_that_names_the_cause(
     assert out == [0, 1, 2, 3]
     assert len(caught) == 1
     assert "multiprocessing start method is 'loky'" in caught[0] and "__main__" not in caught[0]
+    # A ProcQueue opened there directly says so too, at once.
+    (said,) = Parallel(n_jobs=2, backend="loky")(delayed(jobs_joblib.open_a_queue_here)() for _ in range(1))
+    assert re.match(r"this process's multiprocessing start method is 'loky', which the standard library", said)
     from joblib.externals.loky import get_reusable_executor
 
     get_reusable_executor().shutdown(wait=True, kill_workers=True)
