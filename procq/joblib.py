@@ -352,10 +352,11 @@ def _check_initializer(initializer: Any, initargs: Any) -> None:
 
 
 def _same(old: tuple[Any, ...] | None, new: tuple[Any, ...] | None) -> bool:
-    """Whether the open queue's initializer (with its token) is ``new``'s."""
+    """Whether the open queue's initializer (with its token) is ``new``'s: the
+    same objects (never compared by value: arguments may be arrays)."""
     if old is None or new is None:
         return old is new
-    return old[0] is new[0] and old[1] == new[1]
+    return old[0] is new[0] and old[1] is new[1]
 
 
 def _cannot_start() -> str | None:
