@@ -40,9 +40,10 @@ The faces (caller threads and event loops):
   with``) and what cancelling them does. ``_handle``: ``JobHandle``.
 - ``_futures``: ``JobFuture`` (a ``concurrent.futures.Future`` that mirrors a
   handle) and ``as_completed``. ``_executor``: ``Executor``, the drop-in
-  ``concurrent.futures.Executor`` over a ``ProcQueue``; ``_executor_calls``:
-  what it sends to workers (its initializer's wrapper, ``InitializerFailed``,
-  a map's chunks).
+  ``concurrent.futures.Executor`` over a ``ProcQueue``; ``_executor_feed``:
+  its call queue (calls handed to the queue a lane's workers + 1 ahead, and
+  the thread that hands them over); ``_executor_calls``: what it sends to
+  workers (its initializer's wrapper, ``InitializerFailed``, a map's chunks).
 
 The core (I/O-free; every change under ``Core.lock``):
 
@@ -146,6 +147,8 @@ loop thread             two pipes' write ends, under the slot's lock; never
                         ``Core``, never user code
 a child made by fork    nothing of its parent's queue: the fork marks its copy
                         foreign (``WrongProcess``), and it closes nothing at exit
+an Executor's feed      what a caller's thread may (it pushes the executor's calls
+thread                  as they get room); the feed's own waiting calls, under its lock
 ======================  ==========================================================
 
 With a store, ``StoreCore.db_lock`` serialises the queue's database

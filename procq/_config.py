@@ -11,7 +11,7 @@ from procq._job import REUSE_POLICIES, Lane
 from procq._policies import Retention
 from procq._privileges import make_untraceable
 
-__all__ = ["MISMATCH_POLICIES", "check_policies", "parse_lanes", "preload_worker", "worker_context"]
+__all__ = ["MISMATCH_POLICIES", "check_policies", "parse_lanes", "preload_also", "preload_worker", "worker_context"]
 
 #: What a push does when its key's holder has other work (see ``ProcQueue``).
 MISMATCH_POLICIES = ("raise", "warn", "ignore")
@@ -20,6 +20,19 @@ MISMATCH_POLICIES = ("raise", "warn", "ignore")
 #: What a forkserver child imports before it reaches procq's code, when
 #: the server has not (see ``preload_worker``).
 _CHILD_IMPORTS = ("multiprocessing.popen_forkserver", "multiprocessing.popen_fork", "runpy", "pkgutil")
+
+#: procq's own modules that want to be on the forkserver's preload list too,
+#: in the order asked (``preload_also``): what their jobs need imported.
+_ALSO_PRELOADED: list[str] = []
+
+
+def preload_also(module: str) -> None:
+    """Have the forkserver procq starts import ``module`` too (say, the joblib
+    backend: every worker of a ``Parallel`` call would import joblib to
+    unpickle its first batch, a tenth of a second, paid again by each call's
+    fresh workers). Only until the forkserver has started; harmless after."""
+    if module not in _ALSO_PRELOADED:
+        _ALSO_PRELOADED.append(module)
 
 
 def parse_lanes(lanes: int | Mapping[str, int | Lane] | None) -> dict[str, Lane]:
@@ -88,6 +101,15 @@ def worker_context(start_method: str | None, lanes: Mapping[str, Lane]) -> tuple
     except ValueError:
         known = ", ".join(multiprocessing.get_all_start_methods())
         raise ValueError(f"unknown start method {method!r}; this platform has {known}") from None
+    inherited = multiprocessing.get_start_method(allow_none=True)
+    if inherited is not None and inherited not in multiprocessing.get_all_start_methods():
+        # Every child started from here (by spawn or by the forkserver) is told
+        # to set this process's own start method as it starts, and dies there.
+        raise RuntimeError(
+            f"this process's multiprocessing start method is {inherited!r}, which the standard library does not "
+            f"know (a loky worker's, say): every process started from here would die looking for it, whatever "
+            f"start method procq uses; open the ProcQueue in a process with a standard start method"
+        )
     if any(not lane.trusted for lane in lanes.values()):
         make_untraceable()
     if method == "forkserver":
@@ -125,6 +147,6 @@ def preload_worker(context: Any) -> None:
     except Exception:  # pragma: no cover - the stdlib's internals changed
         return
     guard = "procq._forkserver_guard"
-    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker", "procq._queue") if m not in modules]
+    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker", "procq._queue", *_ALSO_PRELOADED) if m not in modules]
     if wanted or guard not in modules:
         context.set_forkserver_preload([guard, *(m for m in modules if m != guard), *wanted])

@@ -10,10 +10,23 @@ The tree is small on purpose, and keeps "you closed it" apart from "it broke"::
     │   ├── SandboxUnavailable    a sandboxed lane asks for a part this kernel cannot enforce
     │   └── WrongProcess          the queue was used from a process that did not open it (after os.fork())
     ├── JobFailed                 a job ended in Failed; .key and .failure say which and why
+    │   └── BrokenJob             (also concurrent.futures' BrokenProcessPool) what an Executor's future
+    │                             raises where ProcessPoolExecutor's would be broken: one job, not the pool
     ├── TypeError, pickle.PicklingError
     │   └── JobPicklingError      a push's function or arguments cannot be pickled
     └── UserWarning
         └── KeyConflictWarning    as KeyConflict, with ProcQueue(on_mismatch="warn")
+
+``BrokenJob`` exists for code written for ``ProcessPoolExecutor``, which
+catches ``BrokenProcessPool`` from ``future.result()`` (and often rebuilds its
+pool then): ``procq.Executor``'s futures raise it where the job's worker died
+(kind ``"crashed"``), broke procq's protocol, or the job's arguments or
+outcome could not cross between the processes and no exception of the job's
+came back. Only the executor's futures raise it: a ``ProcQueue`` handle raises
+plain ``JobFailed``, its contract, and no ``except RuntimeError`` in code
+written for ``ProcQueue`` starts catching job failures. It lives in
+``procq._futures``, with the futures that raise it: importing
+``concurrent.futures`` is left to programs that use them.
 
 ``JobFailed`` is deliberately not a ``ProcQueueError``: the queue is healthy, one
 job's work failed. Where the job raised an exception that could be unpickled in

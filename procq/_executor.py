@@ -1,10 +1,9 @@
 """``procq.Executor``: a drop-in ``concurrent.futures.Executor`` over one ``ProcQueue``.
 
 It takes what ``ProcessPoolExecutor`` takes and behaves as its tests ask
-(``tests/test_executor_cpython.py`` runs CPython's own executor tests on
-it), with procq underneath: a job whose worker crashes fails its own future
-with ``JobFailed`` (naming the signal) and nothing else; the executor is
-never broken.
+(``tests/test_executor_cpython.py`` runs CPython's own process-pool tests on
+it, their assertions unchanged), with procq underneath: a job whose worker
+crashes fails its own future and nothing else; the executor is never broken.
 
 Keys. Every procq job has a key. ``submit`` gives each call a fresh one,
 ``"executor:<token>:<n>"`` (a per-executor random token and a counter), so
@@ -20,12 +19,25 @@ keyword to ``fn``, and ``key=`` is a common argument of the functions people
 submit (``sorted``, ``max``); ``procq_lane`` likewise picks a lane.
 
 Futures are ``procq._futures.JobFuture`` objects (real ``Future`` objects),
-resolved from their handles' done callbacks; ``cancel()`` cancels the procq
-job while it waits. Errors: a job that raised sets its own exception, as in
-the stdlib; any other failure (``"crashed"``, ``"timeout"``, ``"memory"``)
-sets ``JobFailed``, whose message names the signal and whose ``.failure``
-says the rest. It is deliberately not ``BrokenProcessPool``: that means "the
-pool is unusable", and here only the one job failed.
+resolved from their handles' done callbacks. Calls reach the queue as they
+reach ``ProcessPoolExecutor``'s call queue, a lane's workers + 1 ahead of
+them (``procq._executor_feed``): a future is PENDING, and ``cancel()`` and
+``shutdown(cancel_futures=True)`` cancel it, until its call is handed over;
+then it is RUNNING and runs to its end.
+
+Errors, as ``ProcessPoolExecutor``'s futures raise them, so code written for
+it keeps working: a job's own exception, any ``BaseException``
+(``SystemExit``, ``KeyboardInterrupt``) included; what pickling its result
+raised; for a function or arguments that cannot be pickled, the future fails
+with ``JobPicklingError`` (a ``PicklingError``) and ``submit`` returns it;
+where ``ProcessPoolExecutor`` would raise ``BrokenProcessPool`` (the worker
+died, or the job's task or outcome could not cross between the processes),
+``BrokenJob``, which is both a ``BrokenProcessPool`` and a ``JobFailed``
+(``failure.kind == "crashed"``, ``failure.signal``...). It fails only that
+job: the next ``submit`` works, and a program that rebuilds its pool on
+``BrokenProcessPool`` rebuilds it needlessly but loses nothing.
+``InitializerFailed`` is a ``BrokenProcessPool`` too. procq's own limits
+(``timeout``, ``memory_limit``) fail with ``JobFailed``.
 """
 
 from __future__ import annotations
@@ -41,8 +53,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from procq._errors import QueueClosed
+from procq._errors import JobPicklingError, QueueClosed
 from procq._executor_calls import Initialized, run_chunk
+from procq._executor_feed import Call, Feed
 from procq._futures import JobFuture
 from procq._job import Job, Lane
 from procq._outcomes import Cached, Queued
@@ -126,7 +139,10 @@ class Executor(concurrent.futures.Executor):
         self._counter = itertools.count(1)
         self._lock = threading.Lock()
         self._shutdown = False
-        self._futures: set[JobFuture[Any]] = set()  # not resolved yet (for shutdown(cancel_futures=True))
+        # Per lane, how many of its jobs may be handed to the queue at once: its workers + 1.
+        self._windows = {name: spec.workers + 1 for name, spec in self.queue.lanes.items()}
+        self._default_lane = next(iter(self._windows))
+        self._feed = Feed(self._windows, self._hand_over)
         self._forgettable: deque[str] = deque()  # generated keys of resolved futures, to drop
         self._closer: threading.Thread | None = None
         _executors.add(self)
@@ -136,7 +152,9 @@ class Executor(concurrent.futures.Executor):
 
         ``procq_key=`` and ``procq_lane=`` are taken by procq, not passed to
         ``fn`` (see the module docstring). Raises ``RuntimeError`` after
-        ``shutdown()``, as the stdlib does.
+        ``shutdown()``, as the stdlib does. A function or arguments that cannot
+        be pickled fail the future (``JobPicklingError``, a ``PicklingError``
+        and a ``TypeError``), as ``ProcessPoolExecutor``'s would fail.
         """
         key: str | None = kwargs.pop("procq_key", None)
         lane: str | None = kwargs.pop("procq_lane", None)
@@ -155,21 +173,60 @@ class Executor(concurrent.futures.Executor):
             key, call, args, kwargs or None, lane=lane, timeout=self._timeout, memory_limit=self._memory_limit,
             retry=self._retry,
         )  # fmt: skip
+        lane_name = self._lane_name(lane)
+        future: JobFuture[T] = JobFuture(None, owned=False, unwrap=True)
+        item = Call(job, lane_name, future, mine)
+        if self._feed.submit(item):
+            self._hand_over(item, raising=True)
+        return future
+
+    def _lane_name(self, lane: str | None) -> str:
+        if lane is None:
+            return self._default_lane
+        if lane not in self._windows:
+            known = ", ".join(repr(name) for name in self._windows)
+            raise ValueError(f"submit(): unknown lane {lane!r}; this executor's lanes are {known}")
+        return lane
+
+    def _hand_over(self, item: Call, raising: bool = False) -> None:
+        """Push a call's job (from the submitting thread, or the feeder's): its
+        future runs from now on. A push that fails fails the future; ``raising``
+        (the submitting thread) lets ``QueueClosed`` through as the stdlib's
+        ``RuntimeError``."""
+        future, job = item.future, item.job
+        if not future.handed_over():  # cancelled while it waited
+            self._feed.ended(item.lane)
+            return
         try:
             outcome = self.queue.push(job)
         except QueueClosed:
-            raise RuntimeError("cannot schedule new futures after shutdown") from None
+            self._feed.ended(item.lane)
+            if raising:
+                future.set_exception(RuntimeError("cannot schedule new futures after shutdown"))
+                raise RuntimeError("cannot schedule new futures after shutdown") from None
+            future.set_exception(RuntimeError("the executor's queue closed before the job could be handed to it"))
+            return
+        except JobPicklingError as exc:  # failed in the future, as ProcessPoolExecutor fails it
+            self._feed.ended(item.lane)
+            future.set_exception(exc)
+            return
+        except BaseException as exc:  # (a key conflict, an interrupt): the submitting thread's to see
+            self._feed.ended(item.lane)
+            future.set_exception(exc)
+            if raising:
+                raise
+            return
         if isinstance(outcome, Cached):
-            return JobFuture.of_output(outcome.output)
-        with self._lock:
-            future: JobFuture[T] = JobFuture(None, owned=isinstance(outcome, Queued), unwrap=True)
-            self._futures.add(future)
+            self._feed.ended(item.lane)
+            future.set_result(outcome.output)
+            return
         handle = outcome.handle
-        forget = mine and isinstance(outcome, Queued)
+        future._owned = isinstance(outcome, Queued)
+        forget = item.mine and future._owned
+        lane = item.lane
 
         def ended(_: Any) -> None:
-            with self._lock:
-                self._futures.discard(future)
+            self._feed.ended(lane)
             if forget:
                 if self.queue._store is None:  # the core's forget is a dict change under its lock: safe here
                     with contextlib.suppress(ValueError):
@@ -180,7 +237,6 @@ class Executor(concurrent.futures.Executor):
         future._handle = handle
         handle.add_done_callback(future._settle)
         handle.add_done_callback(ended)
-        return future
 
     def map(
         self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None, chunksize: int = 1
@@ -197,24 +253,30 @@ class Executor(concurrent.futures.Executor):
         return _flatten(chunks)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Take no more submissions; with ``cancel_futures`` cancel the jobs that
-        have not started; with ``wait`` return once every job has ended and every
-        worker is reaped. ``wait=False`` returns at once: a thread closes the
-        queue once the remaining jobs end (and the interpreter waits for it at exit)."""
+        """Take no more submissions; with ``cancel_futures`` cancel the calls not
+        yet handed to the queue (those handed over run to their end, as in
+        ``ProcessPoolExecutor``); with ``wait`` return once every job has ended
+        and every worker is reaped. ``wait=False`` returns at once: a thread
+        closes the queue once the remaining jobs end (and the interpreter waits
+        for it at exit)."""
         with self._lock:
             self._shutdown = True
-            pending = list(self._futures)
         if cancel_futures:
-            for future in reversed(pending):  # the latest first: the likeliest to be waiting still
-                future.cancel()
+            for item in self._feed.take_waiting():
+                item.future.cancel()
         if wait:
-            self.queue.close()
+            self._close()
             self._drop_forgettable()
         else:
             with self._lock:
                 if self._closer is None:
-                    self._closer = threading.Thread(target=self.queue.close, name="procq-executor-shutdown")
+                    self._closer = threading.Thread(target=self._close, name="procq-executor-shutdown")
                     self._closer.start()
+
+    def _close(self) -> None:
+        """Hand the waiting calls over, then close the queue once every job ended."""
+        self._feed.drain()
+        self.queue.close()
 
     def _drop_forgettable(self) -> None:
         while True:
@@ -271,7 +333,7 @@ def _python_exit() -> None:
     _interpreter_exiting = True
     for executor in list(_executors):
         with contextlib.suppress(Exception):
-            executor.queue.close()
+            executor._close()
 
 
 threading._register_atexit(_python_exit)  # type: ignore[attr-defined]  # (what concurrent.futures.process uses)

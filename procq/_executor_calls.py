@@ -18,12 +18,23 @@ exception as the cause) and the worker stays up; the worker's next job of
 the executor runs the initializer again. (``ProcessPoolExecutor`` instead
 breaks the whole pool, failing every pending future with
 ``BrokenProcessPool``; procq keeps a failure to the job it happened in.)
+``InitializerFailed`` is a ``BrokenProcessPool``, so code written for
+``ProcessPoolExecutor`` catches it where it caught that, and the worker logs
+the initializer's exception as ``ProcessPoolExecutor``'s workers do (logger
+``concurrent.futures``, CRITICAL, "Exception in initializer:").
+
+The initializer and its arguments travel pickled with each job (cloudpickle),
+not at the worker's start: what only ``multiprocessing``'s process start
+may pass (a ``multiprocessing.Queue``, a ``Lock``) cannot be an ``initargs``
+here; a ``Manager()``'s queue can.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 __all__ = ["Initialized", "InitializerFailed", "run_chunk"]
@@ -32,11 +43,13 @@ __all__ = ["Initialized", "InitializerFailed", "run_chunk"]
 _initialized: set[str] = set()
 
 
-class InitializerFailed(RuntimeError):
+class InitializerFailed(BrokenProcessPool):
     """An ``Executor``'s ``initializer`` raised in a worker, so the job did not run.
 
     The initializer's own exception is the ``__cause__``. The worker is kept;
-    its next job of the same executor runs the initializer again.
+    its next job of the same executor runs the initializer again. A
+    ``BrokenProcessPool`` (and so a ``RuntimeError``), as the stdlib raises for
+    a failing initializer, though only this job failed.
     """
 
 
@@ -62,6 +75,7 @@ class Initialized:
             try:
                 self.initializer(*self.initargs)
             except Exception as exc:
+                logging.getLogger("concurrent.futures").critical("Exception in initializer:", exc_info=True)
                 name = getattr(self.initializer, "__qualname__", repr(self.initializer))
                 raise InitializerFailed(
                     f"the executor's initializer {name}() failed in worker process {os.getpid()}, so the job did "

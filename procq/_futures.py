@@ -6,20 +6,32 @@ returns one. It is resolved by the handle's done callback (through the
 core's completion callbacks, so a queue on a store gives it an outcome only
 once that outcome is durable); no thread waits per future.
 
-Its life, against the stdlib's: a future stays PENDING while its job waits
-and runs (procq tells no one when a job starts), and goes to FINISHED or
-CANCELLED when the job ends. So ``cancel()`` asks procq instead of its own
-state: it cancels the job only while procq still has it waiting (``Pending``),
-and returns False once it has started, as the stdlib does for a running
-future. A job cancelled by any route (``cancel()``, ``q.cancel(key)``,
-``shutdown(cancel_futures=True)``, a close without waiting) ends its future
-cancelled. A future that only joined another push's job (``InFlight``)
-never cancels that job: cancelling it detaches the future alone.
+Its life, against the stdlib's. A future of ``handle.future()`` stays PENDING
+while its job waits and runs (procq tells no one when a job starts), and goes
+to FINISHED or CANCELLED when the job ends; its ``cancel()`` asks procq
+instead of its own state: it cancels the job only while procq still has it
+waiting (``Pending``), and returns False once it has started, as the stdlib
+does for a running future. An executor's future is PENDING while it waits in
+the executor, and RUNNING from the moment the executor hands its job to the
+queue (``handed_over``), as ``ProcessPoolExecutor``'s are once in its call
+queue: ``cancel()`` then returns False. A job cancelled by any route
+(``cancel()``, ``q.cancel(key)``, a close without waiting) ends its future
+cancelled, unless the future is RUNNING (handed over): that one fails with
+the ``JobFailed`` (kind ``"cancelled"``), a running future being past
+cancelling. A future that only joined another push's job (``InFlight``) never
+cancels that job: cancelling it detaches the future alone.
 
 The stdlib's waiters (``wait``, ``as_completed``) learn of a cancellation
 only from ``set_running_or_notify_cancel()``, which may be called once per
 future; ``_notified`` (under ``_settle_lock``) makes sure exactly one path
-calls it: the job's end, or ``cancel()``, whichever comes first.
+calls it: the hand-over, the job's end, or ``cancel()``, whichever comes first.
+
+What an executor's future raises (``unwrap``), as ``ProcessPoolExecutor``'s
+would: the job's own exception, any ``BaseException`` (``SystemExit``
+included), and what pickling its result raised; ``BrokenJob`` (a
+``JobFailed`` and a ``BrokenProcessPool``) where the worker died or broke the
+protocol, or nothing of the job's exception came back; ``JobFailed`` for
+procq's own limits (``"timeout"``, ``"memory"``).
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from procq._errors import JobFailed
@@ -40,12 +53,24 @@ from procq._values import Pending
 if TYPE_CHECKING:
     from procq._handle import JobHandle
 
-__all__ = ["JobFuture", "as_completed", "run_callback"]
+__all__ = ["BrokenJob", "JobFuture", "as_completed", "run_callback"]
 
 T = TypeVar("T")
 W = TypeVar("W")
 
 LOGGER = logging.getLogger("procq")
+
+
+class BrokenJob(JobFailed, BrokenProcessPool):
+    """A ``JobFailed`` that is also a ``concurrent.futures.process.BrokenProcessPool``.
+
+    ``procq.Executor``'s futures raise it where ``ProcessPoolExecutor``'s would
+    raise ``BrokenProcessPool``: the job's worker died (``failure.kind ==
+    "crashed"``, with its signal or exit code) or broke procq's protocol, or the
+    job's arguments or outcome could not cross between the processes. Unlike
+    ``ProcessPoolExecutor``'s, it fails this one job: the executor is not
+    broken, its other jobs carry on and the next ``submit`` works.
+    """
 
 
 def run_callback(fn: Any, arg: Any) -> None:
@@ -60,10 +85,9 @@ def run_callback(fn: Any, arg: Any) -> None:
 class JobFuture(Future[T]):
     """A ``concurrent.futures.Future`` resolved by a procq job (see the module docstring).
 
-    With ``unwrap`` (the executor's futures) a job that raised sets the job's
-    own exception on the future, as ``ProcessPoolExecutor`` does; any other
-    failure (a crash, a timeout, a memory limit) sets ``JobFailed``. Without
-    it (``handle.future()``) every failure is ``JobFailed``, as the handle raises.
+    With ``unwrap`` (the executor's futures) a failure sets what
+    ``ProcessPoolExecutor`` would (see the module docstring). Without it
+    (``handle.future()``) every failure is ``JobFailed``, as the handle raises.
     """
 
     def __init__(self, handle: JobHandle[T] | None, *, owned: bool, unwrap: bool) -> None:
@@ -76,24 +100,22 @@ class JobFuture(Future[T]):
         if handle is not None:
             handle.add_done_callback(self._settle)
 
-    @classmethod
-    def of_output(cls, output: T) -> JobFuture[T]:
-        """A future already resolved with ``output`` (a push answered ``Cached``)."""
-        future: JobFuture[T] = cls(None, owned=False, unwrap=False)
-        future._notified = True
-        future.set_running_or_notify_cancel()
-        future.set_result(output)
-        return future
-
     @property
     def key(self) -> str | None:
         """The key of the job behind the future (None for one made from a cached output)."""
         return None if self._handle is None else self._handle.key
 
+    def handed_over(self) -> bool:
+        """The executor hands the job to its queue: the future is RUNNING from
+        now on (True), or was cancelled while it waited (False: skip it)."""
+        return self._notify()
+
     def cancel(self) -> bool:
         """Cancel the job if procq has not started it (see the module docstring)."""
         if self.done():
             return self.cancelled()
+        if self.running():
+            return False  # handed over by its executor, as in ProcessPoolExecutor's call queue
         handle = self._handle
         if self._owned and handle is not None and (not isinstance(handle.state, Pending) or not handle.cancel()):
             return self.cancelled()  # it started, or ended, meanwhile
@@ -141,18 +163,34 @@ class JobFuture(Future[T]):
             value = handle.result()
         except JobFailed as failed:
             if failed.failure.kind == "cancelled":
-                Future.cancel(self)
-                self._notify()
+                if Future.cancel(self):
+                    self._notify()
+                elif self.running():  # handed over, then cancelled through the queue (q.cancel(key))
+                    self.set_exception(failed)
                 return
-            cause = failed.__cause__
-            error: BaseException = (
-                cause if self._unwrap and failed.failure.kind == "error" and isinstance(cause, Exception) else failed
-            )
-            if self._notify():
-                self.set_exception(error)
+            if self._resolvable():
+                self.set_exception(self._unwrapped(failed) if self._unwrap else failed)
             return
-        if self._notify():
+        if self._resolvable():
             self.set_result(value)
+
+    def _resolvable(self) -> bool:
+        """True if the ending job's outcome is this future's to set: it was
+        handed over (RUNNING), or is notified now; False once cancelled."""
+        return self._notify() or self.running()
+
+    @staticmethod
+    def _unwrapped(failed: JobFailed) -> BaseException:
+        """What ``ProcessPoolExecutor`` would raise for this failure (see the module docstring)."""
+        failure = failed.failure
+        cause = failed.__cause__
+        if failure.kind == "error" and cause is not None:
+            return cause
+        if failure.kind in ("crashed", "protocol", "error"):
+            broken = BrokenJob(failed.key, failure, failed.item)
+            broken.__cause__ = cause
+            return broken
+        return failed
 
 
 def as_completed(items: Iterable[W], timeout: float | None = None) -> Iterator[W]:

@@ -57,7 +57,7 @@ class JobHandle(Generic[T]):
         """True once the job has ended, in any way."""
         return self._core.settled(self._entry)
 
-    def result(self, *, timeout: float | None = None) -> T:
+    def result(self, timeout: float | None = None) -> T:
         """The job's output, waiting for it up to ``timeout`` seconds.
 
         Raises ``JobFailed`` if the job failed, and ``TimeoutError`` if it has
@@ -85,7 +85,7 @@ class JobHandle(Generic[T]):
         lead = self._core.lead
         return event.wait(timeout) if lead is None else lead(entry, event, timeout)  # type: ignore[arg-type]
 
-    def exception(self, *, timeout: float | None = None) -> JobFailed | None:
+    def exception(self, timeout: float | None = None) -> JobFailed | None:
         """The job's ``JobFailed`` if it failed, else None, waiting for it up to
         ``timeout`` seconds (``TimeoutError`` past it; the job keeps running)."""
         try:

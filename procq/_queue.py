@@ -221,7 +221,7 @@ class ProcQueue(MapFace, AsyncFace):
                 await room.wait()
         return batch.outcomes
 
-    def push_and_wait(self, job: Job[T], *, timeout: float | None = None) -> T:
+    def push_and_wait(self, job: Job[T], timeout: float | None = None) -> T:
         """Push ``job`` and return its output (``Cached``, or once it ends).
 
         ``timeout`` bounds the whole call: the wait for room (``LaneFull``) and
@@ -238,7 +238,7 @@ class ProcQueue(MapFace, AsyncFace):
         except TimeoutError:
             raise _unfinished(job, timeout) from None
 
-    async def apush_and_wait(self, job: Job[T], *, timeout: float | None = None) -> T:
+    async def apush_and_wait(self, job: Job[T], timeout: float | None = None) -> T:
         """The asyncio form of :meth:`push_and_wait`."""
         timeout = check_wait(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -428,7 +428,10 @@ def call_and_report(
         data = codec.ok(job_id, result)
     except BaseException as exc:
         note = f"(the job's result, a {type(result).__name__}, could not be {encoding})"
-        send(codec.error(job_id, "error", exc, note))
+        # The exception travels too, as the job's own would: what pickling the
+        # result raised (a PicklingError, a TypeError, or a SystemExit from a
+        # __reduce__) is the cause, as ProcessPoolExecutor hands it back.
+        send(codec.error(job_id, "error", exc, note, pickle_it=True))
         return
     del result
     if max_result is not None and len(data) > max_result:

@@ -44,6 +44,16 @@ Options, as ``parallel_config(backend="procq", ...)`` keywords:
 - ``inner_max_num_threads``: the thread count for OpenMP, BLAS and the like in
   the workers, as for loky; by default each worker gets ``cpu_count // n_jobs``
   unless the variable is already set.
+- ``initializer``, ``initargs``: run once in each worker before its first
+  batch (``Parallel(initializer=..., initargs=...)`` takes their place for
+  its call). They travel pickled with each batch.
+
+A task's own exception is raised as itself, ``KeyboardInterrupt`` and
+``SystemExit`` included. Where procq cannot start workers, a call runs in the
+calling process with a ``UserWarning``, as joblib's process backends do: in a
+daemonic process, and in a loky worker (see ``_cannot_start``). joblib's
+memory-mapping of large arrays (``max_nbytes``, ``mmap_mode``) is its own
+backends' and is not done here: arguments are pickled into each batch.
 
 Each ``Parallel`` call (``configure`` to ``terminate``) opens one
 ``ProcQueue`` and closes it at the end, so no worker outlives the call; a
@@ -60,10 +70,12 @@ from __future__ import annotations
 
 import itertools
 import logging
+import multiprocessing
 import os
 import queue
 import secrets
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -76,7 +88,9 @@ from joblib._parallel_backends import (
     ThreadingBackend,
 )
 
+from procq._config import preload_also
 from procq._errors import JobFailed
+from procq._executor_calls import Initialized
 from procq._handle import JobHandle
 from procq._job import Job, Lane
 from procq._outcomes import Queued
@@ -147,41 +161,70 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         memory_limit: int | str | None = None,
         retry: Retry | None = None,
         start_method: str | None = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
     ) -> None:
         super().__init__(nesting_level=nesting_level, inner_max_num_threads=inner_max_num_threads)
         # Checked now, when parallel_config is entered, not at the first batch:
         Lane(timeout=timeout, memory_limit=memory_limit)
         Job("check", int, retry=retry)
+        _check_initializer(initializer, initargs)
         self._timeout, self._memory_limit, self._retry = timeout, memory_limit, retry
         self._start_method = start_method
+        self._initializer, self._initargs = initializer, initargs
         self._token = secrets.token_hex(6)
         self._counter = itertools.count(1)
         self._queue: ProcQueue | None = None
-        self._workers = 0
+        self._n_workers = 0
+        # The initializer the open queue's batches run (a Parallel's own, else the config's), and its token.
+        self._init: tuple[Callable[..., object], tuple[Any, ...], str] | None = None
         self._callbacks: _Callbacks | None = None
         self._lock = threading.Lock()
         self._live: dict[str, JobHandle[Any]] = {}  # batches pushed and not ended (what an abort cancels)
 
     def effective_n_jobs(self, n_jobs: int | None) -> int:
-        """How many workers ``n_jobs`` means: ``-1`` all CPUs, ``-2`` all but one, and so on."""
+        """How many workers ``n_jobs`` means: ``-1`` all CPUs, ``-2`` all but one,
+        and so on; 1, with a ``UserWarning`` as joblib's process backends give,
+        where this process cannot start procq's workers (see ``_cannot_start``)."""
         if n_jobs == 0:
             raise ValueError("n_jobs == 0 in Parallel has no meaning")
         if n_jobs is None:
+            return 1
+        why = _cannot_start()
+        if why is not None:
+            if n_jobs != 1:
+                warnings.warn(f"procq-backed parallel loops cannot {why}, setting n_jobs=1", UserWarning, stacklevel=3)
             return 1
         if n_jobs < 0:
             return max((os.cpu_count() or 1) + 1 + n_jobs, 1)
         return n_jobs
 
     def configure(
-        self, n_jobs: int | None = 1, parallel: Any = None, prefer: Any = None, require: Any = None, **_: Any
+        self,
+        n_jobs: int | None = 1,
+        parallel: Any = None,
+        prefer: Any = None,
+        require: Any = None,
+        initializer: Callable[..., object] | None = None,
+        initargs: tuple[Any, ...] = (),
+        **_: Any,
     ) -> int:
         """Open the queue for a ``Parallel`` call (or keep the open one, if it has
-        as many workers); ``n_jobs == 1`` falls back to joblib's sequential backend."""
+        as many workers and the same initializer); ``n_jobs == 1`` falls back to
+        joblib's sequential backend. ``Parallel(initializer=..., initargs=...)``
+        takes the place of the ``parallel_config`` ones. (joblib's other options,
+        ``max_nbytes``, ``mmap_mode`` and ``temp_folder``, belong to its own
+        memory-mapping, which procq does not do: see docs/ecosystem.md.)"""
         workers = self.effective_n_jobs(n_jobs)
         if workers == 1:
             raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
         self.parallel = parallel
-        if self._queue is not None and self._workers != workers:
+        if initializer is None:
+            initializer, initargs = self._initializer, self._initargs
+        else:
+            _check_initializer(initializer, initargs)
+        init = None if initializer is None else (initializer, initargs)
+        if self._queue is not None and (self._n_workers != workers or not _same(self._init, init)):
             self._close()
         if self._queue is None:
             lane = Lane(
@@ -192,7 +235,8 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
                 env=self._prepare_worker_env(n_jobs=workers),
             )
             self._queue = ProcQueue({"joblib": lane}, start_method=self._start_method)
-            self._workers = workers
+            self._n_workers = workers
+            self._init = None if init is None else (*init, secrets.token_hex(6))
             self._callbacks = _Callbacks()
         return workers
 
@@ -202,7 +246,10 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         if q is None or callbacks is None:
             raise RuntimeError("the procq joblib backend is not configured (or was terminated)")
         key = f"joblib:{self._token}:{next(self._counter)}"
-        outcome = q.push(Job(key, func, lane="joblib", retry=self._retry))
+        call: Callable[[], Any] = func
+        if self._init is not None:
+            call = Initialized(func, *self._init)
+        outcome = q.push(Job(key, _Batch(call), lane="joblib", retry=self._retry))
         assert isinstance(outcome, Queued)  # (a fresh key)
         handle = outcome.handle
         with self._lock:
@@ -227,13 +274,14 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
     apply_async = submit
 
     def retrieve_result_callback(self, out: JobHandle[Any]) -> Any:
-        """The batch's results; a task's own exception is raised as itself (as
-        with loky), any other failure (crash, timeout, memory) as ``JobFailed``."""
+        """The batch's results; a task's own exception is raised as itself, any
+        ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``) included, as
+        with loky; any other failure (crash, timeout, memory) as ``JobFailed``."""
         try:
             return out.result()
         except JobFailed as failed:
             cause = failed.__cause__
-            if failed.failure.kind == "error" and isinstance(cause, Exception):
+            if failed.failure.kind == "error" and cause is not None:
                 raise cause from cause.__cause__
             raise
 
@@ -256,7 +304,7 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
 
     def _close(self) -> None:
         q, callbacks = self._queue, self._callbacks
-        self._queue, self._callbacks, self._workers = None, None, 0
+        self._queue, self._callbacks, self._n_workers, self._init = None, None, 0, None
         if q is not None:
             q.close(wait=False)
         if callbacks is not None:
@@ -273,9 +321,74 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         return ThreadingBackend(nesting_level=level), None
 
 
+class _Batch:
+    """A batch as the job's function. Its class lives here so that a worker,
+    unpickling it, imports this module and so knows the backend by name: a
+    ``Parallel(backend="procq")`` inside a batch finds it there too (joblib's
+    registry of backends is per process)."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.call = call
+
+    def __getstate__(self) -> Callable[[], Any]:
+        return self.call
+
+    def __setstate__(self, call: Callable[[], Any]) -> None:
+        self.call = call
+
+    def __call__(self) -> Any:
+        return self.call()
+
+    def __repr__(self) -> str:
+        return f"<procq joblib batch {self.call!r}>"
+
+
+def _check_initializer(initializer: Any, initargs: Any) -> None:
+    if initializer is not None and not callable(initializer):
+        raise TypeError(f"initializer must be a callable, got {type(initializer).__name__}")
+    if not isinstance(initargs, tuple):
+        raise TypeError(f"initargs must be a tuple, got {type(initargs).__name__}")
+
+
+def _same(old: tuple[Any, ...] | None, new: tuple[Any, ...] | None) -> bool:
+    """Whether the open queue's initializer (with its token) is ``new``'s: the
+    same objects (never compared by value: arguments may be arrays)."""
+    if old is None or new is None:
+        return old is new
+    return old[0] is new[0] and old[1] is new[1]
+
+
+def _cannot_start() -> str | None:
+    """Why this process cannot start procq's workers, in words, or None if it can.
+
+    - A daemonic process (a ``multiprocessing.Pool`` worker, a daemonic Dask
+      worker) may not have children: ``multiprocessing`` refuses to start them.
+    - A process whose default start method is one the stdlib does not know
+      (a loky worker, where loky names it ``"loky"``): every child started from
+      here, by spawn or by the forkserver, is told to set that start method as
+      it starts, and dies there (``cannot find context for 'loky'``), whatever
+      method procq itself asked for. So procq does not try there.
+    """
+    if multiprocessing.current_process().daemon:
+        return "be called in a daemonic process (a multiprocessing worker)"
+    method = multiprocessing.get_start_method(allow_none=True)
+    if method is not None and method not in multiprocessing.get_all_start_methods():
+        return (
+            f"start workers in a process whose multiprocessing start method is {method!r} (one the stdlib does "
+            f"not know: a loky worker's), as every child started from it dies at once"
+        )
+    return None
+
+
 def register() -> None:
-    """Register ``ProcqBackend`` with joblib as ``"procq"`` (done on import)."""
+    """Register ``ProcqBackend`` with joblib as ``"procq"`` (done on import),
+    and have procq's forkserver import this module (and so joblib) before it
+    forks workers, if it has not started yet: each ``Parallel`` call starts
+    fresh workers, which then need not import joblib to read their first batch."""
     joblib.register_parallel_backend(NAME, ProcqBackend)
+    preload_also(__name__)
 
 
 register()

@@ -7,6 +7,7 @@ import multiprocessing
 import multiprocessing.forkserver
 import multiprocessing.resource_tracker
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,10 @@ def _helper_pids() -> set[int]:
         pids.add(pid)
     rt = getattr(multiprocessing.resource_tracker, "_resource_tracker", None)
     pid = getattr(rt, "_pid", None)
+    if pid:
+        pids.add(pid)
+    loky_tracker = sys.modules.get("joblib.externals.loky.backend.resource_tracker")  # (joblib's own, if loaded)
+    pid = getattr(getattr(loky_tracker, "_resource_tracker", None), "_pid", None)
     if pid:
         pids.add(pid)
     return pids
@@ -109,3 +114,20 @@ def gates(tmp_path: Path) -> Iterator[Gates]:
 def log(tmp_path: Path) -> str:
     """A file the jobs of tests/jobs_core.py append "<tag> <pid>" lines to."""
     return str(tmp_path / "log")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In test_joblib_suite.py (joblib's own tests with procq added), keep only
+    the cases that run procq: joblib's own backends are joblib's to test."""
+    keep, drop = [], []
+    for item in items:
+        module = getattr(item, "module", None)
+        runs_procq = getattr(module, "runs_procq", None)
+        if runs_procq is None or module.__name__ != "test_joblib_suite":
+            keep.append(item)
+            continue
+        callspec = getattr(item, "callspec", None)
+        (keep if callspec is not None and runs_procq(callspec.params) else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep

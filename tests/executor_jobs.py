@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from typing import Any
 
@@ -60,3 +61,108 @@ class MyObject:
 
 def make_dummy_object(_: Any) -> MyObject:
     return MyObject()
+
+
+def init_fail(log_queue: Any = None) -> None:
+    """CPython's ``init_fail``: log to ``log_queue`` (as the worker's
+    ``concurrent.futures`` logger), then fail."""
+    if log_queue is not None:
+        import logging
+        from logging.handlers import QueueHandler
+
+        logger = logging.getLogger("concurrent.futures")
+        logger.addHandler(QueueHandler(log_queue))
+        logger.setLevel("CRITICAL")
+        logger.propagate = False
+    time.sleep(0.1)  # let some futures be scheduled
+    raise ValueError("error in initializer")
+
+
+# --- CPython's test_deadlock.py: jobs and objects that fail at each step ----------
+
+
+def crash(delay: float | None = None) -> None:
+    """Induces a segfault."""
+    if delay:
+        time.sleep(delay)
+    import faulthandler
+
+    faulthandler.disable()
+    faulthandler._sigsegv()  # type: ignore[attr-defined]
+
+
+def exit_1() -> None:
+    """Induces a sys exit with exitcode 1."""
+    sys.exit(1)
+
+
+def raise_error(err: type[BaseException]) -> None:
+    raise err()
+
+
+def _raise_error_ignore_stderr(err: type[BaseException]) -> None:
+    import io
+
+    sys.stderr = io.StringIO()
+    raise err()
+
+
+def return_instance(cls: type[Any]) -> Any:
+    return cls()
+
+
+class CrashAtPickle:
+    """Bad object that triggers a segfault at pickling time."""
+
+    def __reduce__(self) -> Any:
+        crash()
+
+
+class CrashAtUnpickle:
+    """Bad object that triggers a segfault at unpickling time."""
+
+    def __reduce__(self) -> Any:
+        return crash, ()
+
+
+class ExitAtPickle:
+    """Bad object that triggers a process exit at pickling time."""
+
+    def __reduce__(self) -> Any:
+        exit_1()
+
+
+class ExitAtUnpickle:
+    """Bad object that triggers a process exit at unpickling time."""
+
+    def __reduce__(self) -> Any:
+        return exit_1, ()
+
+
+class ErrorAtPickle:
+    """Bad object that triggers an error at pickling time."""
+
+    def __reduce__(self) -> Any:
+        from pickle import PicklingError
+
+        raise PicklingError("Error in pickle")
+
+
+class ErrorAtUnpickle:
+    """Bad object that triggers an error at unpickling time."""
+
+    def __reduce__(self) -> Any:
+        from pickle import UnpicklingError
+
+        return _raise_error_ignore_stderr, (UnpicklingError,)
+
+
+def raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+def square_or_crash(x: int) -> int:
+    """``x * x``; -1 kills its worker (SIGKILL)."""
+    if x == -1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x * x

@@ -70,3 +70,52 @@ def nested(i: int) -> tuple[str, list[tuple[int, int, str]]]:
 
 
 SIGNALS = {"SIGSEGV": signal.SIGSEGV, "SIGKILL": signal.SIGKILL}
+
+
+def raise_base(name: str) -> None:
+    raise {"SystemExit": SystemExit, "KeyboardInterrupt": KeyboardInterrupt}[name]()
+
+
+def procq_parallel_here() -> tuple[list[int], list[str]]:
+    """A procq ``Parallel`` run in this process (a pool's worker): its results
+    and the warnings it gave."""
+    import warnings
+
+    import procq.joblib  # noqa: F401  (registers "procq" in this process)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = joblib.Parallel(n_jobs=2, backend="procq")(joblib.delayed(abs)(-i) for i in range(4))
+    return out, [f"{w.category.__name__}: {w.message}" for w in caught]
+
+
+#: Set in each worker by ``remember_init``.
+INIT: list[object] = []
+
+
+def remember_init(value: object) -> None:
+    INIT.append(value)
+
+
+def init_seen(_: int) -> tuple[int, list[object]]:
+    return os.getpid(), list(INIT)
+
+
+def write_into_memmap(path: str, i: int) -> None:
+    """The pattern that works under any backend: open the file here, write, flush."""
+    import numpy as np
+
+    array = np.memmap(path, dtype="float64", mode="r+", shape=(4,))
+    array[i] = i * 10.0
+    array.flush()
+
+
+def open_a_queue_here() -> str:
+    """What opening a ProcQueue in this process (a loky worker) says."""
+    from procq import ProcQueue
+
+    try:
+        with ProcQueue(1):
+            return "opened"
+    except RuntimeError as exc:
+        return str(exc)

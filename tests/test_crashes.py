@@ -168,6 +168,7 @@ CASES = [
         message=r"^TypeError: cannot pickle '_thread\.lock' object \(the job's result, a lock, could not be "
         r"pickled\)$",
         traceback="TypeError: cannot pickle '_thread.lock' object",
+        cause=TypeError,
     ),
     Case(
         "result-wont-pickle-generator",
@@ -176,6 +177,7 @@ CASES = [
         message=r"^TypeError: cannot pickle 'generator' object \(the job's result, a generator, could not be "
         r"pickled\)$",
         traceback="TypeError: cannot pickle 'generator' object",
+        cause=TypeError,
     ),
     Case(
         "result-wont-unpickle-in-supervisor",

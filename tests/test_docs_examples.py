@@ -5,7 +5,7 @@ directory, so a store file it makes stays there). Where a ```text output block
 follows it (before the next python block), its stdout must equal that text.
 A block that cannot run on its own says so in an HTML comment on the line just
 before it: ``<!-- not run: why -->`` (reported as a skip, with the reason) or
-``<!-- needs: module -->`` (run when that module is installed). Also checked:
+``<!-- needs: module ... -->`` (run when those modules are installed). Also checked:
 README links to every page under docs/, and every relative link resolves.
 """
 
@@ -79,8 +79,9 @@ ALL = [b for page in PAGES for b in blocks(page)]
 def test_example_runs(block: Block, tmp_path: Path) -> None:
     if block.not_run is not None:
         pytest.skip(f"{block.id} {block.not_run}")
-    if block.needs is not None and importlib.util.find_spec(block.needs) is None:
-        pytest.skip(f"{block.id} needs {block.needs}, not installed")
+    missing = [m for m in (block.needs or "").split() if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"{block.id} needs {' '.join(missing)}, not installed")
     (tmp_path / "example.py").write_text(block.code)
     proc = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0, f"{block.id} exited {proc.returncode}:\n{proc.stderr}"

@@ -5,15 +5,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import multiprocessing
+import pickle
 import threading
 import time
+from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import executor_jobs as ej
 import pytest
 
 import procq
-from procq import Executor, InitializerFailed, JobFailed, Lane, Processing
+from procq import Executor, InitializerFailed, JobFailed, JobPicklingError, Lane, Processing
 
 
 def _wait_until_running(ex: Executor, future: cf.Future[object]) -> None:
@@ -32,16 +35,98 @@ def test_is_a_real_executor_and_future() -> None:
         assert future.result(timeout=30) == 256
 
 
-def test_a_crash_fails_only_its_own_future() -> None:
+def test_a_crash_fails_only_its_own_future_as_job_failed_and_broken_process_pool() -> None:
     with Executor(2) as ex:
         crash = ex.submit(ej.segfault)
         fine = [ex.submit(ej.mul, i, 2) for i in range(6)]
         error = crash.exception(timeout=30)
-        assert isinstance(error, JobFailed)
+        assert isinstance(error, JobFailed) and isinstance(error, BrokenProcessPool)
         assert error.failure.kind == "crashed"
+        assert error.failure.signal == "SIGSEGV" and error.failure.exitcode == -11
         assert "SIGSEGV" in str(error)
+        with pytest.raises(BrokenProcessPool, match="SIGSEGV"):
+            crash.result()
         assert [f.result(timeout=30) for f in fine] == [0, 2, 4, 6, 8, 10]
         assert ex.submit(ej.mul, 3, 3).result(timeout=30) == 9  # not broken
+
+
+def test_a_result_that_cannot_be_pickled_raises_what_pickling_it_raised() -> None:
+    """As ``ProcessPoolExecutor``: the error pickling the result raised, itself."""
+    with Executor(1) as ex:
+        with pytest.raises(pickle.PicklingError, match="Error in pickle"):
+            ex.submit(ej.return_instance, ej.ErrorAtPickle).result(timeout=30)
+        with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock' object"):
+            ex.submit(threading.Lock).result(timeout=30)
+        assert ex.submit(ej.mul, 2, 2).result(timeout=30) == 4
+
+
+@pytest.mark.parametrize("func", [ej.exit_1, ej.raise_keyboard_interrupt], ids=["SystemExit", "KeyboardInterrupt"])
+def test_a_jobs_base_exception_is_raised_as_itself(func: object) -> None:
+    expected = SystemExit if func is ej.exit_1 else KeyboardInterrupt
+    with Executor(1) as ex:
+        future = ex.submit(func)  # type: ignore[arg-type]
+        with pytest.raises(expected):
+            future.result(timeout=30)
+        assert type(future.exception()) is expected
+        with pytest.raises(SystemExit):  # raised while its result was pickled
+            ex.submit(ej.return_instance, ej.ExitAtPickle).result(timeout=30)
+        assert ex.submit(ej.mul, 2, 3).result(timeout=30) == 6  # the worker survived: no crash
+
+
+def test_arguments_that_cannot_be_pickled_fail_the_future_not_submit() -> None:
+    with Executor(1) as ex:
+        future = ex.submit(ej.mul, threading.Lock(), 2)
+        error = future.exception(timeout=30)
+        assert isinstance(error, JobPicklingError)
+        assert isinstance(error, pickle.PicklingError) and isinstance(error, TypeError)
+        assert "its arguments could not be pickled" in str(error)
+        assert ex.submit(ej.mul, 2, 2).result(timeout=30) == 4
+
+
+def _rebuilding_program(
+    make_pool: Callable[[], cf.Executor], items: list[int]
+) -> tuple[dict[int, int], list[int], int]:
+    """A program written for ProcessPoolExecutor: on BrokenProcessPool it
+    rebuilds its pool and submits again what failed, up to twice an item.
+    Returns the answers, the items that broke (every time they were
+    submitted) and how many pools it built."""
+    answers: dict[int, int] = {}
+    broke: list[int] = []
+    tries = dict.fromkeys(items, 0)
+    pools = 1
+    pool = make_pool()
+    todo = list(items)
+    try:
+        while todo:
+            futures = {x: pool.submit(ej.square_or_crash, x) for x in todo}
+            todo = []
+            broken = False
+            for x, future in futures.items():
+                try:
+                    answers[x] = future.result(timeout=60)
+                except BrokenProcessPool:
+                    broken = True
+                    broke.append(x)
+                    tries[x] += 1
+                    if tries[x] < 2:
+                        todo.append(x)
+            if broken and todo:
+                pool.shutdown(wait=True)
+                pool = make_pool()
+                pools += 1
+    finally:
+        pool.shutdown(wait=True)
+    return answers, broke, pools
+
+
+def test_a_program_that_rebuilds_its_pool_on_broken_process_pool_keeps_working() -> None:
+    """The crash is the only job that fails (each time it runs): no healthy
+    job fails, so none is retried, and every answer is right."""
+    items = [*range(10), -1, *range(10, 20)]  # -1 crashes its worker
+    answers, broke, pools = _rebuilding_program(lambda: Executor(3), items)
+    assert answers == {x: x * x for x in items if x != -1}
+    assert broke == [-1, -1]  # only the crash, once per attempt
+    assert pools == 2
 
 
 def test_a_job_that_raised_sets_its_own_exception() -> None:
@@ -87,8 +172,9 @@ def test_max_tasks_per_child_replaces_workers_and_reruns_the_initializer() -> No
 
 def test_a_failing_initializer_fails_the_job_and_names_it() -> None:
     with Executor(1, initializer=ej.fail_init) as ex:
-        with pytest.raises(InitializerFailed, match=r"initializer fail_init\(\) failed .* no database here"):
+        with pytest.raises(InitializerFailed, match=r"initializer fail_init\(\) failed .* no database here") as info:
             ex.submit(int).result(timeout=30)
+        assert isinstance(info.value, BrokenProcessPool)  # what ProcessPoolExecutor raises for it
         with pytest.raises(InitializerFailed):  # the next job tries again
             ex.submit(int).result(timeout=30)
 
@@ -120,18 +206,59 @@ def test_procq_options_reach_the_jobs() -> None:
         assert info.value.failure.kind == "timeout"
 
 
-def test_cancel_before_start_cancels_the_job(tmp_path: Path) -> None:
+def test_cancel_cancels_only_a_call_not_yet_handed_to_the_queue(tmp_path: Path) -> None:
+    """As ``ProcessPoolExecutor``'s call queue: a lane's workers + 1 calls are
+    handed over (RUNNING, not cancellable); the rest wait in the executor."""
     go = tmp_path / "go"
     with Executor(1) as ex:
         blocker = ex.submit(ej.wait_for_file, str(go))
-        waiting = ex.submit(ej.mul, 1, 1)
+        handed = ex.submit(ej.mul, 1, 1)
+        waiting = ex.submit(ej.mul, 2, 2)
         _wait_until_running(ex, blocker)
-        assert waiting.cancel() and waiting.cancelled()
+        assert blocker.running() and handed.running() and not waiting.running()
+        assert ex.queue.stats().lanes["default"].waiting == 1  # (handed, in the lane; waiting is not)
+        assert not handed.cancel()
         assert not blocker.cancel()  # running: like the stdlib, no
+        assert waiting.cancel() and waiting.cancelled()
         go.touch()
         blocker.result(timeout=30)
+        assert handed.result(timeout=30) == 1
         with pytest.raises(cf.CancelledError):
             waiting.result()
+        assert ex.submit(ej.mul, 3, 3).result(timeout=30) == 9
+
+
+def test_shutdown_cancel_futures_lets_the_handed_over_calls_finish(tmp_path: Path) -> None:
+    go = tmp_path / "go"
+    ex = Executor(2)
+    try:
+        held = [ex.submit(ej.wait_for_file, str(go)) for _ in range(2)]
+        handed = ex.submit(ej.mul, 2, 3)
+        rest = [ex.submit(ej.mul, i, 1) for i in range(20)]
+        for future in held:
+            _wait_until_running(ex, future)
+        ex.shutdown(wait=False, cancel_futures=True)
+        assert all(f.cancelled() for f in rest)
+        assert not handed.cancelled()
+        go.touch()
+        assert handed.result(timeout=30) == 6 and [f.result(timeout=30) for f in held] == [None, None]
+    finally:
+        go.touch()
+        ex.shutdown()
+
+
+def test_a_window_of_workers_plus_one_per_lane_and_the_rest_in_order() -> None:
+    with Executor(2) as ex:
+        futures = [ex.submit(ej.mul, i, 2) for i in range(50)]
+        ex._feed.check_invariants()
+        assert [f.result(timeout=30) for f in futures] == [2 * i for i in range(50)]
+        ex._feed.check_invariants()
+    with Executor(lanes={"a": 1, "b": 2}) as ex:
+        a = [ex.submit(ej.mul, i, 1, procq_lane="a") for i in range(6)]
+        b = [ex.submit(ej.mul, i, 1, procq_lane="b") for i in range(6)]
+        assert [f.result(timeout=30) for f in a + b] == list(range(6)) * 2
+        with pytest.raises(ValueError, match="unknown lane 'c'"):
+            ex.submit(int, procq_lane="c")
 
 
 def test_callbacks_wait_and_asyncio() -> None:
@@ -177,3 +304,20 @@ def test_shutdown_without_wait_finishes_the_jobs() -> None:
 def test_exported() -> None:
     assert procq.Executor is Executor
     assert procq.as_completed is not None
+
+
+def test_the_call_queues_thread_ends_once_nothing_waits_and_keeps_no_executor_alive() -> None:
+    import gc
+    import weakref
+
+    ex = Executor(1)
+    queue = ex.queue
+    try:
+        futures = [ex.submit(ej.mul, i, 2) for i in range(10)]  # 8 wait for room: a feed thread hands them over
+        assert [f.result(timeout=30) for f in futures] == [2 * i for i in range(10)]
+        ref = weakref.ref(ex)
+        del ex, futures
+        gc.collect()
+        assert ref() is None
+    finally:
+        queue.close()

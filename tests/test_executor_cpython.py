@@ -1,21 +1,24 @@
-"""CPython's own ``concurrent.futures`` executor tests, run against ``procq.Executor``.
+"""CPython's own ``concurrent.futures`` process-pool tests, run against ``procq.Executor``.
 
-Ported from python/cpython ``Lib/test/test_concurrent_futures/`` (``executor.py``
-ExecutorTest, ``test_wait.py`` WaitTests, ``test_as_completed.py``
-AsCompletedTests, ``test_shutdown.py`` ExecutorShutdownTest and
-ProcessPoolShutdownTest, ``test_init.py``), rewritten as pytest tests with the
-same checks. Where a test waits on a ``multiprocessing`` event in the worker,
-this waits on a file (``executor_jobs.wait_for_file``). Timings are shortened
-so the file runs in seconds. Tests of ``ProcessPoolExecutor``'s internals are
-skipped, each saying why; so is every test of a broken pool
-(``test_deadlock.py``, FailingInitializerMixin): procq never breaks the pool,
-a crash fails its one future (see ``test_executor.py``).
+Ported from python/cpython ``Lib/test/test_concurrent_futures`` (3.11:
+ExecutorTest, WaitTests, AsCompletedTests, ExecutorShutdownTest and
+ProcessPoolShutdownTest, InitializerMixin and FailingInitializerMixin,
+ExecutorDeadlockTest), rewritten as pytest tests under forkserver and spawn,
+with their assertions unchanged. What changed: where a test holds a job back
+with ``time.sleep``, this holds it on a file (``executor_jobs.wait_for_file``),
+so that no assertion depends on the machine's speed; some timings are
+shortened. Left out, each with its reason: the tests that read
+``ProcessPoolExecutor``'s private attributes (``_processes``,
+``_executor_manager_thread``, ``_broken``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
+import multiprocessing
+import queue
 import subprocess
 import sys
 import textwrap
@@ -24,8 +27,18 @@ import time
 import weakref
 from collections.abc import Iterator
 from concurrent import futures
-from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED, PENDING, RUNNING, Future
+from concurrent.futures._base import (
+    CANCELLED,
+    CANCELLED_AND_NOTIFIED,
+    FINISHED,
+    PENDING,
+    RUNNING,
+    BrokenExecutor,
+    Future,
+)
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from pickle import PicklingError
 from typing import Any
 
 import executor_jobs as ej
@@ -124,13 +137,9 @@ def test_no_stale_references(executor: Executor) -> None:
     my_object = ej.MyObject()
     collected = threading.Event()
     ref = weakref.ref(my_object, lambda _: collected.set())  # noqa: F841
-    executor.submit(my_object.my_method)
+    executor.submit(my_object.my_method)  # (the future deliberately discarded)
     del my_object
-    deadline = time.monotonic() + 30
-    while not collected.is_set() and time.monotonic() < deadline:
-        gc.collect()
-        collected.wait(0.1)
-    assert collected.is_set(), "Stale reference not collected within timeout."
+    assert collected.wait(timeout=30), "Stale reference not collected within timeout."
 
 
 def test_max_workers_negative() -> None:
@@ -246,18 +255,19 @@ def test_all_completed(executor: Executor) -> None:
 
 def test_wait_timeout(executor: Executor, tmp_path: Path) -> None:
     event = Event(tmp_path, "e")
-    future = executor.submit(ej.wait_for_file, str(event.path))
+    future1 = executor.submit(ej.mul, 6, 7)
+    future2 = executor.submit(ej.wait_for_file, str(event.path))
     try:
         finished, pending = futures.wait(
-            [CANCELLED_AND_NOTIFIED_FUTURE, EXCEPTION_FUTURE, SUCCESSFUL_FUTURE, future],
-            timeout=0.050,
+            [CANCELLED_AND_NOTIFIED_FUTURE, EXCEPTION_FUTURE, SUCCESSFUL_FUTURE, future1, future2],
+            timeout=5,
             return_when=futures.ALL_COMPLETED,
         )
-        assert finished == {CANCELLED_AND_NOTIFIED_FUTURE, EXCEPTION_FUTURE, SUCCESSFUL_FUTURE}
-        assert pending == {future}
+        assert finished == {CANCELLED_AND_NOTIFIED_FUTURE, EXCEPTION_FUTURE, SUCCESSFUL_FUTURE, future1}
+        assert pending == {future2}
     finally:
         event.set()
-    future.result()
+    future2.result()
 
 
 # --- test_as_completed.py: AsCompletedTests (also against procq.as_completed) -----
@@ -393,21 +403,20 @@ def test_hang_issue12364(executor: Executor) -> None:
 
 
 def test_cancel_futures(executor: Executor) -> None:
+    assert WORKERS <= 5, "test needs few workers"
     fs = [executor.submit(time.sleep, 0.1) for _ in range(50)]
-    # Adapted: PPE counts a call handed to its call queue as started, so some
-    # always run; procq cancels every job no worker has started, and spawned
-    # workers may take longer to start than this test takes. So: once one runs.
-    deadline = time.monotonic() + 30
-    while not isinstance(executor.queue.state(fs[0].key), procq.Processing) and not fs[0].done():  # type: ignore[attr-defined]
-        assert time.monotonic() < deadline
-        time.sleep(0.005)
     executor.shutdown(cancel_futures=True)
+    # We can't guarantee the exact number of cancellations, but we can
+    # guarantee that *some* were cancelled. With few workers, many of
+    # the submitted futures should have been cancelled.
     cancelled = [fut for fut in fs if fut.cancelled()]
     assert len(cancelled) > 20
+    # Ensure the other futures were able to finish.
     others = [fut for fut in fs if not fut.cancelled()]
     for fut in others:
-        assert fut.done()
+        assert fut.done(), f"{fut._state=}"  # type: ignore[attr-defined]
         assert fut.exception() is None
+    # At least one finished.
     assert len(others) > 0
 
 
@@ -479,26 +488,96 @@ def test_processes_terminate() -> None:
     pass
 
 
-# --- test_init.py: InitializerMixin -----------------------------------------------
+# --- test_init.py: InitializerMixin, FailingInitializerMixin ----------------------
 
 
 def test_initializer(ctx: str) -> None:
-    with Executor(max_workers=WORKERS, mp_context=ctx, initializer=ej.remember, initargs=("initialized",)) as e:
-        for _ in range(WORKERS):
-            assert e.submit(ej.initialized).result() == ["initialized"]
+    with Executor(max_workers=2, mp_context=ctx, initializer=ej.remember, initargs=("initialized",)) as e:
+        futures_list = [e.submit(ej.initialized) for _ in range(2)]
+        for f in futures_list:
+            assert f.result() == ["initialized"]
 
 
-@pytest.mark.skip(
-    reason="FailingInitializerMixin expects BrokenProcessPool: procq fails only the job with InitializerFailed "
-    "(test_executor.py) and never breaks the executor"
-)
-def test_failing_initializer() -> None:
-    pass
+@contextlib.contextmanager
+def _assert_logged(log_queue: Any, msg: str) -> Iterator[None]:
+    yield
+    output = []
+    try:
+        while True:
+            output.append(log_queue.get_nowait().getMessage())
+    except queue.Empty:
+        pass
+    assert any(msg in line for line in output), output
 
 
-@pytest.mark.skip(
-    reason="test_deadlock.py expects a crash to break the pool (BrokenProcessPool) and tests PPE's "
-    "result-queue pickling internals; procq fails only the crashed future (test_executor.py)"
-)
-def test_deadlock() -> None:
+def test_failing_initializer(ctx: str) -> None:
+    """FailingInitializerMixin.test_initializer up to its wait on the private
+    ``executor._broken`` (left out: procq's executor is never broken, so the
+    submit CPython then expects to fail works). CPython hands the initializer
+    a ``multiprocessing.Queue`` for the workers' log; procq sends initargs
+    pickled with each job, where such a queue cannot go, so a ``Manager``'s
+    queue carries the log here."""
+    with multiprocessing.get_context(ctx).Manager() as manager:
+        log_queue = manager.Queue()
+        executor = Executor(max_workers=2, mp_context=ctx, initializer=ej.init_fail, initargs=(log_queue,))
+        try:
+            with _assert_logged(log_queue, "ValueError: error in initializer"):
+                try:
+                    future = executor.submit(ej.initialized)
+                except BrokenExecutor:
+                    pass  # Perhaps the executor is already broken
+                else:
+                    with pytest.raises(BrokenExecutor):
+                        future.result()
+        finally:
+            executor.shutdown(wait=True)
+
+
+# --- test_deadlock.py: ExecutorDeadlockTest ----------------------------------------
+
+TIMEOUT = 60
+
+
+def _check_crash(ctx: str, error: type[BaseException], func: Any, *args: Any) -> None:
+    executor = Executor(max_workers=2, mp_context=ctx)
+    res = executor.submit(func, *args)
+    try:
+        with pytest.raises(error):
+            res.result(timeout=TIMEOUT)
+    finally:
+        executor.shutdown(wait=True)
+
+
+CRASH_CASES = [
+    # (name, expected error, function, arguments)
+    ("error_at_task_pickle", PicklingError, id, (ej.ErrorAtPickle(),)),
+    ("exit_at_task_unpickle", BrokenProcessPool, id, (ej.ExitAtUnpickle(),)),
+    ("error_at_task_unpickle", BrokenProcessPool, id, (ej.ErrorAtUnpickle(),)),
+    ("crash_at_task_unpickle", BrokenProcessPool, id, (ej.CrashAtUnpickle(),)),
+    ("crash_during_func_exec_on_worker", BrokenProcessPool, ej.crash, ()),
+    ("exit_during_func_exec_on_worker", SystemExit, ej.exit_1, ()),
+    ("error_during_func_exec_on_worker", RuntimeError, ej.raise_error, (RuntimeError,)),
+    ("crash_during_result_pickle_on_worker", BrokenProcessPool, ej.return_instance, (ej.CrashAtPickle,)),
+    ("exit_during_result_pickle_on_worker", SystemExit, ej.return_instance, (ej.ExitAtPickle,)),
+    ("error_during_result_pickle_on_worker", PicklingError, ej.return_instance, (ej.ErrorAtPickle,)),
+    ("error_during_result_unpickle_in_result_handler", BrokenProcessPool, ej.return_instance, (ej.ErrorAtUnpickle,)),
+    ("exit_during_result_unpickle_in_result_handler", BrokenProcessPool, ej.return_instance, (ej.ExitAtUnpickle,)),
+]
+
+
+@pytest.mark.parametrize(("error", "func", "args"), [c[1:] for c in CRASH_CASES], ids=[c[0] for c in CRASH_CASES])
+def test_crash(ctx: str, error: type[BaseException], func: Any, args: tuple[Any, ...]) -> None:
+    _check_crash(ctx, error, func, *args)
+
+
+def test_shutdown_deadlock(ctx: str) -> None:
+    with Executor(max_workers=2, mp_context=ctx) as executor:
+        f = executor.submit(ej.crash, delay=0.1)
+        executor.shutdown(wait=True)
+        with pytest.raises(BrokenProcessPool):
+            f.result()
+
+
+@pytest.mark.skip(reason="reads ProcessPoolExecutor._executor_manager_thread (to join it), which procq has not")
+def test_shutdown_deadlock_pickle() -> None:
     pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import sys
 import threading
@@ -86,3 +87,38 @@ def test_map_progress_true_without_tqdm(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setitem(sys.modules, "tqdm.auto", None)
     with ProcQueue(1) as q, pytest.raises(ImportError, match="tqdm is not installed"):
         q.map(jobs.square, [1], progress=True)
+
+
+def test_timeouts_are_positional_as_in_concurrent_futures() -> None:
+    """``result(5)``, ``exception(5)``, ``push_and_wait(job, 5)``, as the
+    contract writes them and as ``Future.result(5)`` takes it."""
+    with ProcQueue(1) as q:
+        assert q.push_and_wait(Job("sq", jobs.square, (4,)), 30) == 16
+        outcome = q.push(Job("bad", jobs.boom, ("no",)))
+        assert isinstance(outcome, Queued)
+        assert isinstance(outcome.handle.exception(30), JobFailed)
+        with pytest.raises(JobFailed):
+            outcome.handle.result(30)
+        ok = q.push(Job("ok", jobs.square, (5,)))
+        assert isinstance(ok, Queued)
+        assert ok.handle.result(30) == 25
+        assert ok.handle.future().result(30) == 25
+        assert ok.handle.future().exception(30) is None
+
+        async def main() -> int:
+            return await q.apush_and_wait(Job("sq2", jobs.square, (6,)), 30)
+
+        assert asyncio.run(main()) == 36
+
+
+def test_a_handle_raises_plain_job_failed_for_a_crash_not_broken_process_pool() -> None:
+    """Only an Executor's futures raise BrokenProcessPool: a handle keeps to
+    the contract (JobFailed), so no ``except RuntimeError`` catches a crash."""
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcQueue(1) as q:
+        outcome = q.push(Job("crash", jobs.segfault))
+        assert isinstance(outcome, Queued)
+        error = outcome.handle.exception(30)
+        assert type(error) is JobFailed and error.failure.kind == "crashed"
+        assert not isinstance(error, BrokenProcessPool)

@@ -8,7 +8,9 @@ The autouse leak check (conftest) holds every test to leaving no worker behind.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -148,3 +150,62 @@ def test_scikit_learn_cross_val_score_in_procq_workers() -> None:
     with joblib.parallel_config(backend="procq"):
         got = cross_val_score(model, X, y, cv=4, n_jobs=2)
     assert list(got) == list(expected)
+
+
+@pytest.mark.parametrize("name", ["KeyboardInterrupt", "SystemExit"])
+def test_a_tasks_base_exception_is_raised_as_itself(name: str) -> None:
+    expected = {"KeyboardInterrupt": KeyboardInterrupt, "SystemExit": SystemExit}[name]
+    with pytest.raises(expected):
+        Parallel(n_jobs=2, backend="procq")(delayed(jobs_joblib.raise_base)(name) for _ in range(2))
+    assert Parallel(n_jobs=2, backend="procq")(delayed(abs)(-i) for i in range(3)) == [0, 1, 2]
+
+
+def test_inside_a_daemonic_process_it_runs_sequentially_with_a_warning() -> None:
+    """A multiprocessing.Pool worker may not have children: one job, with the
+    UserWarning joblib's own process backends give there."""
+    with multiprocessing.get_context("forkserver").Pool(1) as pool:
+        out, caught = pool.apply(jobs_joblib.procq_parallel_here)
+    assert out == [0, 1, 2, 3]
+    assert len(caught) == 1
+    assert re.match(r"UserWarning: procq-backed parallel loops cannot be called in a daemonic process", caught[0])
+
+
+def test_inside_a_loky_worker_it_falls_back_with_a_warning_that_names_the_cause() -> None:
+    """loky names its start method "loky" in its workers, and every process
+    started there would die setting it: procq runs one job and says why
+    (not that the main module needs a guard)."""
+    ((out, caught),) = Parallel(n_jobs=2, backend="loky")(delayed(jobs_joblib.procq_parallel_here)() for _ in range(1))
+    assert out == [0, 1, 2, 3]
+    assert len(caught) == 1
+    assert "multiprocessing start method is 'loky'" in caught[0] and "__main__" not in caught[0]
+    # A ProcQueue opened there directly says so too, at once.
+    (said,) = Parallel(n_jobs=2, backend="loky")(delayed(jobs_joblib.open_a_queue_here)() for _ in range(1))
+    assert re.match(r"this process's multiprocessing start method is 'loky', which the standard library", said)
+    from joblib.externals.loky import get_reusable_executor
+
+    get_reusable_executor().shutdown(wait=True, kill_workers=True)
+
+
+def test_initializer_runs_in_each_worker_from_parallel_and_from_parallel_config() -> None:
+    out = Parallel(n_jobs=2, backend="procq", batch_size=1, initializer=jobs_joblib.remember_init, initargs=("p",))(
+        delayed(jobs_joblib.init_seen)(i) for i in range(8)
+    )
+    assert all(seen == ["p"] for _, seen in out)  # once per worker, before its first batch
+    with joblib.parallel_config(backend="procq", n_jobs=2, initializer=jobs_joblib.remember_init, initargs=("c",)):
+        out = Parallel(batch_size=1)(delayed(jobs_joblib.init_seen)(i) for i in range(8))
+    assert all(seen == ["c"] for _, seen in out)
+    assert os.getpid() not in {pid for pid, _ in out}
+    with pytest.raises(TypeError, match="initializer must be a callable"):
+        Parallel(n_jobs=2, backend="procq", initializer=3)(delayed(abs)(i) for i in range(2))
+
+
+def test_a_memmap_written_in_workers_by_filename(tmp_path: Path) -> None:
+    """joblib memory-maps large arrays only for loky and multiprocessing; under
+    procq an ``np.memmap`` argument arrives as a copy, so workers write into
+    the file by opening it themselves (docs/ecosystem.md)."""
+    np = pytest.importorskip("numpy")
+    path = str(tmp_path / "out.mmap")
+    array = np.memmap(path, dtype="float64", mode="w+", shape=(4,))
+    Parallel(n_jobs=2, backend="procq")(delayed(jobs_joblib.write_into_memmap)(path, i) for i in range(4))
+    assert list(np.memmap(path, dtype="float64", mode="r", shape=(4,))) == [0.0, 10.0, 20.0, 30.0]
+    del array
