@@ -126,6 +126,7 @@ class Dispatch:
         worker (returned: the caller sends it), into ready, or into overdue
         when ready is full."""
         lane = entry.lane
+        entry.since = now  # (its wait for a worker starts now: see _metrics)
         if lane.idle:
             worker = lane.idle.pop()
             self._assign(worker, entry, now)
@@ -340,6 +341,7 @@ class Dispatch:
         """A new worker process joined ``lane`` (``None``: starting it
         failed). ``reserved``: started after the lane's first workers, it
         fills a reserved place or is a spare (``_spares.arrive``). True: a spare."""
+        lane.tally.starts += worker is not None
         if worker is not None and reserved:
             return _spares.arrive(worker, lane)
         if worker is not None:
@@ -394,6 +396,7 @@ class Dispatch:
             lane.boot_failures += 1
         if restart:
             self.replace(lane, now, wakeups)
+        kind = None
         if entry is not None:
             failure = entry.kill_reason
             if failure is None:
@@ -402,7 +405,9 @@ class Dispatch:
                 lane.spares_on = lane.spec.spares > 0
             else:
                 failure = replace(failure, exitcode=exitcode, signal=signal)
+            kind = failure.kind
             wakeups += self.keys.finish(entry, Failed(failure), now)
+        lane.tally.died(life is RETIRED, life.booting, kind, signal, self.keys.stopped or self.keys.cancelled)
         return worker.sending == 0
 
     def requeue(self, worker: WorkerSlot, now: float, wakeups: list[Wakeup]) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from procq._job import Job, Lane
+from procq._metrics import Tally
 from procq._values import (
     Completed,
     Failed,
@@ -110,8 +111,11 @@ class Entry:
         "lane",
         "memory_limit",
         "outcome",
+        "pid",
         "prev",
         "rss_base",
+        "since",
+        "started",
         "status",
         "timed",
         "timeout",
@@ -163,6 +167,12 @@ class Entry:
         self.due: float | None = None
         # In ``Timers.waiting``, waiting for ``due`` (invariant: timed => due is not None).
         self.timed = False
+        # For the metrics and traces (``_metrics``): when it was claimed or
+        # last entered its lane, when its attempt started and on which worker
+        # process (kept after it ends, unlike ``worker``).
+        self.since = 0.0
+        self.started = 0.0
+        self.pid: int | None = None
 
     def state(self) -> State:
         if self.outcome is not None:
@@ -277,6 +287,7 @@ class LaneState:
         "spares_on",
         "spec",
         "starting",
+        "tally",
         "workers",
     )
 
@@ -317,6 +328,7 @@ class LaneState:
         # ``spec.spares`` of them once ``spares_on``: after its first crash.
         self.spares: list[WorkerSlot] = []
         self.spares_on = False
+        self.tally = Tally()  # what the metrics count (``_metrics``)
 
 
 def current_timer(item: tuple[float, int, Entry]) -> bool:

@@ -41,6 +41,8 @@ from procq._supervisor import Supervisor
 from procq._values import Cached, Completed, Failed, Pending, Processing, PushOutcome, QueueStats, State
 
 if TYPE_CHECKING:
+    from procq._metrics import QueueMetrics
+    from procq._monitor import Monitor
     from procq._store_core import StoreCore
     from procq._store_tx import StoreTransaction
 
@@ -87,6 +89,12 @@ class ProcQueue(MapFace, AsyncFace):
     ``"postgresql://..."`` (PostgreSQL, with ``procq[postgres]``) or a
     ``procq.Store``. ``None`` (the default): keys live in this queue's memory.
 
+    ``name`` names the queue in its metrics and in ``procq top`` (default
+    ``"procq-N"``, N counting the queues this process opened). With
+    ``monitor=True`` the queue serves read-only snapshots of itself to
+    ``procq top`` on a UNIX socket only its user can open, until it closes
+    (see docs/observability.md); by default it opens none.
+
     Use it as a context manager, or call :meth:`close`: leaving the ``with``
     block waits for every waiting and running job, then stops and reaps every
     worker. (On ``KeyboardInterrupt`` it does not wait: waiting jobs are
@@ -102,8 +110,14 @@ class ProcQueue(MapFace, AsyncFace):
         reuse: Reuse = "failed",
         on_mismatch: str = "raise",
         store: Any = None,
+        name: str | None = None,
+        monitor: bool = False,
     ) -> None:
         parsed = parse_lanes(lanes)
+        number = next(_names)
+        self.name = f"procq-{number}" if name is None else _check_name(name)
+        if type(monitor) is not bool:
+            raise TypeError(f"monitor must be True or False, got {type(monitor).__name__}: {monitor!r}")
         check_descriptors(parsed)
         check_policies(retention, reuse, on_mismatch)
         self.start_method, context = worker_context(start_method, parsed)
@@ -126,11 +140,20 @@ class ProcQueue(MapFace, AsyncFace):
         self._life = _Life.OPEN
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
-        self._supervisor = Supervisor(self._core, context, str(next(_names)))
+        self._supervisor = Supervisor(self._core, context, str(number))
         self._supervisor.start()
+        self._monitor: Monitor | None = None
+        if monitor:
+            from procq._monitor import Monitor
+
+            try:
+                self._monitor = Monitor(self._core, self.name)
+            except BaseException:
+                _close_now(self._core, self._supervisor, None)
+                raise
         # An unclosed queue is closed without waiting when it is garbage
         # collected or at interpreter exit, so no worker outlives it.
-        self._finalizer = weakref.finalize(self, _close_now, self._core, self._supervisor)
+        self._finalizer = weakref.finalize(self, _close_now, self._core, self._supervisor, self._monitor)
         queues.add(self)
 
     # --- pushing ------------------------------------------------------------
@@ -314,6 +337,17 @@ class ProcQueue(MapFace, AsyncFace):
         self._here()
         return self._core.stats()
 
+    def metrics(self) -> QueueMetrics:
+        """One snapshot of what the queue has counted: per lane, pushes, joins,
+        cached answers, starts, ends by kind, depths, workers' starts and
+        deaths by cause, run-time and wait-time histograms, workers' memory;
+        the recent failures; a store's commits. What ``procq.metrics``'
+        exporters and ``procq top`` read (see docs/observability.md)."""
+        self._here()
+        from procq._metrics import metrics
+
+        return metrics(self._core, self.name)
+
     @property
     def lanes(self) -> dict[str, Lane]:
         return {name: lane.spec for name, lane in self._core.lanes.items()}
@@ -354,6 +388,8 @@ class ProcQueue(MapFace, AsyncFace):
                 core.drained.wait()
                 raise
             finally:
+                if self._monitor is not None:
+                    self._monitor.close()
                 supervisor.stop()
                 if self._store is not None:
                     self._store.close_store()
@@ -404,6 +440,14 @@ class ProcQueue(MapFace, AsyncFace):
         return self._supervisor.pids()
 
 
+def _check_name(name: Any) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"a queue's name is a str, got {type(name).__name__}: {name!r}")
+    if not name or "\0" in name or "/" in name:
+        raise ValueError(f"a queue's name must be non-empty, without '/' or NUL, got {name!r}")
+    return name
+
+
 def _check_key(key: Any) -> None:
     if not isinstance(key, str):
         raise TypeError(f"a key is a str, got {type(key).__name__}: {key!r}")
@@ -436,8 +480,10 @@ async def _await(handle: JobHandle[T]) -> T:
     return await handle
 
 
-def _close_now(core: Core, supervisor: Supervisor) -> None:
+def _close_now(core: Core, supervisor: Supervisor, monitor: Monitor | None) -> None:
     """Close a queue nobody closed (collected, or at exit), without waiting."""
+    if monitor is not None:
+        monitor.close()
     core.start_closing()
     supervisor.cancel_all()
     core.drained.wait()

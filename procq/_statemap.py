@@ -38,6 +38,8 @@ import enum
 import itertools
 import random
 import threading
+import time
+from collections import deque
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -45,6 +47,7 @@ from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, L
 from procq._errors import QueueClosed
 from procq._fingerprint import describe
 from procq._job import Job
+from procq._metrics import RECENT_FAILURES
 from procq._records import KeyRecords
 from procq._retention import Done, Record
 from procq._timers import Timers
@@ -99,6 +102,7 @@ class StateMap:
         "check_payload",
         "closing",
         "drained",
+        "failures",
         "live",
         "memory_jobs",
         "processing",
@@ -131,6 +135,8 @@ class StateMap:
         # no claim (closing is set) and says why.
         self.broken: BaseException | None = None
         self.drained = threading.Event()  # set while closing and nothing is live
+        # The last failures, for ``procq top``: (time.time(), key, lane, kind, message).
+        self.failures: deque[tuple[float, str, str, str, str]] = deque(maxlen=RECENT_FAILURES)
 
     def close(self, broken: BaseException | None = None) -> None:
         """Take no more claims (``broken``: the I/O thread died of it)."""
@@ -154,7 +160,10 @@ class StateMap:
         key = job.key
         entry = self.live.get(key)
         if entry is not None:
-            return new_claim(Claim, (INFLIGHT, entry, conflict(entry.fp, fp, entry.job.fn)))
+            differs = conflict(entry.fp, fp, entry.job.fn)
+            if differs is None or not self.strict_payload:
+                lane.tally.joined += 1
+            return new_claim(Claim, (INFLIGHT, entry, differs))
         records = self.records
         rec = records.lookup(key, now)
         if rec is not None:
@@ -164,6 +173,7 @@ class StateMap:
                     differs = conflict(rec.fp, fp, None)
                     if differs is None or not self.strict_payload:
                         records.used(rec)
+                        lane.tally.cached += 1
                     return new_claim(Claim, (CACHED, rec.output, differs))
             elif reuse == "never":
                 return new_claim(Claim, (FAILED, rec.failure, conflict(rec.fp, fp, None)))  # type: ignore[union-attr]
@@ -172,6 +182,10 @@ class StateMap:
         entry.fp = fp if self.check_payload else None
         if due is not None and due > now:
             entry.due = due
+        entry.since = now
+        tally = lane.tally
+        tally.pushed += 1
+        tally.live += 1
         self.live[key] = entry
         return new_claim(Claim, (QUEUED, entry, None))
 
@@ -182,7 +196,7 @@ class StateMap:
 
     # --- status changes -------------------------------------------------------------
 
-    def _move(self, entry: Entry, to: Status) -> None:
+    def _move(self, entry: Entry, to: Status, now: float) -> None:
         """The one place an entry's status changes, with the counts that follow it."""
         was = entry.status
         entry.status = to
@@ -192,25 +206,36 @@ class StateMap:
             lane.running += 1
             if entry.memory_limit is not None:
                 self.memory_jobs += 1
+            tally = lane.tally
+            tally.started += 1
+            tally.wait.observe(now - entry.since)
+            entry.started = now
             return
         if was is PROCESSING:
             self.processing -= 1
             lane.running -= 1
             if entry.memory_limit is not None:
                 self.memory_jobs -= 1
+            lane.tally.run.observe(now - entry.started)
             if to is PENDING:  # a failed attempt, to be run again
                 lane.retries += 1
                 return
         if to is DONE:
-            if type(entry.outcome) is Completed:
+            outcome = entry.outcome
+            if type(outcome) is Completed:
                 lane.completed += 1
             else:
                 lane.failed += 1
+                failure: Failure = outcome.failure  # type: ignore[union-attr]
+                lane.tally.failures[failure.kind] += 1
+                self.failures.append((time.time(), entry.key, lane.name, failure.kind, failure.message))
+        lane.tally.live -= 1
         del self.live[entry.key]  # DONE or ABANDONED
 
     def start(self, entry: Entry, worker: WorkerSlot, now: float) -> None:
         """``entry`` is now the job ``worker`` runs."""
-        self._move(entry, PROCESSING)
+        self._move(entry, PROCESSING, now)
+        entry.pid = worker.pid
         if entry.prev is not None:  # past its lane's door: the claim can no longer be abandoned
             self.records.release(entry.prev)
             entry.prev = None
@@ -243,7 +268,7 @@ class StateMap:
         delay = retry.delay(entry.attempt, self._random.random())
         entry.attempt += 1
         entry.job_id = next(self._ids)
-        self._move(entry, PENDING)
+        self._move(entry, PENDING, now)
         entry.worker = None
         entry.kill_reason = None
         entry.deadline = None
@@ -255,7 +280,7 @@ class StateMap:
         if entry.history and type(outcome) is Failed:
             outcome = Failed(_summarize(entry.history, outcome.failure))
         entry.outcome = outcome
-        self._move(entry, DONE)
+        self._move(entry, DONE, now)
         records = self.records
         if entry.prev is not None:  # ended before it ever ran (cancelled, lane failed)
             records.release(entry.prev)
@@ -268,7 +293,7 @@ class StateMap:
         wake whoever joined the claim with ``cancelled``."""
         assert entry.status is PENDING and entry.outcome is None
         entry.outcome = Failed(Failure("cancelled", f"job {entry.key!r} was abandoned before it ran: {why}"))
-        self._move(entry, ABANDONED)
+        self._move(entry, ABANDONED, now)
         if entry.prev is not None:
             self.records.give_back(entry.prev, now)
             entry.prev = None

@@ -50,6 +50,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from procq._entries import Entry, Wakeup
+from procq._metrics import COMMIT_BUCKETS, Histogram
 from procq._store import Conn, Row, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -149,7 +150,7 @@ def commit_writes(core: StoreCore) -> list[Wakeup]:
         core.group_since = None
         commits.last = time.monotonic()
         commits.took = commits.last - began
-        return commits.done(taken)
+        return commits.done(taken, commits.took)
 
 
 def commit_claims(core: StoreCore, fresh: list[Entry], wakeups: list[Wakeup]) -> str | None:
@@ -177,7 +178,7 @@ class Commits:
     alone, never around anything else."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self.pending: list[tuple[int, str | None, Write]] = []  # (number, key, write); key None: a claim
         self.written = 0  # the last number given
         self.committed = 0  # every write up to this number is durable
@@ -189,9 +190,13 @@ class Commits:
         self.last = 0.0  # when the last commit ended (monotonic), by any thread
         self.took = 0.0  # how long it took
         self.poke: Callable[[], None] = lambda: None
+        # For the metrics (``_metrics``): commits' latency, and the seconds
+        # the store refused commits in outages that ended.
+        self.latency = Histogram(COMMIT_BUCKETS)
+        self.outage = 0.0
 
     def add(self, key: str, write: Write) -> None:
-        with self._lock:
+        with self.lock:
             self.written += 1
             self.pending.append((self.written, key, write))
             self.keys[key] += 1
@@ -201,7 +206,7 @@ class Commits:
         """Queue a claim's row. It goes with the group transaction (whose
         window the committer keeps already), and the claimed key is live
         here, not waiting for a commit: no poke, and not in ``keys``."""
-        with self._lock:
+        with self.lock:
             self.written += 1
             self.pending.append((self.written, None, claim))
 
@@ -209,30 +214,31 @@ class Commits:
         """Forget the queued claims of these runs, unwritten: their push failed.
         (Under ``db_lock``, as every commit: a commit's ``done`` takes off the
         prefix of ``pending`` it took.)"""
-        with self._lock:
+        with self.lock:
             self.pending = [p for p in self.pending if type(p[2]) is not Fresh or p[2].row.run not in runs]
 
     def hold(self, wakeups: list[Wakeup]) -> bool:
         """Hold ``wakeups`` back until every write made so far is committed;
         False (nothing held) when all are already, or nothing waits any more."""
-        with self._lock:
+        with self.lock:
             if self.committed >= self.written or self.released:
                 return False
             self._held.append((self.written, wakeups))
             return True
 
     def take(self) -> list[tuple[int, str | None, Write]]:
-        with self._lock:
+        with self.lock:
             return list(self.pending)
 
     def for_key(self, key: str) -> list[Write]:
-        with self._lock:
+        with self.lock:
             return [w for _, k, w in self.pending if k == key] if self.keys[key] else []
 
-    def done(self, taken: list[tuple[int, str | None, Write]]) -> list[Wakeup]:
-        """``taken`` (a prefix of ``pending``) is committed: the wake-ups it released."""
+    def done(self, taken: list[tuple[int, str | None, Write]], took: float | None = None) -> list[Wakeup]:
+        """``taken`` (a prefix of ``pending``) is committed (in ``took`` seconds,
+        if a commit ran): the wake-ups it released."""
         wakeups: list[Wakeup] = []
-        with self._lock:
+        with self.lock:
             if taken:
                 del self.pending[: len(taken)]
                 for _, key, _ in taken:
@@ -248,13 +254,17 @@ class Commits:
                 self.committed = self.written
             while self._held and self._held[0][0] <= self.committed:
                 wakeups += self._held.popleft()[1]
+            if took is not None:
+                self.latency.observe(took)
+            if self.refused_since is not None:  # an outage ended
+                self.outage += time.monotonic() - self.refused_since
             self.refused_since = None
         return wakeups
 
     def release_all(self) -> list[Wakeup]:
         """Every wake-up still held; from now on none is (the queue is
         cancelling or closed: nothing waits for the store any more)."""
-        with self._lock:
+        with self.lock:
             self.released = True
             wakeups = [w for _, ws in self._held for w in ws]
             self._held.clear()

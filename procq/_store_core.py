@@ -157,9 +157,12 @@ class StoreCore(Core):
             if done is not None and (self.retention.ttl is None or time.time() - done[3] < self.retention.ttl):
                 output, encoding, held_fp, _ = done
                 cached = decode_output(output, encoding)
-                if not self.check_payload or held_fp is None:
-                    return new_claim(Claim, (CACHED, cached, None))
-                return new_claim(Claim, (CACHED, cached, conflict(held_fp, stable_fingerprint(job), None)))
+                differs = None
+                if self.check_payload and held_fp is not None:
+                    differs = conflict(held_fp, stable_fingerprint(job), None)
+                if differs is None or not self.strict_payload:
+                    next(lane.tally.cached_unlocked)  # (no lock of the core here: see _metrics)
+                return new_claim(Claim, (CACHED, cached, differs))
             claims, _ = self.claim_all([(job, lane, due)], read=False)  # (read just now: no done row)
             return claims[0]
         claims, _ = self.claim_all([(job, lane, due)])
