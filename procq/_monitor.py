@@ -120,6 +120,7 @@ class Monitor:
             raise
         self._wake_r, self._wake_w = os.pipe()
         self._stop = False
+        self.serving = 0  # clients being sent a snapshot now (written by the thread alone)
         self._thread = threading.Thread(target=self._run, name=f"procq-monitor-{name}", daemon=True)
         self._thread.start()
 
@@ -149,6 +150,7 @@ class Monitor:
                         selector.unregister(conn)
                         del clients[conn]
                         conn.close()
+                self.serving = len(clients)
                 timeout = min((until for _, until in clients.values()), default=None)
                 for key, _ in selector.select(None if timeout is None else max(0.0, timeout - now)):
                     if key.fileobj is self._sock:
