@@ -59,6 +59,9 @@ The core (I/O-free; every change under ``Core.lock``):
   ``_spares``: a lane's warm spare workers (after its first crash).
 - ``_entries``: the bookkeeping objects: ``Entry`` (one claim of a key),
   ``WorkerSlot`` and its ``WorkerLife``, ``LaneState``.
+- ``_metrics``: what the parts count as state changes (a lane's ``Tally``,
+  fixed-bucket histograms) and ``metrics()``, the one snapshot of it
+  (``QueueMetrics``, ``LaneMetrics``) behind ``q.metrics()``.
 
 Keys that outlive the program (``ProcQueue(store=...)``; none of it is
 imported without a store):
@@ -109,12 +112,17 @@ task that hands each job to a procq worker process there and watches it
 The command line (``procq``, ``python -m procq``; ``__main__`` picks the
 command): ``_demo`` and ``_demo_jobs``: ``procq demo``. ``_cli``: ``procq run
 MODULE:FUNCTION``, a function over the items of a file, resumable through a
-store; ``_cli_report``: its progress bar and summary. ``examples``: a stage and
-an input for it, shipped with the package.
+store; ``_cli_report``: its progress bar and summary. ``_top``: ``procq top``,
+a live view of this user's monitored queues, read through ``_monitor``
+(a queue's snapshot socket, ``ProcQueue(monitor=True)``, and how it is
+found). ``examples``: a stage and an input for it, shipped with the package.
 
 Fitting other tools (imported only by whoever uses them): ``joblib``
 (``procq.joblib``, public): importing it registers the joblib backend
 ``"procq"``, each ``Parallel`` batch a procq job (``procq[joblib]``).
+``metrics`` (``procq.metrics``, public): exporters of ``q.metrics()``:
+``metrics.prometheus`` (a collector, an HTTP endpoint; ``procq[prometheus]``)
+and ``metrics.otel`` (observable instruments, a span per job; ``procq[otel]``).
 
 Which thread touches what
 -------------------------
@@ -141,6 +149,8 @@ loop thread             two pipes' write ends, under the slot's lock; never
                         ``Core``, never user code
 a child made by fork    nothing of its parent's queue: the fork marks its copy
                         foreign (``WrongProcess``), and it closes nothing at exit
+a queue's monitor       its socket and clients alone; ``Core``'s counters only
+thread (``_monitor``)   to copy them, under ``Core.lock``, in ``_metrics.metrics``
 ======================  ==========================================================
 
 With a store, ``StoreCore.db_lock`` serialises the queue's database
@@ -192,6 +202,8 @@ _SOURCES = {
     "FailureKind": "procq._values",
     "InFlight": "procq._values",
     "LaneStats": "procq._values",
+    "LaneMetrics": "procq._metrics",
+    "QueueMetrics": "procq._metrics",
     "Pending": "procq._values",
     "Processing": "procq._values",
     "QueueStats": "procq._values",
@@ -215,6 +227,7 @@ if TYPE_CHECKING:
     from procq._futures import as_completed
     from procq._handle import JobHandle
     from procq._job import Job, Lane, Retention, Retry
+    from procq._metrics import LaneMetrics, QueueMetrics
     from procq._queue import ProcQueue
     from procq._store import Store, StoreError, StoreUnavailable
     from procq._store_postgres import PostgresStore
@@ -269,6 +282,7 @@ __all__ = [
     "KeyConflictWarning",
     "Lane",
     "LaneFull",
+    "LaneMetrics",
     "LaneStats",
     "Pending",
     "PostgresStore",
@@ -276,6 +290,7 @@ __all__ = [
     "ProcQueueError",
     "Processing",
     "QueueClosed",
+    "QueueMetrics",
     "QueueStats",
     "Queued",
     "Retention",

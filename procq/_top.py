@@ -161,7 +161,7 @@ class View:
             f"{stats['completed']} completed, {stats['failed']} failed  ",
             (snap.get("command", ""), "dim"),
         )
-        lanes = Table(title="lanes", title_justify="left", box=box.SIMPLE_HEAD)
+        lanes = Table(title="lanes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         for col in ("lane", "workers", "waiting", "sched", "running", "done/s", "fail/s", "done", "failed", "cached",
                     "joined", "avg run"):  # fmt: skip
             lanes.add_column(col, justify="left" if col == "lane" else "right")
@@ -179,7 +179,9 @@ class View:
                 str(lane["running"]), done_rate, fail_rate, str(lane["completed"]), str(failed), str(lane["cached"]),
                 str(lane["joined"]), _seconds(run["sum"] / runs) if runs else "-",
             )  # fmt: skip
-        workers = Table(title="workers", title_justify="left", box=box.SIMPLE_HEAD)
+        workers = Table(
+            title="workers", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True
+        )
         for col in ("pid", "lane", "memory", "cpu", "jobs", "job", "running for"):
             workers.add_column(col, justify="left" if col in ("lane", "job") else "right")
         cpu_before = {} if last is None else {w["pid"]: w["cpu_seconds"] for w in last["workers"]}
@@ -194,9 +196,12 @@ class View:
             )  # fmt: skip
         parts: list[Any] = [title, lanes, workers]
         if snap["failures"]:
-            failures = Table(title="last failures", title_justify="left", box=box.SIMPLE_HEAD)
-            for col in ("at", "lane", "key", "kind", "message"):
-                failures.add_column(col, overflow="ellipsis", no_wrap=True, max_width=None if col == "message" else 40)
+            failures = Table(
+                title="last failures", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=True
+            )
+            for col in ("at", "lane", "key", "kind"):
+                failures.add_column(col, no_wrap=True, max_width=32)
+            failures.add_column("message", no_wrap=True, overflow="ellipsis", ratio=1)
             for f in snap["failures"][-8:]:
                 at = time.strftime("%H:%M:%S", time.localtime(f["time"]))
                 failures.add_row(at, f["lane"], f["key"], f["kind"], f["message"])
@@ -205,8 +210,10 @@ class View:
 
 
 def _seconds(s: float) -> str:
-    if s < 1:
+    if s < 0.01:
         return f"{s * 1000:.1f}ms"
+    if s < 1:
+        return f"{s * 1000:.0f}ms"
     if s < 120:
         return f"{s:.1f}s"
     return f"{int(s // 60)}m{int(s % 60):02d}s"
