@@ -63,3 +63,9 @@ def test_worker_start_costs_are_reported() -> None:
         rf" forkserver and workers CPU {number} ms\n",
         out,
     ), out
+
+
+def test_the_cost_of_watching_a_queue_is_reported() -> None:
+    out = _python_m("bench.observe", "--quick")
+    for mode in ("monitor", "watched"):
+        assert re.search(rf"^  {mode}: [\d,]+ jobs/s, x\d+\.\d{{3}} of off", out, re.MULTILINE), out
