@@ -3,7 +3,8 @@
 A queue opened with ``monitor=True`` starts a ``Monitor``: a thread of its
 own with a listening socket in the user's runtime directory
 (``runtime_dir``: ``$XDG_RUNTIME_DIR/procq``, else
-``<tempdir>/procq-<uid>``), named ``<pid>.<name>.sock``. Each connection
+``<tempdir>/procq-<uid>``), named ``<pid>.<n>.<name>.sock`` (``n`` counts
+the monitors this process opened: two queues may share a name). Each connection
 gets one snapshot (``_metrics.metrics``, as JSON, one line) and is closed;
 the client sends nothing, and nothing a client could send is read.
 
@@ -29,6 +30,7 @@ socket; a process killed outright leaves a socket nobody listens on, which
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import re
@@ -54,6 +56,7 @@ SEND_TIMEOUT = 2.0
 #: Clients served at once; a connection past them is closed at once.
 MAX_CLIENTS = 32
 _SUFFIX = ".sock"
+_numbers = itertools.count(1)
 
 
 def runtime_dir() -> str:
@@ -101,7 +104,7 @@ class Monitor:
         self.name = name
         directory = _own_dir(runtime_dir())
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:48]
-        self.path = os.path.join(directory, f"{os.getpid()}.{safe}{_SUFFIX}")
+        self.path = os.path.join(directory, f"{os.getpid()}.{next(_numbers)}.{safe}{_SUFFIX}")
         temporary = f"{self.path}.{threading.get_ident()}.tmp"
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -109,7 +112,7 @@ class Monitor:
                 os.unlink(temporary)
             self._sock.bind(temporary)
             os.chmod(temporary, 0o600)
-            os.rename(temporary, self.path)  # (replaces a dead process's socket of the same pid and name)
+            os.rename(temporary, self.path)  # (replaces a dead process's socket of the same pid, number and name)
             self._inode = os.stat(self.path).st_ino
             self._sock.listen(MAX_CLIENTS)
             self._sock.setblocking(False)

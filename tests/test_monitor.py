@@ -145,3 +145,13 @@ def test_a_stalled_client_slows_nothing(runtime: str, monkeypatch: pytest.Monkey
         finally:
             for s in stalled:
                 s.close()
+
+
+def test_two_queues_of_one_name_are_both_seen(runtime: str) -> None:
+    with ProcQueue(1, monitor=True, name="twin") as a, ProcQueue(1, monitor=True, name="twin") as b:
+        paths = find(os.getpid())
+        assert len(paths) == 2
+        assert sorted(fetch(p)["stats"]["lanes"]["default"]["workers"] for p in paths) == [1, 1]
+        a.close()
+        assert find(os.getpid()) == [p for p in paths if os.path.exists(p)] and len(find(os.getpid())) == 1
+        assert fetch(find(os.getpid())[0])["stats"] == b.stats().to_dict()
