@@ -4,15 +4,17 @@ after a known workload; read back with prometheus_client's own parser."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import jobs
 import pytest
-from core_support import WAIT, Gates, open_queue
+from core_support import WAIT, Gate, Gates, open_queue, wait_until
 from observe_support import EXPECTED, require, run_workload
 
-from procq import Job, ProcQueue
+from procq import Job, ProcQueue, Queued, SqliteStore
 
 require("prometheus_client", "prometheus")
 
@@ -133,3 +135,33 @@ def test_names_are_checked() -> None:
         ProcQueue(1, name="a/b")
     with pytest.raises(TypeError, match="monitor must be True or False"):
         ProcQueue(1, monitor="yes")  # type: ignore[arg-type]
+
+
+def test_a_store_outage_is_timed(tmp_path: Path) -> None:
+    db = tmp_path / "run.db"
+    gate = Gate(tmp_path, "g")
+    registry = CollectorRegistry()
+    try:
+        with ProcQueue(1, store=SqliteStore(db, lease=1.0, busy=0.1), name="outage") as q:
+            prometheus.register(q, registry)
+            running = q.push(Job("slow", jobs.signal_and_wait, args=(gate.started, gate.go)))
+            assert isinstance(running, Queued)
+            gate.wait_started()
+            locker = sqlite3.connect(db, isolation_level=None)
+            locker.execute("BEGIN IMMEDIATE")
+            try:
+                gate.open()  # the job ends; its outcome cannot be committed
+                wait_until(lambda: not q.metrics().store.available, what="the refusal")  # type: ignore[union-attr]
+                during = q.metrics().store
+                assert during is not None and during.writes_waiting >= 1
+                down = samples(generate_latest(registry).decode())
+                assert value(down, "procq_store_up", queue="outage") == 0
+            finally:
+                locker.execute("ROLLBACK")
+                locker.close()
+            running.handle.result(timeout=WAIT)
+            after = q.metrics().store
+    finally:
+        gate.close()
+    assert after is not None and after.available and after.writes_waiting == 0
+    assert after.outage_seconds > 0 and after.outage_seconds >= during.outage_seconds
