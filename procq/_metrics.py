@@ -22,6 +22,7 @@ counts.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import os
 import time
@@ -229,9 +230,17 @@ class QueueMetrics:
         return asdict(self)
 
 
-def metrics(core: Core, name: str) -> QueueMetrics:
+def metrics(core: Core, name: str, read_store: bool = True) -> QueueMetrics:
     """Copy ``core``'s counters under its lock, then read its workers' memory
-    and CPU time with no lock held (see the module docstring)."""
+    and CPU time with no lock held (see the module docstring). With a store,
+    its counts of ended keys are read first, as ``q.stats()`` does, unless
+    not ``read_store``: then they are those of the last read."""
+    read_counts = getattr(core, "read_counts", None)
+    if read_store and read_counts is not None:
+        from procq._store import StoreUnavailable
+
+        with contextlib.suppress(StoreUnavailable):  # (an outage is when metrics matter most: the last counts, then)
+            read_counts()
     lanes: dict[str, dict[str, Any]] = {}
     procs: list[tuple[int, str, int, str | None, float | None]] = []
     with core.lock:

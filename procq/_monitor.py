@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import re
 import selectors
@@ -55,6 +56,8 @@ __all__ = ["SEND_TIMEOUT", "Monitor", "fetch", "find", "runtime_dir", "snapshot"
 SEND_TIMEOUT = 2.0
 #: Clients served at once; a connection past them is closed at once.
 MAX_CLIENTS = 32
+#: With a store, how often a snapshot reads its counts of ended keys (a query).
+STORE_COUNTS = 5.0
 _SUFFIX = ".sock"
 _numbers = itertools.count(1)
 
@@ -84,11 +87,11 @@ def _own_dir(path: str) -> str:
     return path
 
 
-def snapshot(core: Core, name: str) -> dict[str, Any]:
+def snapshot(core: Core, name: str, read_store: bool = True) -> dict[str, Any]:
     """What a client is sent: the queue's metrics (``QueueMetrics.to_dict``) and who it is."""
     from procq._metrics import metrics
 
-    data = metrics(core, name).to_dict()
+    data = metrics(core, name, read_store).to_dict()
     data["version"] = 1
     data["command"] = " ".join(sys.argv)[:300]
     for failure in data["failures"]:
@@ -123,6 +126,7 @@ class Monitor:
             raise
         self._wake_r, self._wake_w = os.pipe()
         self._stop = False
+        self._counted = -math.inf  # when a store's counts were last read
         self.serving = 0  # clients being sent a snapshot now (written by the thread alone)
         self._thread = threading.Thread(target=self._run, name=f"procq-monitor-{name}", daemon=True)
         self._thread.start()
@@ -182,7 +186,20 @@ class Monitor:
             if len(clients) >= MAX_CLIENTS or not _same_user(conn):
                 conn.close()
                 continue
-            payload = json.dumps(snapshot(self._core, self.name)).encode() + b"\n"
+            # A store's counts of ended keys are a query under its connection's lock:
+            # read at most every STORE_COUNTS seconds, however many clients ask.
+            now = time.monotonic()
+            read_store = now - self._counted >= STORE_COUNTS
+            if read_store:
+                self._counted = now
+            try:
+                payload = json.dumps(snapshot(self._core, self.name, read_store)).encode() + b"\n"
+            except Exception:  # pragma: no cover - a bug: this client goes unanswered, the next may not
+                conn.close()
+                import traceback
+
+                traceback.print_exc()
+                continue
             clients[conn] = (memoryview(payload), time.monotonic() + SEND_TIMEOUT)
             selector.register(conn, selectors.EVENT_WRITE)
             self._send(selector, clients, conn)

@@ -466,8 +466,12 @@ class StoreCore(Core):
         return forget_key(self, key)
 
     def stats(self) -> Any:
-        self.records_.counts = self._read(self.conn.counts, None)
+        self.read_counts()
         return super().stats()
+
+    def read_counts(self) -> None:
+        """Read the store's counts of completed and failed keys (one query, under db_lock)."""
+        self.records_.counts = self._read(self.conn.counts, None)
 
     # --- closing ------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import jobs
 import pytest
@@ -120,7 +121,7 @@ def test_another_user_cannot_connect(runtime: str) -> None:
 def test_a_stalled_client_slows_nothing(runtime: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # A snapshot far larger than a socket's buffer, so a client that reads nothing holds a send open.
     real = procq._monitor.snapshot
-    monkeypatch.setattr(procq._monitor, "snapshot", lambda core, name: {**real(core, name), "pad": "x" * 4_000_000})
+    monkeypatch.setattr(procq._monitor, "snapshot", lambda *args: {**real(*args), "pad": "x" * 4_000_000})
     monkeypatch.setattr(procq._monitor, "SEND_TIMEOUT", 1.0)
     with ProcQueue(2, monitor=True) as q:
         (path,) = find(os.getpid())
@@ -155,3 +156,13 @@ def test_two_queues_of_one_name_are_both_seen(runtime: str) -> None:
         a.close()
         assert find(os.getpid()) == [p for p in paths if os.path.exists(p)] and len(find(os.getpid())) == 1
         assert fetch(find(os.getpid())[0])["stats"] == b.stats().to_dict()
+
+
+def test_a_store_queues_snapshot_counts_its_rows(runtime: str, tmp_path: Path) -> None:
+    with ProcQueue(1, monitor=True, store=str(tmp_path / "keys.db")) as q:
+        for i in range(3):
+            assert q.push_and_wait(Job(f"s{i}", jobs.square, args=(i,)), timeout=WAIT) == i * i
+        (path,) = find(os.getpid())
+        snap = fetch(path)
+        assert snap["stats"] == q.stats().to_dict() and snap["stats"]["completed"] == 3
+        assert snap["store"]["available"] and snap["store"]["url"].startswith("sqlite")
