@@ -8,7 +8,10 @@ ended. A claim moves a key from absent or ended to Pending; ``start``,
 through ``_move``, which keeps every count that follows a status in step with
 it: the live map itself, the running jobs (the queue's, and each lane's), the
 running jobs with a memory limit, each lane's completed / failed / retried
-attempts. The records store keeps the completed and failed counts.
+attempts, and what its ``Tally`` counts for the metrics (``_metrics``):
+attempts started, failures by kind, live keys, run and wait times. A claim
+counts its lane's pushes, joins and cached answers. The records store keeps
+the completed and failed counts.
 
 ::
 
