@@ -10,7 +10,9 @@ alike:
 - ``monitor``: ``ProcQueue(..., monitor=True)``, nobody reading;
 - ``watched``: the same, with a Prometheus endpoint (``serve``), both read
   the whole time by another process: a snapshot from the socket (what
-  ``procq top`` reads) and a scrape, every 0.1 s.
+  ``procq top`` reads) and a scrape, every ``--every`` seconds (1 by default:
+  ``procq top``'s refresh, and a scrape 15 times as often as Prometheus'
+  usual; 0.1 for a stress test).
 
 Two figures per run: jobs per second (wall), and this process's CPU time per
 job (every thread of the queue's side, the monitor's and the endpoint's
@@ -39,24 +41,24 @@ from procq import Job, Lane, ProcQueue
 MODES = ("off", "monitor", "watched")
 
 
-#: The reader, in a process of its own: a snapshot from the socket and a scrape, every 0.1 s, until stdin closes.
+#: The reader, in a process of its own: a snapshot from the socket and a scrape, every N seconds, until stdin closes.
 _READER = """
 import select, sys, urllib.request
 from procq._monitor import fetch
-path, url = sys.argv[1:]
+path, url, every = sys.argv[1], sys.argv[2], float(sys.argv[3])
 reads = 0
 while True:
     fetch(path)
     urllib.request.urlopen(url, timeout=10).read()
     reads += 1
-    if select.select([sys.stdin], [], [], 0.1)[0]:
+    if select.select([sys.stdin], [], [], every)[0]:
         break
 print(reads)
 """
 
 
 @contextmanager
-def _readers(q: ProcQueue) -> Iterator[list[int]]:
+def _readers(q: ProcQueue, every: float) -> Iterator[list[int]]:
     """Another process reads ``q`` (see ``_READER``) while the block runs; yields, after it, how many reads it made."""
     from procq._monitor import find
     from procq.metrics import prometheus
@@ -67,7 +69,7 @@ def _readers(q: ProcQueue) -> Iterator[list[int]]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     reader = subprocess.Popen(
-        [sys.executable, "-c", _READER, path, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", _READER, path, url, str(every)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
     )
     reads = [0]
     try:
@@ -80,14 +82,14 @@ def _readers(q: ProcQueue) -> Iterator[list[int]]:
         thread.join()  # type: ignore[attr-defined]
 
 
-def tiny(mode: str, n: int) -> tuple[float, float]:
+def tiny(mode: str, n: int, every: float) -> tuple[float, float]:
     """Jobs per second, and this process's CPU microseconds per job, for ``n`` tiny jobs in one of ``MODES``."""
     lanes = {"t": Lane(workers=2, capacity=n)}
     with ProcQueue(lanes, monitor=mode != "off", name=f"bench-{mode}") as q:
         for i in range(50):
             q.push_and_wait(Job(f"w{i}", noop))
         keys = [f"tiny-{i}" for i in range(n)]
-        with _readers(q) if mode == "watched" else _nothing() as reads:
+        with _readers(q, every) if mode == "watched" else _nothing() as reads:
             t0, c0 = time.perf_counter(), time.process_time()
             handles = [q.push(Job(k, noop)).handle for k in keys]  # type: ignore[union-attr]
             for h in handles:
@@ -107,19 +109,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.observe", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--every", type=float, default=1.0, help="seconds between the watcher's reads (default 1)")
     parser.add_argument("--quick", action="store_true", help="2 rounds of 2,000 jobs (a smoke test)")
     args = parser.parse_args()
     rounds, n = (2, 2000) if args.quick else (args.rounds, args.jobs)
     print(
         f"procq observability cost; {os.cpu_count()} CPUs, {platform.python_implementation()} "
-        f"{platform.python_version()}, {platform.platform()}; load before: {os.getloadavg()[0]:.2f}"
+        f"{platform.python_version()}, {platform.platform()}; watched: read every {args.every:g} s; "
+        f"load before: {os.getloadavg()[0]:.2f}"
     )
     rates: dict[str, list[float]] = {m: [] for m in MODES}
     cpus: dict[str, list[float]] = {m: [] for m in MODES}
     for r in range(rounds):
         order = MODES[r % 3 :] + MODES[: r % 3]
         for mode in order:
-            rate, cpu = tiny(mode, n)
+            rate, cpu = tiny(mode, n, args.every)
             rates[mode].append(rate)
             cpus[mode].append(cpu)
         line = ", ".join(f"{m} {rates[m][-1]:,.0f} jobs/s {cpus[m][-1]:.1f} us/job" for m in MODES)

@@ -296,9 +296,4 @@ def _store_metrics(core: Core) -> StoreMetrics | None:
     commits = getattr(core, "commits", None)
     if commits is None:
         return None
-    with commits.lock:
-        refused = commits.refused_since
-        outage = commits.outage + (0.0 if refused is None else time.monotonic() - refused)
-        hist = commits.latency.snapshot()
-        waiting = len(commits.pending)
-    return StoreMetrics(core.store.url, hist, outage, refused is None, waiting)  # type: ignore[attr-defined]
+    return StoreMetrics(core.store.url, *commits.metrics())  # type: ignore[attr-defined]

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from procq._entries import Entry, Wakeup
-from procq._metrics import COMMIT_BUCKETS, Histogram
+from procq._metrics import COMMIT_BUCKETS, Histogram, HistogramSnapshot
 from procq._store import Conn, Row, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class Commits:
     alone, never around anything else."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self._lock = threading.Lock()
         self.pending: list[tuple[int, str | None, Write]] = []  # (number, key, write); key None: a claim
         self.written = 0  # the last number given
         self.committed = 0  # every write up to this number is durable
@@ -196,7 +196,7 @@ class Commits:
         self.outage = 0.0
 
     def add(self, key: str, write: Write) -> None:
-        with self.lock:
+        with self._lock:
             self.written += 1
             self.pending.append((self.written, key, write))
             self.keys[key] += 1
@@ -206,7 +206,7 @@ class Commits:
         """Queue a claim's row. It goes with the group transaction (whose
         window the committer keeps already), and the claimed key is live
         here, not waiting for a commit: no poke, and not in ``keys``."""
-        with self.lock:
+        with self._lock:
             self.written += 1
             self.pending.append((self.written, None, claim))
 
@@ -214,31 +214,31 @@ class Commits:
         """Forget the queued claims of these runs, unwritten: their push failed.
         (Under ``db_lock``, as every commit: a commit's ``done`` takes off the
         prefix of ``pending`` it took.)"""
-        with self.lock:
+        with self._lock:
             self.pending = [p for p in self.pending if type(p[2]) is not Fresh or p[2].row.run not in runs]
 
     def hold(self, wakeups: list[Wakeup]) -> bool:
         """Hold ``wakeups`` back until every write made so far is committed;
         False (nothing held) when all are already, or nothing waits any more."""
-        with self.lock:
+        with self._lock:
             if self.committed >= self.written or self.released:
                 return False
             self._held.append((self.written, wakeups))
             return True
 
     def take(self) -> list[tuple[int, str | None, Write]]:
-        with self.lock:
+        with self._lock:
             return list(self.pending)
 
     def for_key(self, key: str) -> list[Write]:
-        with self.lock:
+        with self._lock:
             return [w for _, k, w in self.pending if k == key] if self.keys[key] else []
 
     def done(self, taken: list[tuple[int, str | None, Write]], took: float | None = None) -> list[Wakeup]:
         """``taken`` (a prefix of ``pending``) is committed (in ``took`` seconds,
         if a commit ran): the wake-ups it released."""
         wakeups: list[Wakeup] = []
-        with self.lock:
+        with self._lock:
             if taken:
                 del self.pending[: len(taken)]
                 for _, key, _ in taken:
@@ -261,10 +261,18 @@ class Commits:
             self.refused_since = None
         return wakeups
 
+    def metrics(self) -> tuple[HistogramSnapshot, float, bool, int]:
+        """For ``_metrics``: the commits' latency, the seconds of outage (the
+        current one included), whether the store takes commits, writes waiting."""
+        with self._lock:
+            refused = self.refused_since
+            outage = self.outage + (0.0 if refused is None else time.monotonic() - refused)
+            return self.latency.snapshot(), outage, refused is None, len(self.pending)
+
     def release_all(self) -> list[Wakeup]:
         """Every wake-up still held; from now on none is (the queue is
         cancelling or closed: nothing waits for the store any more)."""
-        with self.lock:
+        with self._lock:
             self.released = True
             wakeups = [w for _, ws in self._held for w in ws]
             self._held.clear()
