@@ -69,8 +69,9 @@ def _readers(q: ProcQueue, every: float) -> Iterator[list[int]]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     reader = subprocess.Popen(
-        [sys.executable, "-c", _READER, path, url, str(every)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-    )
+        [sys.executable, "-c", _READER, path, url, str(every)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
     reads = [0]
     try:
         yield reads
