@@ -13,14 +13,12 @@ and runs the wake-ups after. The parts, each with its own state:
   (with the counts that follow it; a key's life is drawn there), the queue's
   door (closing, stopped, cancelled), and ``records``, the ended keys' store
   (``_records.KeyRecords``; in memory, with retention: ``MemoryRecords``);
-- ``timers``: ``_timers.Timers``, waiting jobs' due times and running jobs'
-  deadlines;
-- ``dispatch``: ``_dispatch.Dispatch``, the lanes and their workers: handing
-  jobs to workers, jobs sent ahead, a worker's reports, start and death;
-- ``stopping``: ``_stopping.Stopping``, ending jobs from outside: time and
-  memory limits, ``q.cancel``, closing without waiting.
-
-Their bookkeeping objects (an entry, a worker slot, a lane) are in ``_entries``.
+- ``timers``: ``_timers.Timers``, waiting jobs' due times and running jobs' deadlines;
+- ``dispatch``: ``_dispatch.Dispatch``, the lanes and their workers: handing jobs to
+  workers, jobs sent ahead, a worker's reports, start and death;
+- ``stopping``: ``_stopping.Stopping``, ending jobs from outside: time and memory
+  limits, ``q.cancel``, closing without waiting. Their bookkeeping objects (an
+  entry, a worker slot, a lane) are in ``_entries``.
 
 **One lock.** ``Core.lock`` guards all of it: the state map, each lane's queues
 and worker slots, each live entry's waiters, the timers and the records (every
@@ -134,10 +132,12 @@ class Core:
             rec = records.peek(job.key)
             if type(rec) is Done and (job.reuse or keys.reuse) != "always":
                 held = rec.fp
-                differs = None if held == fp or held is None or fp is None else conflict(held, fp, None)
-                if differs is None or not self.strict_payload:
-                    next(lane.tally.cached_unlocked)  # (atomic without the lock: see _metrics)
-                return new_claim(Claim, (CACHED, rec.output, differs))
+                if held == fp or held is None or fp is None:
+                    lane.count_cached()  # (atomic without the lock: see _metrics)
+                    return new_claim(Claim, (CACHED, rec.output, None))
+                if not self.strict_payload:  # (else the push raises KeyConflict: no answer to count)
+                    lane.count_cached()
+                return new_claim(Claim, (CACHED, rec.output, conflict(held, fp, None)))
         now = self.clock()
         with self.lock:
             if records.timed:

@@ -272,6 +272,7 @@ class LaneState:
         "blocked",
         "boot_failures",
         "completed",
+        "count_cached",
         "crashes",
         "failed",
         "idle",
@@ -329,6 +330,9 @@ class LaneState:
         self.spares: list[WorkerSlot] = []
         self.spares_on = False
         self.tally = Tally()  # what the metrics count (``_metrics``)
+        # Counts a cached answer given without Core.lock: ``next()`` of an
+        # ``itertools.count``, bound once (one C call, atomic under the GIL).
+        self.count_cached = self.tally.cached_unlocked.__next__
 
 
 def current_timer(item: tuple[float, int, Entry]) -> bool:

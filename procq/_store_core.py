@@ -161,7 +161,7 @@ class StoreCore(Core):
                 if self.check_payload and held_fp is not None:
                     differs = conflict(held_fp, stable_fingerprint(job), None)
                 if differs is None or not self.strict_payload:
-                    next(lane.tally.cached_unlocked)  # (no lock of the core here: see _metrics)
+                    lane.count_cached()  # (no lock of the core here: see _metrics)
                 return new_claim(Claim, (CACHED, cached, differs))
             claims, _ = self.claim_all([(job, lane, due)], read=False)  # (read just now: no done row)
             return claims[0]
