@@ -142,10 +142,12 @@ class View:
         if not snaps:
             return Text(f"no monitored queue in {runtime_dir()} (ProcQueue(..., monitor=True)); q quits", style="dim")
         parts: list[Any] = []
+        seen: dict[tuple[int, str], Snapshot] = {}
         for snap in snaps:
             ident = (snap["pid"], snap["name"])
             parts.extend(self._queue(snap, self._last.get(ident)))
-            self._last[ident] = snap
+            seen[ident] = snap
+        self._last = seen  # (a queue that closed is forgotten)
         return Group(*parts)
 
     def _queue(self, snap: Snapshot, last: Snapshot | None) -> list[Any]:
