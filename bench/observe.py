@@ -18,7 +18,10 @@ alike within a fraction of a second:
   batch and run alongside it.
 
 Reported: each queue's jobs per second over all its batches, and the median
-of the pairs' ratios, watched / off.
+of the pairs' ratios, watched / off. The two queues are not quite alike (the
+one opened second, say, may start its workers on a less busy core): run it
+with ``--watched-first`` too, and ``--control`` (the watched queue's monitor
+on but never read: an A/A run) to see how large that difference is.
 """
 
 from __future__ import annotations
@@ -103,15 +106,22 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2000)
     parser.add_argument("--every", type=float, default=1.0, help="seconds of run time between reads (default 1)")
     parser.add_argument("--quick", action="store_true", help="10 pairs of 500 jobs (a smoke test)")
+    parser.add_argument("--control", action="store_true", help="the second queue unwatched too (an A/A run)")
+    parser.add_argument("--watched-first", action="store_true", help="open the watched queue first")
     args = parser.parse_args()
     pairs, size = (10, 500) if args.quick else (args.pairs, args.batch)
     print(
         f"procq observability cost; {os.cpu_count()} CPUs, {platform.python_implementation()} "
         f"{platform.python_version()}, {platform.platform()}; {pairs} pairs of {size:,}-job batches; "
-        f"watched: read every {args.every:g} s of its run time; load before: {os.getloadavg()[0]:.2f}"
+        f"watched: read every {args.every:g} s of its run time{' (control: never read)' if args.control else ''}; "
+        f"opened {'watched' if args.watched_first else 'off'} first; load before: {os.getloadavg()[0]:.2f}"
     )
     lanes = {"t": Lane(workers=2, capacity=size)}
-    with ProcQueue(lanes, name="bench-off") as off, ProcQueue(lanes, monitor=True, name="bench-watched") as on:
+    opened = []
+    for side in ("watched", "off") if args.watched_first else ("off", "watched"):
+        opened.append(ProcQueue(lanes, monitor=side == "watched", name=f"bench-{side}"))
+    on, off = opened if args.watched_first else opened[::-1]
+    with off, on:
         reader = Reader(on)
         try:
             for q in (off, on):
@@ -123,7 +133,7 @@ def main() -> None:
                 for side in ("off", "watched") if p % 2 == 0 else ("watched", "off"):
                     keys = [f"{p}-{i}" for i in range(size)]
                     if side == "watched":
-                        while ran >= next_read:  # (reads fall due with the watched queue's own run time)
+                        while ran >= next_read and not args.control:  # (due by the watched queue's run time)
                             reader.ask()
                             next_read += args.every
                         took = batch(on, keys)
