@@ -59,6 +59,7 @@ MAX_CLIENTS = 32
 #: With a store, how often a snapshot reads its counts of ended keys (a query).
 STORE_COUNTS = 5.0
 _SUFFIX = ".sock"
+_MAX_PATH = 107  # sun_path's 108 bytes, with the terminating NUL
 _numbers = itertools.count(1)
 
 
@@ -106,9 +107,14 @@ class Monitor:
         self._core = core
         self.name = name
         directory = _own_dir(runtime_dir())
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:48]
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:32]
         self.path = os.path.join(directory, f"{os.getpid()}.{next(_numbers)}.{safe}{_SUFFIX}")
-        temporary = f"{self.path}.{threading.get_ident()}.tmp"
+        temporary = f"{self.path}.tmp"  # (the number makes it this monitor's alone)
+        if len(os.fsencode(temporary)) > _MAX_PATH:
+            raise ProcQueueError(
+                f"monitor: the socket path {temporary!r} is longer than a UNIX socket's {_MAX_PATH} bytes; "
+                "set XDG_RUNTIME_DIR (or TMPDIR) to a shorter directory"
+            )
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with contextlib.suppress(FileNotFoundError):
@@ -140,6 +146,9 @@ class Monitor:
             os.write(self._wake_w, b"\0")
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=10)
+        if not self._thread.is_alive():  # (else leave the pipe open: never write to a reused descriptor)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
         with contextlib.suppress(OSError):
             if os.stat(self.path).st_ino == self._inode:  # (not another queue's, made since)
                 os.unlink(self.path)
@@ -173,8 +182,6 @@ class Monitor:
                 conn.close()
             selector.close()
             self._sock.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
 
     def _accept(self, selector: selectors.BaseSelector, clients: dict[socket.socket, tuple[memoryview, float]]) -> None:
         while True:

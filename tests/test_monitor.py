@@ -20,7 +20,7 @@ import pytest
 from core_support import WAIT, wait_until
 
 import procq._monitor
-from procq import Job, ProcQueue
+from procq import Job, ProcQueue, ProcQueueError
 from procq._monitor import fetch, find, runtime_dir
 
 
@@ -166,3 +166,23 @@ def test_a_store_queues_snapshot_counts_its_rows(runtime: str, tmp_path: Path) -
         snap = fetch(path)
         assert snap["stats"] == q.stats().to_dict() and snap["stats"]["completed"] == 3
         assert snap["store"]["available"] and snap["store"]["url"].startswith("sqlite")
+
+
+def test_a_socket_path_too_long_is_refused_clearly_and_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = tempfile.mkdtemp(prefix="procq-runtime-")
+    try:
+        deep = os.path.join(base, "d" * 100)
+        os.mkdir(deep, 0o700)
+        monkeypatch.setenv("XDG_RUNTIME_DIR", deep)
+        with pytest.raises(ProcQueueError, match=r"longer than a UNIX socket's 107 bytes; set XDG_RUNTIME_DIR"):
+            ProcQueue(1, monitor=True)
+        assert monitor_threads() == [] and os.listdir(os.path.join(deep, "procq")) == []
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_runtime_directory_of_another_user_is_refused(runtime: str) -> None:
+    os.symlink(tempfile.gettempdir(), runtime)  # a link, as another user could plant
+    with pytest.raises(ProcQueueError, match="is not a directory of this user"):
+        ProcQueue(1, monitor=True)
+    assert monitor_threads() == []
