@@ -49,7 +49,7 @@ def collect(pid: int | None, name: str | None) -> list[Snapshot]:
     found = []
     for path in find(pid):
         with contextlib.suppress(OSError, ValueError):
-            snap = fetch(path)
+            snap = fetch(path, timeout=2.0)  # (a stopped process must not freeze the screen for long)
             if name is None or snap.get("name") == name:
                 found.append(snap)
     return found
