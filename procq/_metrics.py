@@ -155,10 +155,11 @@ class Tally:
 
 @dataclass(frozen=True)
 class WorkerMetrics:
-    """One worker process: resident memory and CPU time as the kernel counts
-    them (0 when it could not be read), and the job it runs, if any."""
+    """One worker: its process's resident memory and CPU time as the kernel
+    counts them (0 when they could not be read, or it has no local process:
+    a Dask lane's slot, whose ``pid`` is None), and the job it runs, if any."""
 
-    pid: int
+    pid: int | None
     lane: str
     memory_bytes: int
     cpu_seconds: float
@@ -261,7 +262,7 @@ def metrics(core: Core, name: str, read_store: bool = True) -> QueueMetrics:
         with contextlib.suppress(StoreUnavailable):  # (an outage is when metrics matter most: the last counts, then)
             read_counts()
     lanes: dict[str, dict[str, Any]] = {}
-    procs: list[tuple[int, str, int, str | None, float | None]] = []
+    procs: list[tuple[int | None, str, int, str | None, float | None]] = []
     with core.lock:
         now = core.clock()
         stats = core.keys.stats(now, core.dispatch.stats())
@@ -279,10 +280,9 @@ def metrics(core: Core, name: str, read_store: bool = True) -> QueueMetrics:
                 "run_seconds": t.run.snapshot(), "wait_seconds": t.wait.snapshot(), "_unlocked": t.cached_unlocked,
             }  # fmt: skip
             for w in lane.workers:
-                if w.pid:
-                    e = w.entry
-                    procs.append((w.pid, lane_name, w.jobs, None if e is None else e.key,
-                                  None if e is None else now - w.started))  # fmt: skip
+                e = w.entry
+                procs.append((w.pid, lane_name, w.jobs, None if e is None else e.key,
+                              None if e is None else now - w.started))  # fmt: skip
     store = _store_metrics(core)
     workers = [_worker(*p) for p in procs]
     memory = collections.Counter[str]()
@@ -296,9 +296,11 @@ def metrics(core: Core, name: str, read_store: bool = True) -> QueueMetrics:
     return QueueMetrics(name, os.getpid(), time.time(), stats, lane_metrics, workers, recent, store)
 
 
-def _worker(pid: int, lane: str, jobs: int, key: str | None, running: float | None) -> WorkerMetrics:
+def _worker(pid: int | None, lane: str, jobs: int, key: str | None, running: float | None) -> WorkerMetrics:
     from procq._processes import process_rss
 
+    if pid is None:
+        return WorkerMetrics(pid, lane, 0, 0.0, jobs, key, running)
     return WorkerMetrics(pid, lane, process_rss(pid), _cpu_seconds(pid), jobs, key, running)
 
 

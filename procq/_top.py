@@ -189,11 +189,11 @@ class View:
         cpu_before = {} if last is None else {w["pid"]: w["cpu_seconds"] for w in last["workers"]}
         for w in snap["workers"]:
             cpu = "-"
-            if span is not None and w["pid"] in cpu_before:
+            if span is not None and w["pid"] is not None and w["pid"] in cpu_before:
                 cpu = f"{100 * max(0.0, w['cpu_seconds'] - cpu_before[w['pid']]) / span:.0f}%"
             running = w["running_seconds"]
             workers.add_row(
-                str(w["pid"]), w["lane"], _size(w["memory_bytes"]), cpu, str(w["jobs"]), w["key"] or "",
+                str(w["pid"] or "-"), w["lane"], _size(w["memory_bytes"]), cpu, str(w["jobs"]), w["key"] or "",
                 "" if running is None else _seconds(running),
             )  # fmt: skip
         parts: list[Any] = [title, lanes, workers]
