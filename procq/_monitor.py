@@ -70,7 +70,17 @@ def runtime_dir() -> str:
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base and os.path.isdir(base):
         return os.path.join(base, "procq")
+    return _fallback_dir()
+
+
+def _fallback_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"procq-{os.getuid()}")
+
+
+def search_dirs() -> list[str]:
+    """Where ``find`` looks: ``runtime_dir()``, then the fallback, should a
+    queue have started where ``XDG_RUNTIME_DIR`` was not set (a service, cron)."""
+    return list(dict.fromkeys([runtime_dir(), _fallback_dir()]))
 
 
 def _own_dir(path: str) -> str:
@@ -242,13 +252,25 @@ def _same_user(conn: socket.socket) -> bool:
 # --- the client side (``procq top``) --------------------------------------------------
 
 
-def find(pid: int | None = None, directory: str | None = None) -> list[str]:
+def find(pid: int | None = None) -> list[str]:
     """The sockets of this user's monitored queues (of process ``pid``, if
-    given), oldest process first. A socket whose process is gone is removed."""
-    directory = directory or runtime_dir()
+    given), oldest process first, in ``search_dirs()`` (each used only if it
+    is this user's own directory). A socket whose process is gone is removed."""
+    found: list[tuple[int, str]] = []
+    for directory in search_dirs():
+        try:
+            info = os.lstat(directory)
+        except FileNotFoundError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid():
+            found += _sockets(directory, pid)
+    return [path for _, path in sorted(found)]
+
+
+def _sockets(directory: str, pid: int | None) -> list[tuple[int, str]]:
     try:
         names = os.listdir(directory)
-    except FileNotFoundError:
+    except OSError:
         return []
     found: list[tuple[int, str]] = []
     for entry in names:
@@ -263,7 +285,7 @@ def find(pid: int | None = None, directory: str | None = None) -> list[str]:
             continue
         if pid is None or owner == pid:
             found.append((owner, path))
-    return [path for _, path in sorted(found)]
+    return found
 
 
 def fetch(path: str, timeout: float = 5.0) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from procq._monitor import fetch, find, runtime_dir
+from procq._monitor import fetch, find, runtime_dir, search_dirs
 
 __all__ = ["main"]
 
@@ -68,7 +68,7 @@ def main(argv: list[str], prog: str = "procq top") -> int:
         which = "" if args.pid is None else f" of process {args.pid}"
         which += "" if args.name is None else f" named {args.name!r}"
         print(
-            f"{prog}: no monitored queue{which} found in {runtime_dir()} (a queue is visible "
+            f"{prog}: no monitored queue{which} found in {' or '.join(search_dirs())} (a queue is visible "
             "only if opened with ProcQueue(..., monitor=True), by this user)",
             file=sys.stderr,
         )

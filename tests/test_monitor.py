@@ -26,9 +26,11 @@ from procq._monitor import fetch, find, runtime_dir
 
 @pytest.fixture
 def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A runtime directory of the test's own ($XDG_RUNTIME_DIR), in /tmp (mode 0700)."""
+    """A runtime directory of the test's own ($XDG_RUNTIME_DIR), in /tmp (mode 0700),
+    and a fallback directory of its own (where a queue goes without $XDG_RUNTIME_DIR)."""
     base = tempfile.mkdtemp(prefix="procq-runtime-")
     monkeypatch.setenv("XDG_RUNTIME_DIR", base)
+    monkeypatch.setattr(procq._monitor, "_fallback_dir", lambda: os.path.join(base, "fallback"))
     try:
         yield os.path.join(base, "procq")
     finally:
@@ -186,3 +188,12 @@ def test_a_runtime_directory_of_another_user_is_refused(runtime: str) -> None:
     with pytest.raises(ProcQueueError, match="is not a directory of this user"):
         ProcQueue(1, monitor=True)
     assert monitor_threads() == []
+
+
+def test_top_also_looks_where_xdg_runtime_dir_was_not_set(runtime: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("XDG_RUNTIME_DIR")  # a queue started by a service, say
+    with ProcQueue(1, monitor=True, name="service"):
+        monkeypatch.setenv("XDG_RUNTIME_DIR", os.path.dirname(runtime))  # and looked for from a login shell
+        (path,) = find(os.getpid())
+        assert path.startswith(os.path.join(os.path.dirname(runtime), "fallback"))
+        assert fetch(path)["name"] == "service"

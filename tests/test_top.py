@@ -29,7 +29,8 @@ def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, str]]:
     monkeypatch.setenv("XDG_RUNTIME_DIR", base)
     path = os.pathsep.join([str(ROOT), str(TESTS), os.environ.get("PYTHONPATH", "")])
     try:
-        yield {**os.environ, "XDG_RUNTIME_DIR": base, "PYTHONPATH": path, "COLUMNS": "160", "LINES": "50"}
+        own = {"XDG_RUNTIME_DIR": base, "TMPDIR": base, "PYTHONPATH": path, "COLUMNS": "160", "LINES": "50"}
+        yield {**os.environ, **own}
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
