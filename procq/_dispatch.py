@@ -1,12 +1,11 @@
 """The lanes: handing jobs to workers, and what a worker's reports and death do.
 
-``Dispatch`` owns the lanes (``_entries.LaneState``) and their workers'
-bookkeeping (``_entries.WorkerSlot``): which worker runs which job, which jobs
-are sent ahead to a busy worker and what becomes of them, a lane's room for
-waiting pushes, and a worker's start, retirement and death (its
-``WorkerLife``). A key's own status changes go through the state map
-(``_statemap.StateMap``). Everything here runs with ``Core.lock`` held; like the
-rest of the core it never touches a pipe or a process: it returns the jobs to
+``Dispatch`` owns the lanes (``_entries.LaneState``) and their workers' bookkeeping
+(``_entries.WorkerSlot``): which worker runs which job, which jobs are sent ahead to a
+busy worker and what becomes of them, a lane's room for waiting pushes, and a worker's
+start, retirement and death (its ``WorkerLife``). A key's own status changes go through
+the state map (``_statemap.StateMap``). Everything here runs with ``Core.lock`` held;
+like the rest of the core it never touches a pipe or a process: it returns the jobs to
 send, and the caller sends them.
 
 Several jobs in flight per worker
@@ -164,8 +163,7 @@ class Dispatch:
             entry, wakeup = lane.blocked.popleft()
             wakeups.append(wakeup)
         elif worker.jobs == 0:
-            # A new worker goes to the back of the idle list (idle.pop() takes
-            # from the end): the warmest workers get work first.
+            # A new worker goes to the back of the idle list (idle.pop() takes the end): warmest first.
             lane.idle.insert(0, worker)
             return None
         else:
@@ -293,6 +291,8 @@ class Dispatch:
                 outcome = Failed(entry.kill_reason)
             elif crashed:
                 lane.crashes += 1
+            if retire and type(outcome) is Failed:  # (its job's failure retires it: the metrics' cause)
+                worker.retire_cause = outcome.failure.kind
             if isinstance(outcome, Undecoded):
                 self.decoding.hold(entry)
                 undecoded.append((entry, outcome))
@@ -407,7 +407,8 @@ class Dispatch:
                 failure = replace(failure, exitcode=exitcode, signal=signal)
             kind = failure.kind
             wakeups += self.keys.finish(entry, Failed(failure), now)
-        lane.tally.died(life is RETIRED, life.booting, kind, signal, self.keys.stopped or self.keys.cancelled)
+        retired = (worker.retire_cause or "recycled") if life is RETIRED else None
+        lane.tally.died(retired, life.booting, kind, signal, self.keys.stopped or self.keys.cancelled)
         return worker.sending == 0
 
     def requeue(self, worker: WorkerSlot, now: float, wakeups: list[Wakeup]) -> None:
@@ -495,6 +496,5 @@ class Dispatch:
 
 
 def low_mark(capacity: int) -> int:
-    """How far a full lane drains before its blocked pushes are let in: a
-    quarter of a large lane; a small lane takes one as soon as there is room."""
+    """How far a full lane drains before its blocked pushes are let in: a quarter of a large lane; a small one, 1."""
     return capacity - capacity // 4 if capacity >= 16 else capacity - 1

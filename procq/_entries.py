@@ -216,6 +216,7 @@ class WorkerSlot:
         "pid",
         "queue",
         "reading",
+        "retire_cause",
         "retire_requested",
         "sending",
         "spare",
@@ -252,6 +253,9 @@ class WorkerSlot:
         # jobs queued: a request, kept whatever its life is meanwhile. It gets
         # no more jobs sent ahead and is retired once its queue has run.
         self.retire_requested = False
+        # Why it was retired, when its job's failure was why (a "memory" error
+        # leaves a worker unfit): what its death counts as in the metrics.
+        self.retire_cause: str | None = None
         # A warm spare (in ``lane.spares``, not ``lane.workers``): it boots and
         # then waits, taking no job, until it replaces a worker (``_spares``).
         self.spare = False

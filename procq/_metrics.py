@@ -133,14 +133,16 @@ class Tally:
         self.run = Histogram(JOB_BUCKETS)  # seconds from an attempt's start to its end
         self.wait = Histogram(JOB_BUCKETS)  # seconds from entering the lane (or the claim) to the start
 
-    def died(self, retired: bool, booting: bool, kind: str | None, signal: str | None, stopping: bool) -> None:
-        """Count a worker's death by its cause: ``recycled`` (retired between
-        jobs), ``boot`` (before it was ready), the failure kind of the job it
-        held (``crashed``, or why it was killed: ``timeout``, ``memory``,
+    def died(self, retired: str | None, booting: bool, kind: str | None, signal: str | None, stopping: bool) -> None:
+        """Count a worker's death by its cause: ``retired``, for a worker
+        retired between jobs (``recycled``: its lane's ``max_jobs_per_worker``
+        or ``max_worker_rss``; or its last job's failure kind, ``memory``),
+        ``boot`` (before it was ready), the failure kind of the job it held
+        (``crashed``, or why it was killed: ``timeout``, ``memory``,
         ``cancelled``, ``protocol``), ``stopped`` (idle, its queue stopping)
         or ``crashed`` (idle); a crash with the signal that ended it."""
-        if retired:
-            cause = "recycled"
+        if retired is not None:
+            cause = retired
         elif booting:
             cause = "boot"
         elif kind is not None:

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import jobs
+import jobs_control
 import pytest
 from core_support import WAIT, Gate, Gates, open_queue, wait_until
 from observe_support import EXPECTED, require, run_workload
 
-from procq import Job, ProcQueue, Queued, SqliteStore
+from procq import Job, JobFailed, Lane, ProcQueue, Queued, SqliteStore
 
 require("prometheus_client", "prometheus")
 
@@ -165,3 +166,20 @@ def test_a_store_outage_is_timed(tmp_path: Path) -> None:
         gate.close()
     assert after is not None and after.available and after.writes_waiting == 0
     assert after.outage_seconds > 0 and after.outage_seconds >= during.outage_seconds
+
+
+def test_deaths_by_recycling_and_by_memory() -> None:
+    lanes = {"r": Lane(workers=1, max_jobs_per_worker=2), "m": Lane(workers=1, memory_limit="64M")}
+    with open_queue(lanes) as q:
+        for i in range(4):
+            q.push_and_wait(Job(f"r{i}", jobs.getpid, lane="r"), timeout=WAIT)
+        with pytest.raises(JobFailed, match="memory"):
+            q.push_and_wait(Job("greedy", jobs_control.allocate, args=(300,), lane="m"), timeout=WAIT)
+
+        def counted() -> bool:
+            m = q.metrics()
+            return m.lanes["r"].worker_deaths == {"recycled": 2} and m.lanes["m"].worker_deaths == {"memory": 1}
+
+        wait_until(counted, what="the retired workers' deaths counted")
+        m = q.metrics()
+        assert (m.lanes["r"].worker_starts, m.lanes["m"].worker_starts) == (3, 2)
