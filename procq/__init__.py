@@ -60,6 +60,9 @@ The core (I/O-free; every change under ``Core.lock``):
   ``_spares``: a lane's warm spare workers (after its first crash).
 - ``_entries``: the bookkeeping objects: ``Entry`` (one claim of a key),
   ``WorkerSlot`` and its ``WorkerLife``, ``LaneState``.
+- ``_metrics``: what the parts count as state changes (a lane's ``Tally``,
+  fixed-bucket histograms) and ``metrics()``, the one snapshot of it
+  (``QueueMetrics``, ``LaneMetrics``) behind ``q.metrics()``.
 
 Keys that outlive the program (``ProcQueue(store=...)``; none of it is
 imported without a store):
@@ -115,12 +118,17 @@ task that hands each job to a procq worker process there and watches it
 The command line (``procq``, ``python -m procq``; ``__main__`` picks the
 command): ``_demo`` and ``_demo_jobs``: ``procq demo``. ``_cli``: ``procq run
 MODULE:FUNCTION``, a function over the items of a file, resumable through a
-store; ``_cli_report``: its progress bar and summary. ``examples``: a stage and
-an input for it, shipped with the package.
+store; ``_cli_report``: its progress bar and summary. ``_top``: ``procq top``,
+a live view of this user's monitored queues, read through ``_monitor``
+(a queue's snapshot socket, ``ProcQueue(monitor=True)``, and how it is
+found). ``examples``: a stage and an input for it, shipped with the package.
 
 Fitting other tools (imported only by whoever uses them): ``joblib``
 (``procq.joblib``, public): importing it registers the joblib backend
 ``"procq"``, each ``Parallel`` batch a procq job (``procq[joblib]``).
+``metrics`` (``procq.metrics``, public): exporters of ``q.metrics()``:
+``metrics.prometheus`` (a collector, an HTTP endpoint; ``procq[prometheus]``)
+and ``metrics.otel`` (observable instruments, a span per job; ``procq[otel]``).
 
 Which thread touches what
 -------------------------
@@ -149,6 +157,8 @@ a child made by fork    nothing of its parent's queue: the fork marks its copy
                         foreign (``WrongProcess``), and it closes nothing at exit
 an Executor's feed      what a caller's thread may (it pushes the executor's calls
 thread                  as they get room); the feed's own waiting calls, under its lock
+a queue's monitor       its socket and clients alone; ``Core``'s counters only
+thread (``_monitor``)   to copy them, under ``Core.lock``, in ``_metrics.metrics``
 ======================  ==========================================================
 
 With a store, ``StoreCore.db_lock`` serialises the queue's database
@@ -202,6 +212,8 @@ _SOURCES = {
     "FailureKind": "procq._values",
     "InFlight": "procq._outcomes",
     "LaneStats": "procq._values",
+    "LaneMetrics": "procq._metrics",
+    "QueueMetrics": "procq._metrics",
     "Pending": "procq._values",
     "Processing": "procq._values",
     "QueueStats": "procq._values",
@@ -226,6 +238,7 @@ if TYPE_CHECKING:
     from procq._futures import as_completed
     from procq._handle import JobHandle
     from procq._job import Job, Lane
+    from procq._metrics import LaneMetrics, QueueMetrics
     from procq._outcomes import Cached, InFlight, Queued
     from procq._policies import Retention, Retry
     from procq._queue import ProcQueue
@@ -271,6 +284,7 @@ __all__ = [
     "KeyConflictWarning",
     "Lane",
     "LaneFull",
+    "LaneMetrics",
     "LaneStats",
     "Pending",
     "PostgresStore",
@@ -278,6 +292,7 @@ __all__ = [
     "ProcQueueError",
     "Processing",
     "QueueClosed",
+    "QueueMetrics",
     "QueueStats",
     "Queued",
     "Retention",

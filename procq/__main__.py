@@ -2,6 +2,7 @@
 
 - ``demo``: procq's demonstration pipeline (``_demo``).
 - ``run``: a pipeline stage, a function over the items of a file (``_cli``).
+- ``top``: a live view of this user's monitored queues (``_top``).
 
 Each command parses its own arguments; this only picks the command, so
 ``python -m procq demo ...`` behaves exactly as it always has.
@@ -16,6 +17,7 @@ import sys
 COMMANDS = {
     "run": "run a function over every item of a file in worker processes; resumable with --store",
     "demo": "watch procq run jobs that crash, hang and time out, each failing alone",
+    "top": "watch this user's running queues (opened with monitor=True): lanes, workers, failures",
 }
 
 
@@ -48,6 +50,10 @@ def main(argv: list[str] | None = None) -> int:
         from procq._cli import main as run
 
         return run(args[1:], prog=f"{prog} run")
+    if args[:1] == ["top"]:
+        from procq._top import main as top
+
+        return top(args[1:], prog=f"{prog} top")
     p = _parser(prog)
     if not args:
         p.print_usage(sys.stderr)

@@ -76,6 +76,18 @@ def check_policies(retention: Any, reuse: Any, on_mismatch: Any) -> None:
         raise ValueError(f"on_mismatch must be 'raise', 'warn' or 'ignore', got {on_mismatch!r}")
 
 
+def check_monitor(name: Any, monitor: Any) -> None:
+    """``ProcQueue(name=..., monitor=...)``: the name its metrics and ``procq top``
+    show (it names the monitor's socket too), and whether it serves snapshots."""
+    if name is not None:
+        if not isinstance(name, str):
+            raise TypeError(f"a queue's name is a str, got {type(name).__name__}: {name!r}")
+        if not name or "\0" in name or "/" in name:
+            raise ValueError(f"a queue's name must be non-empty, without '/' or NUL, got {name!r}")
+    if type(monitor) is not bool:
+        raise TypeError(f"monitor must be True or False, got {type(monitor).__name__}: {monitor!r}")
+
+
 def worker_context(start_method: str | None, lanes: Mapping[str, Lane]) -> tuple[str, Any]:
     """The start method workers use (``"forkserver"`` on Linux and
     ``"spawn"`` elsewhere by default) and its ``multiprocessing`` context.

@@ -120,16 +120,16 @@ class Core:
         keys = self.keys
         records = self.records
         if not records.expires and not keys.closing:
-            # A completed key, with no retention to consult or update: its
-            # record never changes in place, and the store's read is atomic, so
-            # it answers without the lock (the read is the push's moment).
-            # Many threads pushing cached keys then never queue on the lock.
+            # A completed key, with no retention to consult or update: its record never
+            # changes in place, and the store's read is atomic, so it answers without the
+            # lock (the read is the push's moment): threads pushing cached keys never queue.
             rec = records.peek(job.key)
             if type(rec) is Done and (job.reuse or keys.reuse) != "always":
                 held = rec.fp
-                if held == fp or held is None or fp is None:
-                    return new_claim(Claim, (CACHED, rec.output, None))
-                return new_claim(Claim, (CACHED, rec.output, conflict(held, fp, None)))
+                differs = None if held == fp or held is None or fp is None else conflict(held, fp, None)
+                if differs is None or not self.strict_payload:  # (else the push raises: no answer to count)
+                    lane.count_cached()  # (atomic without the lock: see _metrics)
+                return new_claim(Claim, (CACHED, rec.output, differs))
         now = self.clock()
         with self.lock:
             if records.timed:

@@ -1,12 +1,11 @@
 """The lanes: handing jobs to workers, and what a worker's reports and death do.
 
-``Dispatch`` owns the lanes (``_entries.LaneState``) and their workers'
-bookkeeping (``_entries.WorkerSlot``): which worker runs which job, which jobs
-are sent ahead to a busy worker and what becomes of them, a lane's room for
-waiting pushes, and a worker's start, retirement and death (its
-``WorkerLife``). A key's own status changes go through the state map
-(``_statemap.StateMap``). Everything here runs with ``Core.lock`` held; like the
-rest of the core it never touches a pipe or a process: it returns the jobs to
+``Dispatch`` owns the lanes (``_entries.LaneState``) and their workers' bookkeeping
+(``_entries.WorkerSlot``): which worker runs which job, which jobs are sent ahead to a
+busy worker and what becomes of them, a lane's room for waiting pushes, and a worker's
+start, retirement and death (its ``WorkerLife``). A key's own status changes go through
+the state map (``_statemap.StateMap``). Everything here runs with ``Core.lock`` held;
+like the rest of the core it never touches a pipe or a process: it returns the jobs to
 send, and the caller sends them.
 
 Several jobs in flight per worker
@@ -33,7 +32,6 @@ from procq._decoding import Decoding
 from procq._entries import PENDING, PROCESSING, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
 from procq._job import Job, Lane
 from procq._protocol import Report, Undecoded
-from procq._sandbox_kernel import enforced
 from procq._statemap import StateMap
 from procq._values import Failed, Failure, LaneStats
 
@@ -127,6 +125,7 @@ class Dispatch:
         worker (returned: the caller sends it), into ready, or into overdue
         when ready is full."""
         lane = entry.lane
+        entry.since = now  # (its wait for a worker starts now: see _metrics)
         if lane.idle:
             worker = lane.idle.pop()
             self._assign(worker, entry, now)
@@ -164,8 +163,7 @@ class Dispatch:
             entry, wakeup = lane.blocked.popleft()
             wakeups.append(wakeup)
         elif worker.jobs == 0:
-            # A new worker goes to the back of the idle list (idle.pop() takes
-            # from the end): the warmest workers get work first.
+            # A new worker goes to the back of the idle list (idle.pop() takes the end): warmest first.
             lane.idle.insert(0, worker)
             return None
         else:
@@ -293,6 +291,8 @@ class Dispatch:
                 outcome = Failed(entry.kill_reason)
             elif crashed:
                 lane.crashes += 1
+            if retire and type(outcome) is Failed:  # (its job's failure retires it: the metrics' cause)
+                worker.retire_cause = outcome.failure.kind
             if isinstance(outcome, Undecoded):
                 self.decoding.hold(entry)
                 undecoded.append((entry, outcome))
@@ -341,6 +341,7 @@ class Dispatch:
         """A new worker process joined ``lane`` (``None``: starting it
         failed). ``reserved``: started after the lane's first workers, it
         fills a reserved place or is a spare (``_spares.arrive``). True: a spare."""
+        lane.tally.starts += worker is not None
         if worker is not None and reserved:
             return _spares.arrive(worker, lane)
         if worker is not None:
@@ -395,6 +396,7 @@ class Dispatch:
             lane.boot_failures += 1
         if restart:
             self.replace(lane, now, wakeups)
+        kind = None
         if entry is not None:
             failure = entry.kill_reason
             if failure is None:
@@ -403,7 +405,10 @@ class Dispatch:
                 lane.spares_on = lane.spec.spares > 0
             else:
                 failure = replace(failure, exitcode=exitcode, signal=signal)
+            kind = failure.kind
             wakeups += self.keys.finish(entry, Failed(failure), now)
+        retired = (worker.retire_cause or "recycled") if life is RETIRED else None
+        lane.tally.died(retired, life.booting, kind, signal, self.keys.stopped or self.keys.cancelled)
         return worker.sending == 0
 
     def requeue(self, worker: WorkerSlot, now: float, wakeups: list[Wakeup]) -> None:
@@ -445,24 +450,7 @@ class Dispatch:
         self.refill(lane, wakeups)
 
     def stats(self) -> dict[str, LaneStats]:
-        return {
-            name: LaneStats(
-                name=name,
-                workers=lane.spec.workers,
-                capacity=lane.spec.capacity,
-                waiting=len(lane.ready) + lane.prefetched + len(lane.overdue) + len(lane.blocked),
-                running=lane.running,
-                workers_alive=len(lane.workers) + lane.starting,
-                crashes=lane.crashes,
-                worker_restarts=lane.restarts,
-                completed=lane.completed,
-                failed=lane.failed,
-                retries=lane.retries,
-                spares=len(lane.spares),
-                sandbox=enforced(lane.spec.sandbox),  # type: ignore[arg-type]
-            )
-            for name, lane in self.lanes.items()
-        }
+        return {name: lane.stats() for name, lane in self.lanes.items()}
 
     def check(self, live: dict[str, Entry]) -> None:
         """Assert the lanes' invariants (for ``Core._check_invariants``)."""
@@ -492,6 +480,5 @@ class Dispatch:
 
 
 def low_mark(capacity: int) -> int:
-    """How far a full lane drains before its blocked pushes are let in: a
-    quarter of a large lane; a small lane takes one as soon as there is room."""
+    """How far a full lane drains before its blocked pushes are let in: a quarter of a large lane; a small one, 1."""
     return capacity - capacity // 4 if capacity >= 16 else capacity - 1

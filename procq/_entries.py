@@ -13,10 +13,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from procq._job import Job, Lane
+from procq._metrics import Tally
+from procq._sandbox_kernel import enforced
 from procq._values import (
     Completed,
     Failed,
     Failure,
+    LaneStats,
     Pending,
     Processing,
     State,
@@ -110,8 +113,11 @@ class Entry:
         "lane",
         "memory_limit",
         "outcome",
+        "pid",
         "prev",
         "rss_base",
+        "since",
+        "started",
         "status",
         "timed",
         "timeout",
@@ -163,6 +169,12 @@ class Entry:
         self.due: float | None = None
         # In ``Timers.waiting``, waiting for ``due`` (invariant: timed => due is not None).
         self.timed = False
+        # For the metrics and traces (``_metrics``): when it was claimed or
+        # last entered its lane, when its attempt started and on which worker
+        # process (kept after it ends, unlike ``worker``).
+        self.since = 0.0
+        self.started = 0.0
+        self.pid: int | None = None
 
     def state(self) -> State:
         if self.outcome is not None:
@@ -206,6 +218,7 @@ class WorkerSlot:
         "pid",
         "queue",
         "reading",
+        "retire_cause",
         "retire_requested",
         "sending",
         "spare",
@@ -242,6 +255,9 @@ class WorkerSlot:
         # jobs queued: a request, kept whatever its life is meanwhile. It gets
         # no more jobs sent ahead and is retired once its queue has run.
         self.retire_requested = False
+        # Why it was retired, when its job's failure was why (a "memory" error
+        # leaves a worker unfit): what its death counts as in the metrics.
+        self.retire_cause: str | None = None
         # A warm spare (in ``lane.spares``, not ``lane.workers``): it boots and
         # then waits, taking no job, until it replaces a worker (``_spares``).
         self.spare = False
@@ -262,6 +278,7 @@ class LaneState:
         "blocked",
         "boot_failures",
         "completed",
+        "count_cached",
         "crashes",
         "failed",
         "idle",
@@ -277,6 +294,7 @@ class LaneState:
         "spares_on",
         "spec",
         "starting",
+        "tally",
         "workers",
     )
 
@@ -317,6 +335,28 @@ class LaneState:
         # ``spec.spares`` of them once ``spares_on``: after its first crash.
         self.spares: list[WorkerSlot] = []
         self.spares_on = False
+        self.tally = Tally()  # what the metrics count (``_metrics``)
+        # Counts a cached answer given without Core.lock: ``next()`` of an
+        # ``itertools.count``, bound once (one C call, atomic under the GIL).
+        self.count_cached = self.tally.cached_unlocked.__next__
+
+    def stats(self) -> LaneStats:
+        """What ``q.stats()`` says of this lane (under ``Core.lock``)."""
+        return LaneStats(
+            name=self.name,
+            workers=self.spec.workers,
+            capacity=self.spec.capacity,
+            waiting=len(self.ready) + self.prefetched + len(self.overdue) + len(self.blocked),
+            running=self.running,
+            workers_alive=len(self.workers) + self.starting,
+            crashes=self.crashes,
+            worker_restarts=self.restarts,
+            completed=self.completed,
+            failed=self.failed,
+            retries=self.retries,
+            spares=len(self.spares),
+            sandbox=enforced(self.spec.sandbox),  # type: ignore[arg-type]
+        )
 
 
 def current_timer(item: tuple[float, int, Entry]) -> bool:

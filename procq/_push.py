@@ -131,10 +131,13 @@ class Pusher:
     (and closed) at once.
     """
 
-    __slots__ = ("_core", "_fns")
+    __slots__ = ("_core", "_fns", "on_fresh")
 
     def __init__(self, core: Core) -> None:
         self._core = core
+        # Called with each fresh claim as it is offered, in the pushing thread
+        # (no lock held): ``procq.metrics.otel`` opens a job's span there.
+        self.on_fresh: Callable[[Entry], None] | None = None
         # Pickles of module-level functions, made once per queue (see _serialize).
         self._fns: weakref.WeakKeyDictionary[Callable[..., Any], tuple[bytes, bytes]] = weakref.WeakKeyDictionary()
 
@@ -203,6 +206,8 @@ class Pusher:
         worker that took it, leaves it in its lane, or refuses it (``LaneFull``,
         ``QueueClosed``) and releases the claim."""
         core = self._core
+        if self.on_fresh is not None:
+            self.on_fresh(entry)
         offered = core.offer(entry)
         if offered is FULL and (timeout is None or timeout > 0):
             waiting = room(core, entry, timeout)

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from procq._config import check_policies, parse_lanes, worker_context
+from procq._config import check_monitor, check_policies, parse_lanes, worker_context
 from procq._core import Core
 from procq._errors import ProcQueueError, QueueClosed, WrongProcess
 from procq._handle import JobHandle
@@ -44,6 +44,8 @@ from procq._supervisor import Supervisor
 from procq._values import Completed, Failed, Pending, Processing, QueueStats, State
 
 if TYPE_CHECKING:
+    from procq._metrics import QueueMetrics
+    from procq._monitor import Monitor
     from procq._store_core import StoreCore
     from procq._store_tx import StoreTransaction
 
@@ -90,6 +92,12 @@ class ProcQueue(MapFace, AsyncFace):
     ``"postgresql://..."`` (PostgreSQL, with ``procq[postgres]``) or a
     ``procq.Store``. ``None`` (the default): keys live in this queue's memory.
 
+    ``name`` names the queue in its metrics and in ``procq top`` (default
+    ``"procq-N"``, N counting the queues this process opened). With
+    ``monitor=True`` the queue serves read-only snapshots of itself to
+    ``procq top`` on a UNIX socket only its user can open, until it closes
+    (see docs/observability.md); by default it opens none.
+
     Use it as a context manager, or call :meth:`close`: leaving the ``with``
     block waits for every waiting and running job, then stops and reaps every
     worker. (On ``KeyboardInterrupt`` it does not wait: waiting jobs are
@@ -105,10 +113,15 @@ class ProcQueue(MapFace, AsyncFace):
         reuse: Reuse = "failed",
         on_mismatch: str = "raise",
         store: Any = None,
+        name: str | None = None,
+        monitor: bool = False,
     ) -> None:
         parsed = parse_lanes(lanes)
         if any(lane.remote for lane in parsed.values()):
             import procq._channel_dask  # noqa: F401  (registers the Dask lanes' channel)
+        check_monitor(name, monitor)
+        number = next(_names)
+        self.name = f"procq-{number}" if name is None else name
         check_descriptors(parsed)
         check_policies(retention, reuse, on_mismatch)
         check_sandboxes(parsed)
@@ -132,11 +145,20 @@ class ProcQueue(MapFace, AsyncFace):
         self._life = _Life.OPEN
         self._owner_pid = os.getpid()
         self._close_lock = threading.Lock()
-        self._supervisor = Supervisor(self._core, context, str(next(_names)))
+        self._supervisor = Supervisor(self._core, context, str(number))
         self._supervisor.start()
+        self._monitor: Monitor | None = None
+        if monitor:
+            from procq._monitor import Monitor
+
+            try:
+                self._monitor = Monitor(self._core, self.name)
+            except BaseException:
+                _close_now(self._core, self._supervisor, None)
+                raise
         # An unclosed queue is closed without waiting when it is garbage
         # collected or at interpreter exit, so no worker outlives it.
-        self._finalizer = weakref.finalize(self, _close_now, self._core, self._supervisor)
+        self._finalizer = weakref.finalize(self, _close_now, self._core, self._supervisor, self._monitor)
         queues.add(self)
 
     # --- pushing ------------------------------------------------------------
@@ -324,6 +346,17 @@ class ProcQueue(MapFace, AsyncFace):
         self._here()
         return self._core.stats()
 
+    def metrics(self) -> QueueMetrics:
+        """One snapshot of what the queue has counted: per lane, pushes, joins,
+        cached answers, starts, ends by kind, depths, workers' starts and
+        deaths by cause, run-time and wait-time histograms, workers' memory;
+        the recent failures; a store's commits. What ``procq.metrics``'
+        exporters and ``procq top`` read (see docs/observability.md)."""
+        self._here()
+        from procq._metrics import metrics
+
+        return metrics(self._core, self.name)
+
     @property
     def lanes(self) -> dict[str, Lane]:
         return {name: lane.spec for name, lane in self._core.lanes.items()}
@@ -364,6 +397,8 @@ class ProcQueue(MapFace, AsyncFace):
                 core.drained.wait()
                 raise
             finally:
+                if self._monitor is not None:
+                    self._monitor.close()
                 supervisor.stop()
                 if self._store is not None:
                     self._store.close_store()
@@ -446,8 +481,10 @@ async def _await(handle: JobHandle[T]) -> T:
     return await handle
 
 
-def _close_now(core: Core, supervisor: Supervisor) -> None:
+def _close_now(core: Core, supervisor: Supervisor, monitor: Monitor | None) -> None:
     """Close a queue nobody closed (collected, or at exit), without waiting."""
+    if monitor is not None:
+        monitor.close()
     core.start_closing()
     supervisor.cancel_all()
     core.drained.wait()

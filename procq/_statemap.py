@@ -8,7 +8,10 @@ ended. A claim moves a key from absent or ended to Pending; ``start``,
 through ``_move``, which keeps every count that follows a status in step with
 it: the live map itself, the running jobs (the queue's, and each lane's), the
 running jobs with a memory limit, each lane's completed / failed / retried
-attempts. The records store keeps the completed and failed counts.
+attempts, and what its ``Tally`` counts for the metrics (``_metrics``):
+attempts started, failures by kind, live keys, run and wait times. A claim
+counts its lane's pushes, joins and cached answers. The records store keeps
+the completed and failed counts.
 
 ::
 
@@ -38,6 +41,9 @@ import enum
 import itertools
 import random
 import threading
+import time
+from bisect import bisect_left
+from collections import deque
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -45,6 +51,7 @@ from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, L
 from procq._errors import QueueClosed
 from procq._fingerprint import describe
 from procq._job import Job
+from procq._metrics import RECENT_FAILURES
 from procq._records import KeyRecords
 from procq._retention import Done, Record
 from procq._timers import Timers
@@ -99,6 +106,7 @@ class StateMap:
         "check_payload",
         "closing",
         "drained",
+        "failures",
         "live",
         "memory_jobs",
         "processing",
@@ -131,6 +139,8 @@ class StateMap:
         # no claim (closing is set) and says why.
         self.broken: BaseException | None = None
         self.drained = threading.Event()  # set while closing and nothing is live
+        # The last failures, for ``procq top``: (time.time(), key, lane, kind, message).
+        self.failures: deque[tuple[float, str, str, str, str]] = deque(maxlen=RECENT_FAILURES)
 
     def close(self, broken: BaseException | None = None) -> None:
         """Take no more claims (``broken``: the I/O thread died of it)."""
@@ -154,7 +164,10 @@ class StateMap:
         key = job.key
         entry = self.live.get(key)
         if entry is not None:
-            return new_claim(Claim, (INFLIGHT, entry, conflict(entry.fp, fp, entry.job.fn)))
+            differs = conflict(entry.fp, fp, entry.job.fn)
+            if differs is None or not self.strict_payload:
+                lane.tally.joined += 1
+            return new_claim(Claim, (INFLIGHT, entry, differs))
         records = self.records
         rec = records.lookup(key, now)
         if rec is not None:
@@ -164,6 +177,7 @@ class StateMap:
                     differs = conflict(rec.fp, fp, None)
                     if differs is None or not self.strict_payload:
                         records.used(rec)
+                        lane.tally.cached += 1
                     return new_claim(Claim, (CACHED, rec.output, differs))
             elif reuse == "never":
                 return new_claim(Claim, (FAILED, rec.failure, conflict(rec.fp, fp, None)))  # type: ignore[union-attr]
@@ -172,6 +186,10 @@ class StateMap:
         entry.fp = fp if self.check_payload else None
         if due is not None and due > now:
             entry.due = due
+        entry.since = now
+        tally = lane.tally
+        tally.pushed += 1
+        tally.live += 1
         self.live[key] = entry
         return new_claim(Claim, (QUEUED, entry, None))
 
@@ -182,7 +200,7 @@ class StateMap:
 
     # --- status changes -------------------------------------------------------------
 
-    def _move(self, entry: Entry, to: Status) -> None:
+    def _move(self, entry: Entry, to: Status, now: float) -> None:
         """The one place an entry's status changes, with the counts that follow it."""
         was = entry.status
         entry.status = to
@@ -192,25 +210,42 @@ class StateMap:
             lane.running += 1
             if entry.memory_limit is not None:
                 self.memory_jobs += 1
+            tally = lane.tally
+            tally.started += 1
+            wait = now - entry.since  # (Histogram.observe, inlined: this runs for every job)
+            h = tally.wait
+            h.counts[bisect_left(h.bounds, wait)] += 1
+            h.sum += wait
+            entry.started = now
             return
         if was is PROCESSING:
             self.processing -= 1
             lane.running -= 1
             if entry.memory_limit is not None:
                 self.memory_jobs -= 1
+            ran = now - entry.started  # (Histogram.observe, inlined)
+            h = lane.tally.run
+            h.counts[bisect_left(h.bounds, ran)] += 1
+            h.sum += ran
             if to is PENDING:  # a failed attempt, to be run again
                 lane.retries += 1
                 return
         if to is DONE:
-            if type(entry.outcome) is Completed:
+            outcome = entry.outcome
+            if type(outcome) is Completed:
                 lane.completed += 1
             else:
                 lane.failed += 1
+                failure: Failure = outcome.failure  # type: ignore[union-attr]
+                lane.tally.failures[failure.kind] += 1
+                self.failures.append((time.time(), entry.key, lane.name, failure.kind, failure.message))
+        lane.tally.live -= 1
         del self.live[entry.key]  # DONE or ABANDONED
 
     def start(self, entry: Entry, worker: WorkerSlot, now: float) -> None:
         """``entry`` is now the job ``worker`` runs."""
-        self._move(entry, PROCESSING)
+        self._move(entry, PROCESSING, now)
+        entry.pid = worker.pid
         if entry.prev is not None:  # past its lane's door: the claim can no longer be abandoned
             self.records.release(entry.prev)
             entry.prev = None
@@ -243,7 +278,7 @@ class StateMap:
         delay = retry.delay(entry.attempt, self._random.random())
         entry.attempt += 1
         entry.job_id = next(self._ids)
-        self._move(entry, PENDING)
+        self._move(entry, PENDING, now)
         entry.worker = None
         entry.kill_reason = None
         entry.deadline = None
@@ -255,7 +290,7 @@ class StateMap:
         if entry.history and type(outcome) is Failed:
             outcome = Failed(_summarize(entry.history, outcome.failure))
         entry.outcome = outcome
-        self._move(entry, DONE)
+        self._move(entry, DONE, now)
         records = self.records
         if entry.prev is not None:  # ended before it ever ran (cancelled, lane failed)
             records.release(entry.prev)
@@ -268,7 +303,7 @@ class StateMap:
         wake whoever joined the claim with ``cancelled``."""
         assert entry.status is PENDING and entry.outcome is None
         entry.outcome = Failed(Failure("cancelled", f"job {entry.key!r} was abandoned before it ran: {why}"))
-        self._move(entry, ABANDONED)
+        self._move(entry, ABANDONED, now)
         if entry.prev is not None:
             self.records.give_back(entry.prev, now)
             entry.prev = None

@@ -60,6 +60,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from procq._entries import Entry, Wakeup
+from procq._metrics import COMMIT_BUCKETS, Histogram, HistogramSnapshot
 from procq._store import Conn, Row, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -176,7 +177,7 @@ def commit_writes(core: StoreCore) -> list[Wakeup]:
         if ended:
             with core.lock:
                 core.records_.committed(ended)  # (before their wake-ups run: see StoreCore.settled)
-        return commits.done(taken)
+        return commits.done(taken, commits.took)
 
 
 def commit_claims(core: StoreCore, fresh: list[Entry], wakeups: list[Wakeup]) -> str | None:
@@ -216,6 +217,10 @@ class Commits:
         self.last = 0.0  # when the last commit ended (monotonic), by any thread
         self.took = 0.0  # how long it took
         self.poke: Callable[[], None] = lambda: None
+        # For the metrics (``_metrics``): commits' latency, and the seconds
+        # the store refused commits in outages that ended.
+        self.latency = Histogram(COMMIT_BUCKETS)
+        self.outage = 0.0
 
     def add(self, key: str, write: Write) -> None:
         with self._lock:
@@ -256,8 +261,9 @@ class Commits:
         with self._lock:
             return [w for _, k, w in self.pending if k == key] if self.keys[key] else []
 
-    def done(self, taken: list[tuple[int, str | None, Write]]) -> list[Wakeup]:
-        """``taken`` (a prefix of ``pending``) is committed: the wake-ups it released."""
+    def done(self, taken: list[tuple[int, str | None, Write]], took: float | None = None) -> list[Wakeup]:
+        """``taken`` (a prefix of ``pending``) is committed (in ``took`` seconds,
+        if a commit ran): the wake-ups it released."""
         wakeups: list[Wakeup] = []
         with self._lock:
             if taken:
@@ -275,8 +281,20 @@ class Commits:
                 self.committed = self.written
             while self._held and self._held[0][0] <= self.committed:
                 wakeups += self._held.popleft()[1]
+            if took is not None:
+                self.latency.observe(took)
+            if self.refused_since is not None:  # an outage ended
+                self.outage += time.monotonic() - self.refused_since
             self.refused_since = None
         return wakeups
+
+    def metrics(self) -> tuple[HistogramSnapshot, float, bool, int]:
+        """For ``_metrics``: the commits' latency, the seconds of outage (the
+        current one included), whether the store takes commits, writes waiting."""
+        with self._lock:
+            refused = self.refused_since
+            outage = self.outage + (0.0 if refused is None else time.monotonic() - refused)
+            return self.latency.snapshot(), outage, refused is None, len(self.pending)
 
     def release_all(self) -> list[Wakeup]:
         """Every wake-up still held; from now on none is (the queue is

@@ -34,6 +34,7 @@ that finds the database gone raises ``StoreUnavailable`` and changes nothing.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -62,7 +63,7 @@ from procq._store import (
 )
 from procq._store_commit import Commits, Committer, Fresh, commit_claims, commit_writes, run_writes
 from procq._store_read import forget_key, read_snapshot, read_state
-from procq._store_records import Held, StoreRecords, as_record
+from procq._store_records import Held, StoreRecords, as_record, row_expired
 from procq._store_remote import RemoteEntry, Watcher
 from procq._store_urls import open_store
 from procq._values import State
@@ -171,9 +172,12 @@ class StoreCore(Core):
             if done is not None and (self.retention.ttl is None or time.time() - done[3] < self.retention.ttl):
                 output, encoding, held_fp, _ = done
                 cached = decode_output(output, encoding)
-                if not self.check_payload or held_fp is None:
-                    return new_claim(Claim, (CACHED, cached, None))
-                return new_claim(Claim, (CACHED, cached, conflict(held_fp, stable_fingerprint(job), None)))
+                differs = None
+                if self.check_payload and held_fp is not None:
+                    differs = conflict(held_fp, stable_fingerprint(job), None)
+                if differs is None or not self.strict_payload:
+                    lane.count_cached()  # (no lock of the core here: see _metrics)
+                return new_claim(Claim, (CACHED, cached, differs))
             claims, _ = self.claim_all([(job, lane, due)], read=False)  # (read just now: no done row)
             return claims[0]
         claims, _ = self.claim_all([(job, lane, due)])
@@ -297,7 +301,7 @@ class StoreCore(Core):
         wakeups: list[Wakeup] = []
         if read and self._read_first():  # a done key answers from a read, with no write lock taken
             row = conn.read(key)
-            if row is not None and row.state == "done" and reuse != "always" and not self.row_expired(row):
+            if row is not None and row.state == "done" and reuse != "always" and not row_expired(self.retention, row):
                 return self._cached(row, job), wakeups
         self._begin()
         if ahead is not None:
@@ -318,7 +322,9 @@ class StoreCore(Core):
         else:
             assert type(taken) is tuple
             alive = taken[1] and not holder_gone(taken[0].holder)
-            found, row, ended = judge(taken[0], alive, reuse, self.holder, self.row_expired)
+            found, row, ended = judge(
+                taken[0], alive, reuse, self.holder, functools.partial(row_expired, self.retention)
+            )
             if ended is not None:
                 conn.settle([ended])
             if found is Found.CLAIMED:
@@ -439,27 +445,6 @@ class StoreCore(Core):
 
     # --- reading ----------------------------------------------------------------------
 
-    def row_expired(self, row: Row) -> bool:
-        """Is an ended row past the queue's retention? (Checked at every read; ``sweep_rows`` deletes them.)"""
-        if row.ended is None:
-            return False
-        limit = self.retention.ttl if row.state == "done" else self.retention.failed_ttl
-        return limit is not None and time.time() - row.ended >= limit
-
-    def sweep_rows(self, conn: Conn | None = None) -> int:
-        """Delete the rows past the retention, on ``conn`` (the watcher's, every
-        third of a lease) or on the queue's own; returns how many."""
-        r = self.retention
-        if r.ttl is None and r.failed_ttl is None and r.max_completed is None:
-            return 0
-        if conn is not None:
-            return conn.purge(r.ttl, r.failed_ttl, r.max_completed)
-        with self.db_lock:
-            wakeups = self.commit()  # (the purge commits batches of its own)
-            deleted = self.conn.purge(r.ttl, r.failed_ttl, r.max_completed)
-        self.deliver_now(wakeups)
-        return deleted
-
     def _read(self, read: Callable[[], Any], keys: list[str] | None) -> Any:
         """``read()`` under db_lock, after committing the outcomes it could miss."""
         with self.db_lock:
@@ -478,8 +463,12 @@ class StoreCore(Core):
         return forget_key(self, key)
 
     def stats(self) -> Any:
-        self.records_.counts = self._read(self.conn.counts, None)
+        self.read_counts()
         return super().stats()
+
+    def read_counts(self) -> None:
+        """Read the store's counts of completed and failed keys (one query, under db_lock)."""
+        self.records_.counts = self._read(self.conn.counts, None)
 
     # --- closing ------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from procq._entries import Ended
 from procq._store import Row, StoreUnavailable, holder_gone, interrupted
+from procq._store_records import row_expired
 from procq._store_remote import RemoteEntry
 from procq._values import State
 
@@ -21,7 +22,7 @@ def _row_state(core: StoreCore, row: Row, dead: set[str]) -> State | RemoteEntry
     """What a row says of its key: an outcome, a key live in another queue, or
     nothing (past its retention, or a claim of this queue on its way out)."""
     if row.state != "live":
-        return None if core.row_expired(row) else row.outcome()
+        return None if row_expired(core.retention, row) else row.outcome()
     if row.holder == core.holder:
         return None
     if row.holder in dead or holder_gone(row.holder):

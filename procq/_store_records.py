@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from procq._entries import ABANDONED, Entry
+from procq._policies import Retention
 from procq._retention import Done, Fell, Record
 from procq._store import Conn, Row, encode_outcome
 from procq._store_commit import Write
@@ -24,7 +25,7 @@ from procq._values import Completed, Failed, Failure
 if TYPE_CHECKING:
     from procq._store_core import StoreCore
 
-__all__ = ["Held", "StoreRecords", "as_record"]
+__all__ = ["Held", "StoreRecords", "as_record", "row_expired", "sweep_rows"]
 
 
 class Held:
@@ -194,3 +195,29 @@ def as_record(row: Row | None) -> Record | None:
     if type(outcome) is Completed:
         return Done(row.key, outcome.output, row.fp, 0.0)
     return Fell(row.key, outcome.failure, row.fp, 0.0)  # type: ignore[union-attr]
+
+
+# --- rows past the queue's retention ------------------------------------------------
+
+
+def row_expired(retention: Retention, row: Row) -> bool:
+    """Is an ended row past the queue's retention? (Checked at every read; ``sweep_rows`` deletes them.)"""
+    if row.ended is None:
+        return False
+    limit = retention.ttl if row.state == "done" else retention.failed_ttl
+    return limit is not None and time.time() - row.ended >= limit
+
+
+def sweep_rows(core: StoreCore, conn: Conn | None = None) -> int:
+    """Delete the rows past ``core``'s retention, on ``conn`` (the watcher's,
+    every third of a lease) or on the queue's own; returns how many."""
+    r = core.retention
+    if r.ttl is None and r.failed_ttl is None and r.max_completed is None:
+        return 0
+    if conn is not None:
+        return conn.purge(r.ttl, r.failed_ttl, r.max_completed)
+    with core.db_lock:
+        wakeups = core.commit()  # (the purge commits batches of its own)
+        deleted = core.conn.purge(r.ttl, r.failed_ttl, r.max_completed)
+    core.deliver_now(wakeups)
+    return deleted

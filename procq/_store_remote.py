@@ -10,7 +10,7 @@ costs nothing: an entry is watched from its first wait.
 
 The ``Watcher`` is one thread per queue with its own connection. It renews
 the queue's lease every third of it, deletes rows past the queue's retention
-(``StoreCore.sweep_rows``), and, while entries are watched, reads their rows
+(``_store_records.sweep_rows``), and, while entries are watched, reads their rows
 every ``Store.poll`` seconds (SQLite) or when PostgreSQL notifies that a row
 ended. While this queue holds keys waiting for their ``not_before``, it reads
 their rows' times too (SQLite: every poll; PostgreSQL: when notified of a
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from procq._entries import DONE, PENDING, run_wakeups
 from procq._store import Row, StoreUnavailable, holder_gone, interrupted
+from procq._store_records import sweep_rows
 from procq._values import Completed, Failed, Failure, Processing, State
 
 if TYPE_CHECKING:
@@ -147,7 +148,7 @@ class Watcher(threading.Thread):
                 if time.monotonic() >= renew_at:
                     self.conn.renew(core.holder, lease)
                     renew_at = time.monotonic() + lease / 3
-                    core.sweep_rows(self.conn)
+                    sweep_rows(core, self.conn)
                 if watching:
                     self._poll()
                 if scheduled and (not self._notified or not told or "procq_wake" in told):

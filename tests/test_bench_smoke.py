@@ -81,3 +81,9 @@ def test_programs_sharing_a_store_report_their_waits() -> None:
         re.MULTILINE,
     ), out
     assert "| 2 programs on one SQLite file, 1 s: worst wait (p99), jobs |" in out, out
+
+
+def test_the_cost_of_watching_a_queue_is_reported() -> None:
+    out = _python_m("bench.observe", "--quick", "--every", "0.01")
+    figures = r"^tiny: off [\d,]+ jobs/s, watched [\d,]+ jobs/s .* watched x\d+\.\d{3} of off; [1-9]\d* reads"
+    assert re.search(figures, out, re.MULTILINE), out

@@ -89,6 +89,10 @@ def test_push_table_on_a_cluster_lane(cluster: Cluster, gates: Gates, tmp_path: 
         stats = q.stats()
         assert set(vars(stats.lanes[LANE])) == set(vars(stats.lanes["local"]))  # the same fields
         assert stats.lanes[LANE].workers == 2 and stats.lanes[LANE].completed == 1
+        lane = q.metrics().lanes[LANE]  # counted as a local lane's are
+        assert (lane.pushed, lane.joined, lane.cached, lane.completed) == (3, 1, 1, 1)
+        assert lane.failed["error"] in (1, 2)  # (the second "bad" may have failed too by now)
+        assert [w.pid for w in q.metrics().workers if w.lane == LANE] == [None, None]  # (no local process)
     with open(log) as f:
         assert len(f.readlines()) == 1  # two pushes, one run
 

@@ -124,7 +124,8 @@ def test_readme_starts_with_the_two_commands() -> None:
     text = (ROOT / "README.md").read_text()
     first = text.split("```sh\n", 1)[1].split("```", 1)[0]
     assert ".venv/bin/pip install . && .venv/bin/python -m procq demo" in first
-    assert ".venv/bin/pip install -e '.[test,postgres,dask,joblib]' && .venv/bin/python -m pytest" in first
+    extras = "test,postgres,dask,joblib,prometheus,otel,top"
+    assert f".venv/bin/pip install -e '.[{extras}]' && .venv/bin/python -m pytest" in first
 
 
 def test_links_resolve_and_readme_reaches_every_page() -> None:

@@ -46,6 +46,7 @@ from procq import (
     StoreError,
     StoreUnavailable,
 )
+from procq._store_records import sweep_rows
 from procq._store_urls import open_store
 
 PROGRAM = str(Path(__file__).with_name("store_program.py"))
@@ -489,7 +490,7 @@ def test_retention_deletes_rows(url: str, tmp_path: Path) -> None:
     with ProcQueue(1, store=url, retention=Retention(max_completed=2)) as q:
         for i in range(4):
             q.push_and_wait(Job(f"k{i}", store_jobs.counted, args=(log, i)), timeout=WAIT)
-        assert q._store is not None and q._store.sweep_rows() == 2
+        assert q._store is not None and sweep_rows(q._store) == 2
         assert q.keys() == ["k2", "k3"]
         assert isinstance(q.push(Job("k0", store_jobs.counted, args=(log, 0))), Queued)
     # ttl=0: every completed row is past its time at once; it is neither answered nor listed, and is deleted.
@@ -497,4 +498,4 @@ def test_retention_deletes_rows(url: str, tmp_path: Path) -> None:
         assert isinstance(q.push(Job("k3", store_jobs.counted, args=(log, 3))), Queued)
         q.push_and_wait(Job("k3", store_jobs.counted, args=(log, 3)), timeout=WAIT)
         assert q.state("k3") is None and q.keys() == []
-        assert q._store is not None and q._store.sweep_rows() >= 1
+        assert q._store is not None and sweep_rows(q._store) >= 1
