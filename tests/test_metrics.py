@@ -178,8 +178,10 @@ def test_deaths_by_recycling_and_by_memory() -> None:
 
         def counted() -> bool:
             m = q.metrics()
-            return m.lanes["r"].worker_deaths == {"recycled": 2} and m.lanes["m"].worker_deaths == {"memory": 1}
+            deaths = m.lanes["r"].worker_deaths == {"recycled": 2} and m.lanes["m"].worker_deaths == {"memory": 1}
+            return deaths and (m.lanes["r"].worker_starts, m.lanes["m"].worker_starts) == (3, 2)
 
-        wait_until(counted, what="the retired workers' deaths counted")
+        # (A replacement's start is counted once it is started, after the death.)
+        wait_until(counted, what="the retired workers' deaths and their replacements' starts counted")
         m = q.metrics()
         assert (m.lanes["r"].worker_starts, m.lanes["m"].worker_starts) == (3, 2)
