@@ -32,6 +32,7 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from procq._channel import Launch, ProcessChannel
+from procq._config import main_not_preloaded
 from procq._errors import _RemoteTraceback
 from procq._plain import BuiltinExceptions, NeedsCode, load_data
 from procq._processes import pidfd, worker_config
@@ -195,6 +196,8 @@ class TrustedChannel(ProcessChannel):
             elif tag == OK_OBJECTS:
                 events.append(new(Report, (job_id, PickledResult(frame, self.pid), False, False)))
             elif tag == READY:
+                if end:  # the worker imported the main module itself, and says why
+                    main_not_preloaded(bytes(frame[:end]).decode("utf-8", "replace"))
                 events.append(_READY)
             elif tag == ERROR:
                 events.append(error_report(job_id, frame, end, self.pid))

@@ -221,7 +221,16 @@ def worker_main(conn: Connection, lane: str, config: dict[str, Any] | None = Non
         keep.add(sentinel)
     setup(config, keep)
     die_with_parent(sentinel)
-    run_until_eof(lambda: _serve(conn, config, _Pickled()))
+    run_until_eof(lambda: _serve(conn, config, _Pickled(_main_fallback())))
+
+
+def _main_fallback() -> str:
+    """Why the forkserver this worker was forked from did not import the
+    main module, which this worker then imported itself ("": it did, or
+    nothing asked it to: see ``_forkserver_main``)."""
+    module = sys.modules.get("procq._forkserver_main")
+    why = getattr(module, "fallback", None)
+    return f"{why}; each worker imports it again as it starts" if why else ""
 
 
 def _boot() -> None:
@@ -262,8 +271,11 @@ class _Codec:
 
 
 class _Pickled(_Codec):
+    def __init__(self, note: str = "") -> None:
+        self.note = note  # said with READY: why the main module was imported here, if it was
+
     def ready(self) -> bytes:
-        return TRAILER.pack(0, READY)
+        return self.note.encode("utf-8", "replace") + TRAILER.pack(0, READY)
 
     def ok(self, job_id: int, result: Any) -> bytes | Parts:  # type: ignore[override]
         return result_frame(job_id, result)
