@@ -163,10 +163,11 @@ def main_request() -> str | None:
     import, or it cannot be asked for (logged at DEBUG, once)."""
     from multiprocessing import spawn
 
-    try:
-        preparation = spawn.get_preparation_data("procq")
-    except Exception as exc:  # pragma: no cover - called while a child bootstraps
-        return _not_preloaded(f"its preparation data could not be read: {exc!r}")
+    # Raises RuntimeError while this process imports its main module as a
+    # child does (a forkserver, or a worker, running a script whose queue is
+    # not under its ``if __name__ == "__main__":`` guard), as any start of a
+    # process there does: the queue is refused, and so is that import.
+    preparation = spawn.get_preparation_data("procq")
     data: dict[str, Any] = {"argv": list(preparation.get("sys_argv", ())), "path": preparation.get("sys_path")}
     name = preparation.get("init_main_from_name")
     path = preparation.get("init_main_from_path")

@@ -211,3 +211,29 @@ def test_the_main_request_carries_what_spawn_would_pass() -> None:
     assert request["path"] == data["sys_path"]
     assert request.get("file") == data.get("init_main_from_path")
     assert request.get("name") == data.get("init_main_from_name")
+
+
+# A script that opens its queue outside the ``if __name__ == "__main__":``
+# guard: the forkserver's import of it must not start a queue there (nor hang
+# the program's), and its workers fail to start with the usual clear error.
+UNGUARDED = textwrap.dedent(
+    """
+    from procq import Job, JobFailed, ProcQueue
+
+    q = ProcQueue(lanes=1)
+    try:
+        q.push_and_wait(Job("a", abs, args=(-2,)), timeout=30)
+    except JobFailed as e:
+        print("FAILED", e.failure.kind)
+    q.close()
+    """
+)
+
+
+def test_a_script_that_opens_a_queue_unguarded_fails_clearly(tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    proc = _run([sys.executable, str(script)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["FAILED crashed"]
+    assert "finished its bootstrapping phase" in proc.stderr
