@@ -118,7 +118,9 @@ def preload_worker(context: Any) -> None:
     before it runs a line of procq (milliseconds per worker, every one paid
     again by each replacement of a crashed worker): the ``Popen`` classes
     its pickled ``Process`` names, and ``runpy`` and ``pkgutil``, with which
-    it would import the main module should the server have failed to.
+    it would import the main module should the server have failed to; and
+    ``cloudpickle``, which unpickles every function sent by value: the main
+    module's own (most programs' jobs), lambdas and closures.
 
     First on the list, ``_forkserver_guard`` makes the server untraceable and
     has it fork only for its parent. A forkserver started by someone else
@@ -141,7 +143,7 @@ def preload_worker(context: Any) -> None:
     drop = {guard, "__main__"}
     modules = [m for m in modules if m not in drop and not m.startswith(_MAIN_REQUEST)]
     main = main_request()
-    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker", "procq._queue") if m not in modules]
+    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker", "procq._queue", "cloudpickle") if m not in modules]
     context.set_forkserver_preload([guard, *modules, *wanted, *([main] if main else [])])
 
 

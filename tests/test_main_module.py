@@ -237,3 +237,29 @@ def test_a_script_that_opens_a_queue_unguarded_fails_clearly(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["FAILED crashed"]
     assert "finished its bootstrapping phase" in proc.stderr
+
+
+BY_REFERENCE = textwrap.dedent(
+    """
+    import probe
+
+    from procq import Job, ProcQueue
+
+    if __name__ == "__main__":
+        with ProcQueue(lanes=1) as q:
+            # probe.loaded travels by reference: unpickling it needs no cloudpickle.
+            print("LOADED", q.push_and_wait(Job("loaded", probe.loaded, args=("cloudpickle",))))
+    """
+)
+
+
+def test_workers_start_with_what_unpickles_a_function_sent_by_value(tmp_path: Path) -> None:
+    """Functions of the main module travel by value (cloudpickle), as lambdas
+    and closures do: a new worker has cloudpickle loaded before its first job,
+    rather than importing it at each start."""
+    script = tmp_path / "by_reference.py"
+    script.write_text(BY_REFERENCE)
+    (tmp_path / "probe.py").write_text("import sys\n\n\ndef loaded(name):\n    return name in sys.modules\n")
+    proc = _run([sys.executable, str(script)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["LOADED True"]
