@@ -130,10 +130,13 @@ def preload_worker(context: Any) -> None:
         from multiprocessing import forkserver
 
         server: Any = forkserver._forkserver  # private: no public way to read the list
-        if server._forkserver_pid is not None:
-            return
+        running = server._forkserver_pid is not None
         modules = list(server._preload_modules)
     except Exception:  # pragma: no cover - the stdlib's internals changed
+        return
+    if running:
+        if not any(m.startswith(_MAIN_REQUEST) for m in modules):
+            _not_preloaded("the forkserver was started before this process's first queue, without procq's preloads")
         return
     guard = "procq._forkserver_guard"
     # A request left by an earlier queue of this process is made again, as

@@ -263,3 +263,42 @@ def test_workers_start_with_what_unpickles_a_function_sent_by_value(tmp_path: Pa
     proc = _run([sys.executable, str(script)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["LOADED True"]
+
+
+# The forkserver started by someone else before the first queue: procq cannot
+# add to it, its workers import the main module as before, and a DEBUG line says so.
+STARTED_BEFORE = textwrap.dedent(
+    """
+    import logging
+    import multiprocessing
+    import os
+
+    with open(os.environ["COUNT_FILE"], "a") as f:
+        f.write(f"{__name__}\\n")
+
+    from procq import Job, ProcQueue
+
+
+    def triple(x):
+        return 3 * x
+
+
+    if __name__ == "__main__":
+        logging.basicConfig(level=logging.DEBUG, format="%(name)s %(levelname)s %(message)s")
+        multiprocessing.get_context("forkserver").Process(target=abs, args=(1,)).start()
+        with ProcQueue(lanes=1) as q:
+            print("RESULT", q.push_and_wait(Job("triple", triple, args=(14,)), timeout=30))
+    """
+)
+
+
+def test_a_forkserver_started_before_the_first_queue_is_used_as_it_is(tmp_path: Path) -> None:
+    script = tmp_path / "started_before.py"
+    script.write_text(STARTED_BEFORE)
+    proc = _run([sys.executable, str(script)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["RESULT 42"]
+    assert "procq.worker DEBUG the forkserver does not import the main module: the forkserver was started" in (
+        proc.stderr
+    )
+    assert _imports(tmp_path).count("__mp_main__") == 2  # the program's child, and procq's worker
