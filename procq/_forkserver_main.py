@@ -16,9 +16,9 @@ list of modules to preload, each imported by name, in order, and any
 that carries, hex-encoded, what ``multiprocessing.spawn`` would tell a child
 of the main module (its path or module name, ``sys.argv``, ``sys.path``).
 Importing that name imports this module first, which makes itself a package
-and puts a finder on ``sys.meta_path``; the finder decodes the name, imports
-the main module as spawn does (``_import_main``) and answers with an empty
-module. A child forked from the server then finds ``__main__`` already set
+and puts a finder on ``sys.meta_path``; the finder decodes the name, and its
+loader imports the main module as spawn does (``_import_main``), leaving the
+name an empty module. A child forked from the server then finds ``__main__`` already set
 up (spawn's ``prepare`` checks the path or module name and leaves it alone).
 
 When the main module cannot be imported there (its top level raises, or
@@ -104,17 +104,25 @@ def _describe(exc: BaseException) -> str:
         return "(its message could not be read)"
 
 
-class _Loader(importlib.abc.Loader):
+class _MainLoader(importlib.abc.Loader):
+    """Imports the main module as it "executes" the request's module, which
+    is left empty. Here, not in the finder: the import system calls finders
+    with its global lock held, and the script's top level must not run with
+    that lock (a thread it starts and waits for could not import anything)."""
+
+    def __init__(self, data: dict[str, Any] | None) -> None:
+        self.data = data
+
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return None
 
     def exec_module(self, module: ModuleType) -> None:
-        pass
+        if self.data is not None:
+            _import_main(self.data)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Answers the request's name: imports the main module, then gives an
-    empty module, so that the forkserver's import of the name succeeds."""
+    """Answers the request's name (and no other) with ``_MainLoader``."""
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
@@ -123,13 +131,12 @@ class _Finder(importlib.abc.MetaPathFinder):
         if not fullname.startswith(prefix):
             return None
         global fallback
+        data: dict[str, Any] | None = None
         try:
             data = json.loads(bytes.fromhex(fullname[len(prefix) :]))
         except ValueError as exc:  # pragma: no cover - only procq writes these names
             fallback = f"the request to import it could not be read: {exc}"
-        else:
-            _import_main(data)
-        return importlib.machinery.ModuleSpec(fullname, _Loader())
+        return importlib.machinery.ModuleSpec(fullname, _MainLoader(data))
 
 
 sys.meta_path.insert(0, _Finder())

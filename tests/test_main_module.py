@@ -79,7 +79,7 @@ def _interpreters() -> list[str]:
 
 def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     environ = dict(os.environ, PYTHONPATH=ROOT, COUNT_FILE=str(tmp_path / "count.txt"), **env)
-    return subprocess.run(args, capture_output=True, text=True, timeout=90, cwd=tmp_path, env=environ)
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=tmp_path, env=environ)
 
 
 def _imports(tmp_path: Path) -> list[str]:
@@ -302,3 +302,35 @@ def test_a_forkserver_started_before_the_first_queue_is_used_as_it_is(tmp_path: 
         proc.stderr
     )
     assert _imports(tmp_path).count("__mp_main__") == 2  # the program's child, and procq's worker
+
+
+# A script whose top level waits for a thread that imports a module: the
+# forkserver runs it without holding the import system's global lock.
+THREADED = textwrap.dedent(
+    """
+    import threading
+
+
+    def load():
+        import colorsys  # noqa: F401
+
+
+    loader = threading.Thread(target=load)
+    loader.start()
+    loader.join()
+
+    from procq import Job, ProcQueue
+
+    if __name__ == "__main__":
+        with ProcQueue(lanes=1) as q:
+            print("RESULT", q.push_and_wait(Job("a", abs, args=(-3,)), timeout=30))
+    """
+)
+
+
+def test_a_script_that_waits_for_an_import_in_a_thread_does_not_hang_the_forkserver(tmp_path: Path) -> None:
+    script = tmp_path / "threaded.py"
+    script.write_text(THREADED)
+    proc = _run([sys.executable, str(script)], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["RESULT 3"]
