@@ -103,7 +103,8 @@ not) and may do itself (capabilities, ``no_new_privs``, Landlock), and the
 supervisor's "untraceable" latch. ``_forkserver_guard``: imported only by the
 forkserver procq starts, to make it untraceable and fork only for its parent;
 ``_forkserver_main``: imported there too, to import the program's main module
-once, in the server, not in every worker.
+once, in the server, not in every worker. ``_template``: a trusted lane's
+template, the booted process its replacements and spares fork from.
 ``_dask_remote``: the far side of a Dask lane, run by the Dask workers: the
 task that hands each job to a procq worker process there and watches it
 (its death, its time and memory limits, a kill).

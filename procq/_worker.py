@@ -208,14 +208,19 @@ def _address_space() -> int:
 
 def worker_main(conn: Connection, lane: str, config: dict[str, Any] | None = None) -> None:
     """Run jobs from ``conn`` until EOF. A trusted lane's child's entry point."""
-    config = config or {}
+    parent = parent_process()
+    forked_worker(conn, config or {}, None if parent is None else parent.sentinel)
+
+
+def forked_worker(conn: Connection, config: dict[str, Any], sentinel: int | None) -> None:
+    """Run jobs from ``conn`` until EOF, in a process whose supervisor's death
+    ``sentinel`` (a pipe) tells: a ``multiprocessing`` child's (``worker_main``),
+    or a child of a lane's template (``_template``)."""
     # First: a worker forked from procq's forkserver starts untraceable, one
     # started otherwise (spawn, or a forkserver procq did not start) is
     # traceable until here.
     set_dumpable(not config.get("untraceable"))
     _boot()
-    parent = parent_process()
-    sentinel = None if parent is None else parent.sentinel
     keep = {conn.fileno()}
     if sentinel is not None:
         keep.add(sentinel)
