@@ -151,6 +151,10 @@ class PickledError(Undecoded):
 class TrustedChannel(ProcessChannel):
     @classmethod
     def start(cls, lane: LaneState, launch: Launch) -> TrustedChannel:
+        """One of the queue's first workers: a ``multiprocessing`` child,
+        through the forkserver (or spawn). A replacement or a spare (a start
+        on the starter thread) under the forkserver: forked by the lane's
+        template (``_fork``)."""
         # (A racy read of boot_failures, the I/O thread's: a hint, not a decision.)
         if on_starter_thread() and _templates_work(launch) and not lane.boot_failures:
             try:
