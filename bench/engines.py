@@ -353,9 +353,9 @@ def ensure_forkserver(preload_jobs: bool = True) -> None:
     before anything is timed, so the first engine to start does not pay for it.
 
     With the preload procq asks for when it is the one to start it (see
-    ``procq._config.preload_worker``): the server imports procq once, and every
-    child, of any engine, finds it loaded when it re-imports this program's
-    main module (which imports procq).
+    ``procq._config.preload_worker``): the server imports procq (and the
+    program's main module, when it is a script: not ``python -m bench``'s)
+    once, and every child, of any engine, starts with them.
 
     With ``preload_jobs``, the server also imports :mod:`bench.jobs`, the
     module every engine's jobs come from, as procq's docs advise a program
