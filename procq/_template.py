@@ -229,9 +229,10 @@ def template_main(requests: Connection, exits: Connection, config: dict[str, Any
                     conn_fd = reduction.recv_handle(requests)
                 except (EOFError, OSError):
                     os._exit(0)  # the queue is closing
+                me = os.getpid()
                 pid = os.fork()
                 if pid == 0:
-                    _child(conn_fd, worker_config, sentinel, (requests, exits), (wake_r, wake_w))
+                    _child(conn_fd, worker_config, sentinel, me, (requests, exits), (wake_r, wake_w))
                 os.close(conn_fd)
                 requests.send(pid)
 
@@ -249,7 +250,12 @@ def _reap(exits: Connection) -> None:
 
 
 def _child(
-    conn_fd: int, config: dict[str, Any], sentinel: int, conns: tuple[Connection, ...], fds: tuple[int, ...]
+    conn_fd: int,
+    config: dict[str, Any],
+    sentinel: int,
+    template: int,
+    conns: tuple[Connection, ...],
+    fds: tuple[int, ...],
 ) -> None:
     """A forked worker: it never returns."""
     code = 1
@@ -262,7 +268,7 @@ def _child(
             os.close(fd)
         from procq._worker import forked_worker
 
-        forked_worker(Connection(conn_fd), config, sentinel)
+        forked_worker(Connection(conn_fd), config, sentinel, template)
         code = 0
         from multiprocessing import util
 

@@ -212,10 +212,10 @@ def worker_main(conn: Connection, lane: str, config: dict[str, Any] | None = Non
     forked_worker(conn, config or {}, None if parent is None else parent.sentinel)
 
 
-def forked_worker(conn: Connection, config: dict[str, Any], sentinel: int | None) -> None:
+def forked_worker(conn: Connection, config: dict[str, Any], sentinel: int | None, parent: int | None = None) -> None:
     """Run jobs from ``conn`` until EOF, in a process whose supervisor's death
     ``sentinel`` (a pipe) tells: a ``multiprocessing`` child's (``worker_main``),
-    or a child of a lane's template (``_template``)."""
+    or a child of a lane's template (``_template``), whose pid is ``parent``."""
     # First: a worker forked from procq's forkserver starts untraceable, one
     # started otherwise (spawn, or a forkserver procq did not start) is
     # traceable until here.
@@ -226,6 +226,11 @@ def forked_worker(conn: Connection, config: dict[str, Any], sentinel: int | None
         keep.add(sentinel)
     setup(config, keep)
     die_with_parent(sentinel)
+    if parent is not None and os.getppid() != parent:
+        # The template died as this worker booted, before PR_SET_PDEATHSIG
+        # took effect: no one would report this worker's exit. It ends
+        # before READY, as a worker that dies while it starts.
+        return
     run_until_eof(lambda: _serve(conn, config, _Pickled(_main_fallback())))
 
 

@@ -87,20 +87,29 @@ def test_exit_codes_and_signals_of_a_template_forked_worker_are_exact(
 
 
 def test_a_dead_template_is_replaced_and_the_lane_keeps_its_workers() -> None:
-    with open_queue({"default": Lane(workers=2, spare_workers=0)}) as q:
+    with open_queue({"default": Lane(workers=2, spare_workers=1)}) as q:
         crash(q, "first")
         wait_until(lambda: len(templates(q)) == 1, what="the template")
         (old,) = templates(q)
+        crash(q, "second")  # a replacement from the template may still be booting: it must not outlive it
         os.kill(old.pid, signal.SIGKILL)
         wait_until(lambda: not old.alive(), what="the template's death")
-        # Its child dies with it (its parent is gone), and is replaced by a new template's.
-        crash(q, "second")
+        crash(q, "third")
         assert q.push_and_wait(Job("after", jobs.square, args=(6,))) == 36
-        wait_until(lambda: q.stats().lanes["default"].workers_alive == 2, what="the lane's workers")
-        pids = {q.push_and_wait(Job(f"who{i}", whoami))[1] for i in range(4)}
-        live = templates(q)[-1]
-        assert live.pid != old.pid and live.alive()
-        assert pids <= {live.pid, forkserver_pid()}
+
+        def settled() -> bool:
+            live = {t.pid for t in templates(q) if t.alive()}
+            try:
+                parents = {psutil.Process(pid).ppid() for pid in q._worker_pids()}
+            except psutil.NoSuchProcess:  # one died meanwhile: not settled yet
+                return False
+            return len(q._worker_pids()) == 2 and bool(live) and parents <= live | {forkserver_pid()}
+
+        # Every worker a child of a live template or of the forkserver: none
+        # orphaned by the old template's death, none left short.
+        wait_until(settled, what="the lane's workers, each from a live template or the forkserver")
+        assert old.pid not in {t.pid for t in templates(q) if t.alive()}
+        assert {q.push_and_wait(Job(f"sq{i}", jobs.square, args=(i,))) for i in range(4)} == {0, 1, 4, 9}
 
 
 def test_templates_are_reaped_at_close() -> None:
