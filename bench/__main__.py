@@ -19,16 +19,18 @@ import traceback
 
 from bench import report
 from bench.engines import BY_NAME, PEERS, START_METHOD, ensure_forkserver
-from bench.workloads import QUICK, WORKLOADS, Config, NotApplicable, calibrate
+from bench.workloads import QUICK, Config, NotApplicable, calibrate
+from bench.workloads_starts import every_workload
 
 
 def main(argv: list[str] | None = None) -> int:
     doc = __doc__ or ""
+    workloads_by_name = every_workload()
     parser = argparse.ArgumentParser(prog="python -m bench", description=doc.strip().splitlines()[-1])
     parser.add_argument("--rounds", type=int, default=None, help="rounds of every workload (default 3; 1 with --quick)")
     parser.add_argument("--quick", action="store_true", help="a short smoke run: fewer jobs, one round")
     parser.add_argument(
-        "--only", nargs="+", choices=list(WORKLOADS), metavar="WORKLOAD", help="run only these workloads"
+        "--only", nargs="+", choices=list(workloads_by_name), metavar="WORKLOAD", help="run only these workloads"
     )
     parser.add_argument(
         "--engines",
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds if args.rounds is not None else (1 if args.quick else 3)
     if rounds < 1:
         parser.error("--rounds must be at least 1")
-    workloads = [w for w in WORKLOADS.values() if not args.only or w.name in args.only]
+    workloads = [w for w in workloads_by_name.values() if not args.only or w.name in args.only]
 
     cfg = Config(**QUICK) if args.quick else Config()
     cfg = dataclasses.replace(cfg, spin_n=calibrate(cfg.cpu_job_seconds))
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="procq-bench-") as tmp:
         for r in range(rounds):
             for w in workloads:
-                mine = [p for p in peers if w.engines is None or p.name in w.engines]
+                mine = [p for p in peers if p.runs(w.name) and (w.engines is None or p.name in w.engines)]
                 shift = r % len(mine)
                 for peer in mine[shift:] + mine[:shift]:
                     t0 = time.perf_counter()
@@ -118,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"Medians over {rounds} round(s). [x] after a peer's figure: procq / that peer.")
     print()
-    for line in report.table(workloads, [p.name for p in peers], med, na, cfg):
+    runs = {p.name: p for p in peers}
+    for line in report.table(workloads, list(runs), med, na, cfg, lambda engine, w: runs[engine].runs(w)):
         print(line)
     print()
     print("Targets:")

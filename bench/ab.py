@@ -23,6 +23,8 @@ FIGURES = {
     ("crash", "recover_ms"): "crash: last crash -> last answer, ms (lower)",
     ("crash", "notify_ms"): "crash: kill -> waiter told, ms (lower)",
     ("crash", "batch_ms"): "crash: first push -> last answer, ms (lower)",
+    ("crash_main", "batch_ms"): "crash, job in the main script: first push -> last answer, ms (lower)",
+    ("start", "start_ms"): "worker start: submit -> job running, ms (lower)",
     ("cpu", "efficiency"): "cpu: efficiency (higher)",
     ("startup", "startup_ms"): "start-up: create + first job, ms (lower)",
     ("close", "close_ms"): "close(), ms (lower)",

@@ -10,7 +10,7 @@ killed worker names.
 Peers are benchmark-only dependencies (``pip install -e '.[bench]'``); one that
 is not installed is left out of the run, with the reason printed. procq and
 the three that need nothing beyond the standard library (ProcessPoolExecutor,
-multiprocessing.Pool, the raw pipe floor) always run.
+multiprocessing.Pool, the two floors) always run.
 """
 
 from __future__ import annotations
@@ -29,13 +29,24 @@ from typing import Any
 
 from bench import jobs
 
-START_METHOD = "forkserver"
+#: The start method of every engine that lets us choose; None: each engine's
+#: own default (``use_default_start_methods``).
+START_METHOD: str | None = "forkserver"
 
 _key_ids = itertools.count(1)
 
 
 def context() -> Any:
     return multiprocessing.get_context(START_METHOD)
+
+
+def use_default_start_methods() -> None:
+    """From now on, open every engine with its own default start method (as
+    a program that does not choose gets): ``fork`` for the standard
+    library's pools, pebble and mpire on Linux before Python 3.14, loky's own,
+    procq's ``forkserver``."""
+    global START_METHOD
+    START_METHOD = None
 
 
 def _signal_in(exc: BaseException) -> str | None:
@@ -199,7 +210,10 @@ class MpireEngine(Engine):
     def __init__(self, workers: int) -> None:
         from mpire import WorkerPool
 
-        self.pool = WorkerPool(n_jobs=workers, start_method=START_METHOD)
+        if START_METHOD is None:
+            self.pool = WorkerPool(n_jobs=workers)
+        else:
+            self.pool = WorkerPool(n_jobs=workers, start_method=START_METHOD)
         self._apply = self.pool.apply_async
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -247,6 +261,20 @@ class FloorEngine(Engine):
         self.pool.close()
 
 
+class BareEngine(Engine):
+    name = "bare pipe"
+
+    def __init__(self, workers: int) -> None:
+        from bench.floor import BarePipes
+
+        self.pool = BarePipes(workers, context())
+        self.submit = self.pool.submit  # type: ignore[method-assign]
+        self.result = self.pool.result  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        self.pool.close()
+
+
 @dataclass(frozen=True)
 class Peer:
     """An engine the benchmark can run: how to open it, and what it needs installed."""
@@ -255,6 +283,10 @@ class Peer:
     open: Callable[[int], Engine]
     needs: str | None  # the module it imports, for the availability check
     how: str  # how it is configured, for the report
+    workloads: tuple[str, ...] | None = None  # the only workloads it runs (None: every one)
+
+    def runs(self, workload: str) -> bool:
+        return self.workloads is None or workload in self.workloads
 
     def missing(self) -> str | None:
         """Why this engine cannot run here, or None."""
@@ -263,7 +295,7 @@ class Peer:
         return f"{self.needs} is not installed (pip install -e '.[bench]')"
 
 
-#: Every engine, in the table's column order. procq first, the floor last.
+#: Every engine, in the table's column order. procq first, the floors last.
 PEERS: list[Peer] = [
     Peer("procq", ProcqEngine, None, f"ProcQueue(lanes=2, start_method={START_METHOD!r}), a fresh key per job"),
     Peer("PPE", PPEEngine, None, "concurrent.futures.ProcessPoolExecutor(2, mp_context=forkserver)"),
@@ -272,6 +304,13 @@ PEERS: list[Peer] = [
     Peer("pebble", PebbleEngine, "pebble", "pebble.ProcessPool(2, context=forkserver).schedule"),
     Peer("mpire", MpireEngine, "mpire", "mpire.WorkerPool(2, start_method='forkserver').apply_async"),
     Peer("raw pipe", FloorEngine, None, "one forkserver child per worker, its own Pipe, pickled tuples, no engine"),
+    Peer(
+        "bare pipe",
+        BareEngine,
+        None,
+        "the latency floor: a forkserver child per worker, its Pipe written and read by the caller, no poll",
+        workloads=("latency",),
+    ),
 ]
 BY_NAME = {p.name: p for p in PEERS}
 
@@ -314,9 +353,9 @@ def ensure_forkserver(preload_jobs: bool = True) -> None:
     before anything is timed, so the first engine to start does not pay for it.
 
     With the preload procq asks for when it is the one to start it (see
-    ``procq._config.preload_worker``): the server imports procq once, and every
-    child, of any engine, finds it loaded when it re-imports this program's
-    main module (which imports procq).
+    ``procq._config.preload_worker``): the server imports procq (and the
+    program's main module, when it is a script: not ``python -m bench``'s)
+    once, and every child, of any engine, starts with them.
 
     With ``preload_jobs``, the server also imports :mod:`bench.jobs`, the
     module every engine's jobs come from, as procq's docs advise a program

@@ -1,6 +1,7 @@
-"""The raw pipe floor: what the operating system and pickle cost, with no engine.
+"""The floors: what the operating system and pickle cost, with no engine.
 
-One persistent child per worker, each with its own ``multiprocessing.Pipe``;
+``RawPipes`` ("raw pipe"), the floor of every workload but latency: one
+persistent child per worker, each with its own ``multiprocessing.Pipe``;
 the parent sends ``pickle.dumps((job_id, fn, args))`` with ``send_bytes`` and
 the child answers ``pickle.dumps((job_id, ok, value))``. There is no key, no
 state map, no thread, no lock and no event: results are read by whichever
@@ -15,6 +16,12 @@ benchmark's own workloads:
 - a child that dies fails the job it was running (a child runs its jobs in the
   order sent, so that is the oldest unanswered one), and is replaced; the jobs
   sent after it go to the replacement.
+
+``BarePipes`` ("bare pipe"), the latency floor: none of that. One child,
+one pipe, the caller writes and reads in its own thread. The raw pipe's
+poll, window and bookkeeping cost a sequential round trip more than the
+bare round trip takes (see bench/RESULTS.md): as a latency floor, it would
+hide much of what an engine adds.
 """
 
 from __future__ import annotations
@@ -173,3 +180,53 @@ class RawPipes:
             if c.process.exitcode is None:
                 c.process.kill()
                 c.process.join()
+
+
+class BarePipes:
+    """The least code that makes a round trip to a child: the latency floor.
+
+    One child per worker, each on its own ``Pipe``; ``submit`` writes the
+    pickled call to the next child's pipe and returns that child, and
+    ``result`` reads the child's answer in the caller's own thread, blocking:
+    no poll or select, no thread, no window, no job id, no timeout. So it
+    serves only what the latency workload and the warm-up ask: at most one
+    job in flight per child, each answer taken before that child's next
+    submit. A child that dies raises ``EOFError`` at the read."""
+
+    def __init__(self, workers: int, context: Any) -> None:
+        self.children: list[tuple[Any, Connection]] = []
+        for _ in range(workers):
+            parent, child = context.Pipe(duplex=True)
+            process = context.Process(target=bare_child_main, args=(child,), daemon=True)
+            process.start()
+            child.close()
+            self.children.append((process, parent))
+        self._rr = itertools.cycle(self.children)
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Connection:
+        conn = next(self._rr)[1]
+        conn.send_bytes(_dumps((fn, args), PROTOCOL))
+        return conn
+
+    @staticmethod
+    def result(conn: Connection, timeout: float | None = None) -> Any:
+        return _loads(conn.recv_bytes())
+
+    def close(self) -> None:
+        for _, conn in self.children:
+            conn.close()
+        for process, _ in self.children:
+            process.join(5)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+
+
+def bare_child_main(conn: Connection) -> None:
+    recv, send = conn.recv_bytes, conn.send_bytes
+    while True:
+        try:
+            fn, args = _loads(recv())
+        except EOFError:
+            return
+        send(_dumps(fn(*args), PROTOCOL))

@@ -63,6 +63,7 @@ class Config:
     cached_threads: int = 8
     map_items: int = 1_000_000
     map_chunksizes: tuple[int, ...] = (100, 1_000, 10_000)
+    start_samples: int = 15
     # Set by calibrate(): spin() iterations for about cpu_job_seconds.
     spin_n: int = 0
 
@@ -87,6 +88,7 @@ QUICK: dict[str, Any] = {
     "cached_pushes": 20_000,
     "map_items": 50_000,
     "map_chunksizes": (1_000,),
+    "start_samples": 3,
 }
 
 
@@ -184,8 +186,12 @@ def _stamp(path: str) -> float | None:
         return None
 
 
-def _crash_batch(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
-    """``crash_jobs`` jobs at once, every ``crash_every``-th SIGKILLs its worker."""
+def crash_batch(
+    peer: Peer, cfg: Config, tmp: str, job: Callable[[int, str], int] = jobs.double_or_die
+) -> dict[str, float]:
+    """``crash_jobs`` jobs at once, every ``crash_every``-th SIGKILLs its
+    worker. ``job(i, path)``: ``2 * i``, or stamp ``path`` and die (as
+    ``jobs.double_or_die``; ``crash_main`` gives one its main script defines)."""
     tag = f"{peer.name.replace(' ', '_')}-{time.monotonic_ns()}"
     paths = [
         os.path.join(tmp, f"batch-{tag}-{i}") if i % cfg.crash_every == cfg.crash_every - 1 else ""
@@ -199,7 +205,7 @@ def _crash_batch(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
         first_push = time.monotonic()
         for i, p in enumerate(paths):
             try:
-                futures.append(e.submit(jobs.double_or_die, i, p))
+                futures.append(e.submit(job, i, p))
             except Exception as exc:  # a broken pool refuses later submits (PPE)
                 futures.append(exc)
         deadline = time.monotonic() + cfg.crash_timeout
@@ -296,7 +302,7 @@ def _notify_probes(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
 
 
 def run_crash(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
-    figures = _crash_batch(peer, cfg, tmp)
+    figures = crash_batch(peer, cfg, tmp)
     figures.update(_notify_probes(peer, cfg, tmp))
     return figures
 

@@ -110,7 +110,10 @@ sandboxed lane's jobs may reach), and what this kernel can enforce of it
 (namespaces and the jobs' view, Landlock rules, the probe);
 ``_sandbox_worker``: a sandboxed worker's side of them; ``_seccomp``: the
 seccomp filter, assembled by hand. ``_forkserver_guard``: imported only by the
-forkserver procq starts, to make it untraceable and fork only for its parent.
+forkserver procq starts, to make it untraceable and fork only for its parent;
+``_forkserver_main``: imported there too, to import the program's main module
+once, in the server, not in every worker. ``_template``: a trusted lane's
+template, the booted process its replacements and spares fork from.
 ``_dask_remote``: the far side of a Dask lane, run by the Dask workers: the
 task that hands each job to a procq worker process there and watches it
 (its death, its time and memory limits, a kill).
@@ -147,7 +150,13 @@ any thread, no lock     a completed key's record, when no retention is set (a di
 a lane's decode thread  what its lane's reports left undecoded, with no lock held (it
                         may run the job's classes' code); then ``Core.decoded``, or
                         the I/O thread's inbox of decoded messages
+a queue's starter       starting the local processes the I/O thread asks for, and
+thread                  a trusted lane's template (made, asked to fork, checked
+                        alive: ``_template``); each start handed back to the I/O
+                        thread, nothing else touched
 a worker process        nothing of the supervisor's: only its own pipe
+a lane's template       nothing of the supervisor's: its request pipe (the starter
+(a process)             thread's) and its exit pipe (read by the I/O thread alone)
 a store's committer     the queue's database connection under ``db_lock``; then
                         the wake-ups its commit released, with no lock held
 a Dask client's event   a Dask slot's own task state, its inbox (a deque) and its

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from procq._core import Core
     from procq._entries import Entry, LaneState, WorkerSlot
 
-__all__ = ["KINDS", "ProcessChannel", "channel_kind"]
+__all__ = ["KINDS", "ProcessChannel", "channel_kind", "mark_starter_thread", "on_starter_thread"]
 
 
 #: The channel class of each kind of lane. Each kind's module registers its
@@ -36,6 +36,21 @@ __all__ = ["KINDS", "ProcessChannel", "channel_kind"]
 #: supervisor imports the two local kinds, and the queue the Dask one when a
 #: lane is remote (it needs procq's dask extra).
 KINDS: dict[str, type[WorkerChannel]] = {}
+
+
+_starter = threading.local()
+
+
+def mark_starter_thread() -> None:
+    """Said by a queue's starter thread as it begins (``_supervisor_start``):
+    what it starts is a replacement or a spare, never one of the queue's
+    first workers, and a kind may start those otherwise (a trusted lane's
+    template forks them: ``TrustedChannel.start``)."""
+    _starter.on = True
+
+
+def on_starter_thread() -> bool:
+    return getattr(_starter, "on", False)
 
 
 def channel_kind(lane: LaneState) -> type[WorkerChannel]:
@@ -180,7 +195,8 @@ class ProcessChannel(WorkerChannel):
     def release(self) -> None:
         # A pidfd of our own is closed here; multiprocessing's sentinel by Process.close.
         sentinel, process = self.sentinel, self.process
-        if isinstance(sentinel, int) and (isinstance(process, ExecProcess) or sentinel != process.sentinel):
+        ours = isinstance(process, ExecProcess) or getattr(process, "sentinel_is_ours", False)
+        if isinstance(sentinel, int) and (ours or sentinel != process.sentinel):
             with contextlib.suppress(OSError):
                 os.close(sentinel)
         process.close()

@@ -28,11 +28,13 @@ together in one ``Core.jobs_done``, as before.
 from __future__ import annotations
 
 import multiprocessing.process
+import os
 import pickle
 from typing import TYPE_CHECKING, Any
 
-from procq._channel import KINDS, ProcessChannel
+from procq._channel import KINDS, ProcessChannel, on_starter_thread
 from procq._errors import _RemoteTraceback
+from procq._log import main_not_preloaded
 from procq._plain import BuiltinExceptions, NeedsCode, load_data
 from procq._processes import pidfd, worker_config
 from procq._protocol import (
@@ -49,6 +51,7 @@ from procq._protocol import (
     Undecoded,
     Violation,
 )
+from procq._template import template_for
 from procq._values import Completed, Failed, Failure, FailureKind
 from procq._worker import worker_main
 from procq._worker_channel import Launch
@@ -149,6 +152,21 @@ class PickledError(Undecoded):
 class TrustedChannel(ProcessChannel):
     @classmethod
     def start(cls, lane: LaneState, launch: Launch) -> TrustedChannel:
+        """One of the queue's first workers: a ``multiprocessing`` child,
+        through the forkserver (or spawn). A replacement or a spare (a start
+        on the starter thread) under the forkserver: forked by the lane's
+        template (``_fork``)."""
+        # (A racy read of boot_failures, the I/O thread's: a hint, not a decision.)
+        if on_starter_thread() and _templates_work(launch) and not lane.boot_failures:
+            try:
+                return cls._fork(lane, launch)
+            except (OSError, EOFError):
+                # The template could not start or fork: it died as it booted (the
+                # main module fails there too, say), or was killed. This start goes
+                # through the forkserver, as the first did; a child that fails
+                # there shows why, and the lane's count of workers that die while
+                # they start sees it.
+                pass
         parent_conn, child_conn = launch.context.Pipe(duplex=True)
         try:
             process = launch.context.Process(
@@ -175,6 +193,32 @@ class TrustedChannel(ProcessChannel):
         reader = FrameReader(parent_conn.fileno(), TRUSTED_LIMIT, wait_whole=True)
         return cls(process, parent_conn, sentinel, reader)
 
+    @classmethod
+    def _fork(cls, lane: LaneState, launch: Launch) -> TrustedChannel:
+        """A replacement or a spare (a start on the starter thread), forked by
+        the lane's template (``_template``)."""
+        config = worker_config(lane.spec)
+        name = f"procq-template-{launch.name}-{lane.name}"
+        template = template_for(launch.lanes, lane.name, launch.context, name, config)
+        parent_conn, child_conn = launch.context.Pipe(duplex=True)
+        try:
+            process = template.fork(child_conn, config)
+        except BaseException:
+            parent_conn.close()
+            raise
+        finally:
+            child_conn.close()  # the template's child has its own copy now
+        if process.sentinel is None:  # pragma: no cover - gone before its pidfd was opened
+            process.sentinel = _dead_sentinel()
+        reader = FrameReader(parent_conn.fileno(), TRUSTED_LIMIT, wait_whole=True)
+        return cls(process, parent_conn, process.sentinel, reader)
+
+    @classmethod
+    def close_lane(cls, lane: LaneState, launch: Launch) -> None:
+        """Every worker of the lane is reaped: close and reap its templates."""
+        for template in launch.lanes.pop(lane.name, ()):
+            template.close()
+
     leadable = True
 
     def wait_readable(self, timeout: float) -> bool:
@@ -196,6 +240,8 @@ class TrustedChannel(ProcessChannel):
             elif tag == OK_OBJECTS:
                 events.append(new(Report, (job_id, PickledResult(frame, self.pid), False, False)))
             elif tag == READY:
+                if end:  # the worker imported the main module itself, and says why
+                    main_not_preloaded(bytes(frame[:end]).decode("utf-8", "replace"))
                 events.append(_READY)
             elif tag == ERROR:
                 events.append(error_report(job_id, frame, end, self.pid))
@@ -208,6 +254,19 @@ class TrustedChannel(ProcessChannel):
                 events.append(Violation(f"a message with an unknown tag {tag}"))
                 break
         return events
+
+
+def _templates_work(launch: Launch) -> bool:
+    """Templates fork where workers start through the forkserver, on Linux (pidfds)."""
+    return hasattr(os, "pidfd_open") and launch.context.get_start_method() == "forkserver"
+
+
+def _dead_sentinel() -> int:
+    """A descriptor that is readable at once: the sentinel of a worker gone
+    before it could be watched (its death is then seen at once)."""
+    read, write = os.pipe()
+    os.close(write)
+    return read
 
 
 def result_outcome(frame: bytes | bytearray, end: int, pid: int | None) -> Completed[Any] | Failed | Undecoded:

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from procq._job import REUSE_POLICIES, Lane
+from procq._log import main_not_preloaded
 from procq._policies import Retention
 from procq._privileges import make_untraceable
 
-__all__ = ["MISMATCH_POLICIES", "check_policies", "parse_lanes", "preload_also", "preload_worker", "worker_context"]
+__all__ = [
+    "MISMATCH_POLICIES",
+    "check_monitor",
+    "check_policies",
+    "main_request",
+    "parse_lanes",
+    "preload_also",
+    "preload_worker",
+    "worker_context",
+]
 
 #: What a push does when its key's holder has other work (see ``ProcQueue``).
 MISMATCH_POLICIES = ("raise", "warn", "ignore")
@@ -130,35 +141,93 @@ def worker_context(start_method: str | None, lanes: Mapping[str, Lane]) -> tuple
 
 
 def preload_worker(context: Any) -> None:
-    """Have the forkserver import procq before it forks, so that every worker
-    starts with it loaded. Only until the forkserver has started, which is
-    once per process; the modules already asked for are kept.
+    """Have the forkserver import procq and the program's main module before
+    it forks, so that every worker starts with them loaded. Only until the
+    forkserver has started, which is once per process; the modules already
+    asked for are kept.
 
-    Why all of procq, not just the worker's module: each forkserver child
-    imports the main module again (Python 3.11's forkserver never preloads
-    ``__main__``, whatever the preload list says), and a program that uses
-    procq imports it from there; preloaded, that costs the child nothing.
+    The main module (``_forkserver_main``): without it, each worker would
+    import the main script again as it starts (as ``__mp_main__``), with
+    every import in it. It is imported last, after procq, which it most
+    likely imports itself.
 
     Also on the list, what each child would otherwise import on its own
     before it runs a line of procq (milliseconds per worker, every one paid
     again by each replacement of a crashed worker): the ``Popen`` classes
     its pickled ``Process`` names, and ``runpy`` and ``pkgutil``, with which
-    it imports the main module again.
+    it would import the main module should the server have failed to; and
+    ``cloudpickle``, which unpickles every function sent by value: the main
+    module's own (most programs' jobs), lambdas and closures.
 
     First on the list, ``_forkserver_guard`` makes the server untraceable and
     has it fork only for its parent. A forkserver started by someone else
-    before this runs has neither (see docs/untrusted.md).
+    before this runs has neither (see docs/untrusted.md), nor the main module.
     """
     try:
         from multiprocessing import forkserver
 
         server: Any = forkserver._forkserver  # private: no public way to read the list
-        if server._forkserver_pid is not None:
-            return
+        running = server._forkserver_pid is not None
         modules = list(server._preload_modules)
     except Exception:  # pragma: no cover - the stdlib's internals changed
         return
+    if running:
+        if not any(m.startswith(_MAIN_REQUEST) for m in modules):
+            _not_preloaded("the forkserver was started before this process's first queue, without procq's preloads")
+        return
     guard = "procq._forkserver_guard"
-    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker", "procq._queue", *_ALSO_PRELOADED) if m not in modules]
-    if wanted or guard not in modules:
-        context.set_forkserver_preload([guard, *(m for m in modules if m != guard), *wanted])
+    # A request left by an earlier queue of this process is made again, as
+    # things are now. "__main__" is left off: a Python whose forkserver imports the main
+    # module itself would do it first, before the guard, and without the
+    # program's sys.argv before 3.14; procq's request does it on every Python.
+    drop = {guard, "__main__"}
+    modules = [m for m in modules if m not in drop and not m.startswith(_MAIN_REQUEST)]
+    main = main_request()
+    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker", "procq._queue", "cloudpickle", *_ALSO_PRELOADED)]
+    wanted = [m for m in wanted if m not in modules]
+    context.set_forkserver_preload([guard, *modules, *wanted, *([main] if main else [])])
+
+
+#: The start of the module name that has the forkserver import the main
+#: module (see ``_forkserver_main``).
+_MAIN_REQUEST = "procq._forkserver_main.main_"
+#: Past this many characters of arguments and import path, the request is not
+#: made: the whole preload list travels to the forkserver in one command-line
+#: argument, which Linux caps at 128 KiB.
+_MAX_REQUEST = 32 * 1024
+
+
+def main_request() -> str | None:
+    """The module name that has the forkserver import the program's main
+    module as ``multiprocessing.spawn`` would in each child (its path or
+    module name, ``sys.argv``, ``sys.path``), or None: there is none to
+    import, or it cannot be asked for (logged at DEBUG, once)."""
+    from multiprocessing import spawn
+
+    # Raises RuntimeError while this process imports its main module as a
+    # child does (a forkserver, or a worker, running a script whose queue is
+    # not under its ``if __name__ == "__main__":`` guard), as any start of a
+    # process there does: the queue is refused, and so is that import.
+    preparation = spawn.get_preparation_data("procq")
+    data: dict[str, Any] = {"argv": list(preparation.get("sys_argv", ())), "path": preparation.get("sys_path")}
+    name = preparation.get("init_main_from_name")
+    path = preparation.get("init_main_from_path")
+    if name is not None:
+        if name == "__main__" or name.endswith(".__main__"):
+            # A package's __main__ (python -m pkg): spawn runs none of it in a
+            # child, so there is nothing to import once either.
+            return None
+        data["name"] = name
+    elif path is not None:
+        data["file"] = path
+    else:
+        return _not_preloaded("the program has no main file (python -c, a REPL, or a script read from stdin)")
+    encoded = json.dumps(data).encode().hex()
+    if len(encoded) > _MAX_REQUEST:
+        return _not_preloaded(f"its sys.argv and sys.path take {len(encoded) // 2} bytes, too many to pass on")
+    return _MAIN_REQUEST + encoded
+
+
+def _not_preloaded(why: str) -> str | None:
+    main_not_preloaded(why)
+    return None

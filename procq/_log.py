@@ -38,6 +38,7 @@ __all__ = [
     "backoff",
     "cancelled",
     "died",
+    "main_not_preloaded",
     "memory_kill",
     "restart",
     "retired",
@@ -153,3 +154,16 @@ def _extra(key: str, worker: WorkerSlot, sig: str | None, exitcode: int | None) 
         "procq_signal": sig,
         "procq_exitcode": exitcode,
     }
+
+
+_said_why: str | None = None
+
+
+def main_not_preloaded(why: str) -> None:
+    """Log, at DEBUG, why the forkserver does not import the main module
+    (each reason once: every worker of the process says the same)."""
+    global _said_why
+    if why == _said_why:
+        return
+    _said_why = why
+    worker_log.debug("the forkserver does not import the main module: %s", why)

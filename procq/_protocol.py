@@ -23,7 +23,9 @@ captured values changed since its last push is simply a new function.
 Worker -> supervisor, trusted lanes: a payload, then a fixed 9-byte trailer
 (``TRAILER``: the job id, a little-endian int64, and a tag byte)::
 
-    b""                                + (0, READY)       once, when it is set up and takes jobs
+    b"" | why, UTF-8                   + (0, READY)       once, when it is set up and takes jobs;
+                                                          why it imported the main module
+                                                          itself, if it did (``_forkserver_main``)
     pickle(result)                     + (job_id, OK)     the result pickled once; it names no
                                                           class or function (``_plain``)
     pickle(result)                     + (job_id, OK_OBJECTS)  one that does

@@ -1,9 +1,9 @@
 """Warm spare workers: booted processes a lane keeps beside its workers, so
 that a worker that dies or retires is replaced at once, not after a boot.
 
-Why: a new worker takes 10 ms and more from its start to its READY (a fork
-of the forkserver, then the child unpickles what it is to run and imports
-the main module again). A lane whose jobs crash often would spend much of
+Why: a new worker takes milliseconds from its start to its READY (a fork of
+the lane's template or of the forkserver, then the child's own setting up),
+and more on a busy machine. A lane whose jobs crash often would spend much of
 its time short of workers, one boot per crash. With spares, a crash promotes
 one (a READY spare takes a waiting job in the same step) and the spare that
 replaces it boots in the background, off the critical path.

@@ -24,7 +24,9 @@ outlives the queue unwatched.
 
 Only the kinds of worker that are local processes start here
 (``WorkerChannel.starts_off_thread``); a Dask lane's slots start on the I/O
-thread, which owns the lane's client.
+thread, which owns the lane's client. What starts here is never one of the
+queue's first workers (``mark_starter_thread``): a trusted lane's are forked
+by the lane's template (``_template``), which the first start here makes.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from procq import _log
-from procq._channel import channel_kind
+from procq._channel import channel_kind, mark_starter_thread
 from procq._entries import LaneState, WorkerSlot
 from procq._worker_channel import Launch, WorkerChannel
 
@@ -109,6 +111,7 @@ class Starter:
         return self.take()
 
     def _run(self) -> None:
+        mark_starter_thread()
         if hasattr(signal, "pthread_sigmask"):  # (see Supervisor._main: the children inherit it)
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         cond, requests = self._cond, self._requests

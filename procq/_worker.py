@@ -208,20 +208,39 @@ def _address_space() -> int:
 
 def worker_main(conn: Connection, lane: str, config: dict[str, Any] | None = None) -> None:
     """Run jobs from ``conn`` until EOF. A trusted lane's child's entry point."""
-    config = config or {}
+    parent = parent_process()
+    forked_worker(conn, config or {}, None if parent is None else parent.sentinel)
+
+
+def forked_worker(conn: Connection, config: dict[str, Any], sentinel: int | None, parent: int | None = None) -> None:
+    """Run jobs from ``conn`` until EOF, in a process whose supervisor's death
+    ``sentinel`` (a pipe) tells: a ``multiprocessing`` child's (``worker_main``),
+    or a child of a lane's template (``_template``), whose pid is ``parent``."""
     # First: a worker forked from procq's forkserver starts untraceable, one
     # started otherwise (spawn, or a forkserver procq did not start) is
     # traceable until here.
     set_dumpable(not config.get("untraceable"))
     _boot()
-    parent = parent_process()
-    sentinel = None if parent is None else parent.sentinel
     keep = {conn.fileno()}
     if sentinel is not None:
         keep.add(sentinel)
     setup(config, keep)
     die_with_parent(sentinel)
-    run_until_eof(lambda: _serve(conn, config, _Pickled()))
+    if parent is not None and os.getppid() != parent:
+        # The template died as this worker booted, before PR_SET_PDEATHSIG
+        # took effect: no one would report this worker's exit. It ends
+        # before READY, as a worker that dies while it starts.
+        return
+    run_until_eof(lambda: _serve(conn, config, _Pickled(_main_fallback())))
+
+
+def _main_fallback() -> str:
+    """Why the forkserver this worker was forked from did not import the
+    main module, which this worker then imported itself ("": it did, or
+    nothing asked it to: see ``_forkserver_main``)."""
+    module = sys.modules.get("procq._forkserver_main")
+    why = getattr(module, "fallback", None)
+    return f"{why}; each worker imports it again as it starts" if why else ""
 
 
 def _boot() -> None:
@@ -262,8 +281,11 @@ class _Codec:
 
 
 class _Pickled(_Codec):
+    def __init__(self, note: str = "") -> None:
+        self.note = note  # said with READY: why the main module was imported here, if it was
+
     def ready(self) -> bytes:
-        return TRAILER.pack(0, READY)
+        return self.note.encode("utf-8", "replace") + TRAILER.pack(0, READY)
 
     def ok(self, job_id: int, result: Any) -> bytes | Parts:  # type: ignore[override]
         return result_frame(job_id, result)

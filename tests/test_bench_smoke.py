@@ -87,3 +87,23 @@ def test_the_cost_of_watching_a_queue_is_reported() -> None:
     out = _python_m("bench.observe", "--quick", "--every", "0.01")
     figures = r"^tiny: off [\d,]+ jobs/s, watched [\d,]+ jobs/s .* watched x\d+\.\d{3} of off; [1-9]\d* reads"
     assert re.search(figures, out, re.MULTILINE), out
+
+
+def test_worker_start_workloads_and_the_bare_floor_run() -> None:
+    """The crash batch run by a main script that defines its job, a fresh
+    engine's first job, and the latency floor that runs nothing but latency."""
+    out = _python_m("bench", "--quick", "--only", "latency", "crash_main", "start", "--engines", "bare pipe")
+    assert "| workload | metric | better | procq | bare pipe |" in out, out
+    assert re.search(r"^\| latency \| p50, us \| lower \| [\d,]+ \| [\d,]+ \[\d+\.\d\d\] \|$", out, re.MULTILINE), out
+    assert re.search(r"^\| crash_main \| good jobs correct \(of 36\) \| higher \| 36 \|  \|$", out, re.MULTILINE), out
+    assert re.search(r"^\| crash_main \| crashed jobs never resolved \(of 4\) \| lower \| 0 \|  \|$", out, re.MULTILINE)
+    assert re.search(r"^\| start \| submit -> job running, median ms \| lower \| [\d.,]+ \|  \|$", out, re.MULTILINE)
+    assert "latency p50 <= 3x the bare pipe floor" in out, out
+    assert "crash batch, job in a 1,900-line main script" in out, out
+
+
+def test_the_crash_main_script_is_a_realistic_main_script() -> None:
+    with open(os.path.join(ROOT, "bench", "crash_main.py")) as f:
+        lines = f.read().splitlines()
+    assert len(lines) >= 1000
+    assert sum(line.startswith("import ") for line in lines) >= 5

@@ -12,8 +12,10 @@ its worker, so each is followed by a replacement. Prints per crash the wall
 time, this process's CPU (the supervisor and the caller) and the CPU of the
 forkserver and of the workers it forked.
 
-A package run with ``-m``, so that no child imports the main module again
-(as each forkserver child does with a script or a plain module), and with
+A package run with ``-m``, so that no child imports the main module (as
+each child of a forkserver that has not imported it does, with a script or
+a plain module: procq's forkserver imports it once, see
+``procq._forkserver_main``), and with
 ``bench.jobs`` preloaded: each start costs only the fork, the child's
 ``multiprocessing`` bootstrap and its exit.
 
