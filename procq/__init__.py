@@ -17,14 +17,14 @@ The public names below are re-exported from private modules, one role each.
 
 Values and configuration (no state, no threads):
 
-- ``_job``: ``Job``, ``Lane``, ``Retry``, ``Retention`` and the checks behind
+- ``_model.job``: ``Job``, ``Lane``, ``Retry``, ``Retention`` and the checks behind
   their arguments; ``_job_of``: ``Job.of``, a job whose arguments mypy
   checks. ``_dask_lane``: ``DaskLane``, a lane whose jobs run on a Dask
-  cluster (``procq[dask]``). ``_settings``: byte sizes, and a lane's worker settings
+  cluster (``procq[dask]``). ``_model.settings``: byte sizes, and a lane's worker settings
   (env, rlimits, cwd, worker counts against the descriptor limit).
-- ``_values``: where a key is (``Pending`` ... ``Failed``, ``Failure``,
+- ``_model.values``: where a key is (``Pending`` ... ``Failed``, ``Failure``,
   ``FailureKind``), push outcomes, stats.
-- ``_errors``: the exception tree; ``_fingerprint``: what a claim remembers of
+- ``_model.errors``: the exception tree; ``_fingerprint``: what a claim remembers of
   its payload to catch a key reused for other work.
 - ``_config``: ``ProcQueue``'s constructor arguments, checked; the start method.
 
@@ -104,7 +104,7 @@ supervisor's life) and ``_worker_untrusted`` (a clean worker that forks a
 process per job; ``_json_keys``: its results' dict keys, checked).
 ``_privileges``: what a process lets others do to it (dumpable or
 not) and may do itself (capabilities, ``no_new_privs``, Landlock), and the
-supervisor's "untraceable" latch. ``_sandbox``: ``Sandbox`` (what a
+supervisor's "untraceable" latch. ``_model.sandbox``: ``Sandbox`` (what a
 sandboxed lane's jobs may reach), and what this kernel can enforce of it
 (``SandboxUnavailable``); ``_sandbox_linux``: its kernel mechanics
 (namespaces and the jobs' view, Landlock rules, the probe);
@@ -189,15 +189,15 @@ from typing import TYPE_CHECKING, Any
 # import this package too (to reach procq._worker), and should not pay for the
 # supervisor's side (asyncio, threading machinery) on every start.
 _SOURCES = {
-    "JobFailed": "procq._errors",
-    "JobPicklingError": "procq._errors",
-    "KeyConflict": "procq._errors",
-    "KeyConflictWarning": "procq._errors",
-    "LaneFull": "procq._errors",
-    "ProcQueueError": "procq._errors",
-    "QueueClosed": "procq._errors",
-    "SandboxUnavailable": "procq._errors",
-    "WrongProcess": "procq._errors",
+    "JobFailed": "procq._model.errors",
+    "JobPicklingError": "procq._model.errors",
+    "KeyConflict": "procq._model.errors",
+    "KeyConflictWarning": "procq._model.errors",
+    "LaneFull": "procq._model.errors",
+    "ProcQueueError": "procq._model.errors",
+    "QueueClosed": "procq._model.errors",
+    "SandboxUnavailable": "procq._model.errors",
+    "WrongProcess": "procq._model.errors",
     "PostgresStore": "procq._store_postgres",
     "SqliteStore": "procq._store_sqlite",
     "Store": "procq._store",
@@ -209,29 +209,34 @@ _SOURCES = {
     "as_completed": "procq._futures",
     "JobHandle": "procq._handle",
     "ProcQueue": "procq._queue",
-    "Job": "procq._job",
-    "Lane": "procq._job",
-    "Retention": "procq._policies",
-    "Retry": "procq._policies",
-    "Sandbox": "procq._sandbox",
+    "Job": "procq._model.job",
+    "Lane": "procq._model.job",
+    "Retention": "procq._model.policies",
+    "Retry": "procq._model.policies",
+    "Sandbox": "procq._model.sandbox",
     "Cached": "procq._outcomes",
-    "Completed": "procq._values",
-    "Failed": "procq._values",
-    "Failure": "procq._values",
-    "FailureKind": "procq._values",
+    "Completed": "procq._model.values",
+    "Failed": "procq._model.values",
+    "Failure": "procq._model.values",
+    "FailureKind": "procq._model.values",
     "InFlight": "procq._outcomes",
-    "LaneStats": "procq._values",
+    "LaneStats": "procq._model.values",
     "LaneMetrics": "procq._metrics",
     "QueueMetrics": "procq._metrics",
-    "Pending": "procq._values",
-    "Processing": "procq._values",
-    "QueueStats": "procq._values",
+    "Pending": "procq._model.values",
+    "Processing": "procq._model.values",
+    "QueueStats": "procq._model.values",
     "Queued": "procq._outcomes",
 }
 
 if TYPE_CHECKING:
     from procq._dask_lane import DaskLane
-    from procq._errors import (
+    from procq._executor import Executor
+    from procq._executor_calls import InitializerFailed
+    from procq._futures import as_completed
+    from procq._handle import JobHandle
+    from procq._metrics import LaneMetrics, QueueMetrics
+    from procq._model.errors import (
         JobFailed,
         JobPicklingError,
         KeyConflict,
@@ -242,20 +247,15 @@ if TYPE_CHECKING:
         SandboxUnavailable,
         WrongProcess,
     )
-    from procq._executor import Executor
-    from procq._executor_calls import InitializerFailed
-    from procq._futures import as_completed
-    from procq._handle import JobHandle
-    from procq._job import Job, Lane
-    from procq._metrics import LaneMetrics, QueueMetrics
+    from procq._model.job import Job, Lane
+    from procq._model.policies import Retention, Retry
+    from procq._model.sandbox import Sandbox
+    from procq._model.values import Completed, Failed, Failure, FailureKind, LaneStats, Pending, Processing, QueueStats
     from procq._outcomes import Cached, InFlight, Queued
-    from procq._policies import Retention, Retry
     from procq._queue import ProcQueue
-    from procq._sandbox import Sandbox
     from procq._store import Store, StoreError, StoreUnavailable
     from procq._store_postgres import PostgresStore
     from procq._store_sqlite import SqliteStore
-    from procq._values import Completed, Failed, Failure, FailureKind, LaneStats, Pending, Processing, QueueStats
 
 
 def __getattr__(name: str) -> Any:

@@ -33,8 +33,9 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from procq._channel import KINDS, ProcessChannel, on_starter_thread
-from procq._errors import _RemoteTraceback
 from procq._log import main_not_preloaded
+from procq._model.errors import _RemoteTraceback
+from procq._model.values import Completed, Failed, Failure, FailureKind
 from procq._plain import BuiltinExceptions, NeedsCode, load_data
 from procq._processes import pidfd, worker_config
 from procq._protocol import (
@@ -52,7 +53,6 @@ from procq._protocol import (
     Violation,
 )
 from procq._template import template_for
-from procq._values import Completed, Failed, Failure, FailureKind
 from procq._worker import worker_main
 from procq._worker_channel import Launch
 

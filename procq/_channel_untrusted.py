@@ -19,6 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from procq._channel import KINDS, ProcessChannel
+from procq._model.values import Completed, Failed, Failure
 from procq._processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
 from procq._protocol import (
     CUT_SHORT,
@@ -38,7 +39,6 @@ from procq._protocol import (
 )
 from procq._sandbox_kernel import sandbox_config
 from procq._supervisor_failures import exit_failure
-from procq._values import Completed, Failed, Failure
 from procq._worker_channel import Launch
 
 if TYPE_CHECKING:

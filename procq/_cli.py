@@ -50,13 +50,13 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from procq._cli_report import Tally, failure_fields
-from procq._errors import SandboxUnavailable
-from procq._job import Job, Lane
+from procq._model.errors import SandboxUnavailable
+from procq._model.job import Job, Lane
+from procq._model.policies import Retry
+from procq._model.sandbox import Sandbox
+from procq._model.values import Completed, Failed
 from procq._outcomes import Cached, InFlight
-from procq._policies import Retry
-from procq._sandbox import Sandbox
 from procq._store_sqlite import SqliteStore
-from procq._values import Completed, Failed
 
 __all__ = ["main", "parser"]
 

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from typing import IO, Any
 
-from procq._values import Failure
+from procq._model.values import Failure
 
 __all__ = ["Tally", "failure_fields"]
 

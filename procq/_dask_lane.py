@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from procq._job import DEFAULT_CAPACITY, DEFAULT_RESULT_VALUES, Lane
+from procq._model.job import DEFAULT_CAPACITY, DEFAULT_RESULT_VALUES, Lane
 
 __all__ = ["DaskLane"]
 

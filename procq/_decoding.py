@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from procq._entries import PROCESSING, Entry, LaneState, Wakeup
+from procq._model.values import Completed, Failed, Failure
 from procq._statemap import StateMap
-from procq._values import Completed, Failed, Failure
 
 __all__ = ["Decoding"]
 

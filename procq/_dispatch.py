@@ -30,10 +30,10 @@ from typing import Any
 from procq import _spares
 from procq._decoding import Decoding
 from procq._entries import PENDING, PROCESSING, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
-from procq._job import Job, Lane
+from procq._model.job import Job, Lane
+from procq._model.values import Failed, Failure, LaneStats
 from procq._protocol import Report, Undecoded
 from procq._statemap import StateMap
-from procq._values import Failed, Failure, LaneStats
 
 __all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch", "Offer", "Offered", "Reported", "Unblocked"]
 

@@ -12,10 +12,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from procq._job import Job, Lane
 from procq._metrics import Tally
-from procq._sandbox_kernel import enforced
-from procq._values import (
+from procq._model.job import Job, Lane
+from procq._model.values import (
     Completed,
     Failed,
     Failure,
@@ -24,6 +23,7 @@ from procq._values import (
     Processing,
     State,
 )
+from procq._sandbox_kernel import enforced
 
 if TYPE_CHECKING:
     from procq._retention import Record

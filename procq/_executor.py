@@ -53,13 +53,13 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from procq._errors import JobPicklingError, QueueClosed
 from procq._executor_calls import Initialized, run_chunk
 from procq._executor_feed import Call, Feed
 from procq._futures import JobFuture
-from procq._job import Job, Lane
+from procq._model.errors import JobPicklingError, QueueClosed
+from procq._model.job import Job, Lane
+from procq._model.policies import Retry
 from procq._outcomes import Cached, Queued
-from procq._policies import Retry
 from procq._queue import ProcQueue
 
 __all__ = ["Executor"]

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from procq._futures import JobFuture
-from procq._job import Job
+from procq._model.job import Job
 
 __all__ = ["Call", "Feed"]
 

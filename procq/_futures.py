@@ -46,9 +46,9 @@ from concurrent.futures import Future
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from procq._errors import JobFailed
-from procq._job import check_wait
-from procq._values import Pending
+from procq._model.errors import JobFailed
+from procq._model.job import check_wait
+from procq._model.values import Pending
 
 if TYPE_CHECKING:
     from procq._handle import JobHandle

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from procq._errors import JobFailed
-from procq._job import check_wait
-from procq._values import Completed, State
+from procq._model.errors import JobFailed
+from procq._model.job import check_wait
+from procq._model.values import Completed, State
 
 if TYPE_CHECKING:
     import asyncio

@@ -53,9 +53,9 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from procq._errors import JobFailed, LaneFull, WrongProcess
 from procq._fingerprint import content_key, fn_name
-from procq._job import Job, check_wait
+from procq._model.errors import JobFailed, LaneFull, WrongProcess
+from procq._model.job import Job, check_wait
 from procq._outcomes import Cached, PushOutcome, Queued
 from procq._protocol import blake2b, dumps
 

@@ -29,9 +29,9 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from procq._errors import JobFailed, LaneFull, WrongProcess
-from procq._job import Job
 from procq._map import _Out, _Run, prepare
+from procq._model.errors import JobFailed, LaneFull, WrongProcess
+from procq._model.job import Job
 from procq._outcomes import Cached
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from procq._core import Core
-    from procq._values import QueueStats
+    from procq._model.values import QueueStats
 
 __all__ = [
     "COMMIT_BUCKETS",

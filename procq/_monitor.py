@@ -45,7 +45,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from procq._errors import ProcQueueError
+from procq._model.errors import ProcQueueError
 
 if TYPE_CHECKING:
     from procq._core import Core

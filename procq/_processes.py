@@ -22,7 +22,7 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
 
-from procq._job import Lane
+from procq._model.job import Lane
 from procq._privileges import untraceable
 
 __all__ = [

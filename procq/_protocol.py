@@ -98,7 +98,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from procq._values import Completed, Failed, FailureKind
+from procq._model.values import Completed, Failed, FailureKind
 
 try:
     # hashlib's blake2b, without hashlib: importing hashlib loads OpenSSL's

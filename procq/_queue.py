@@ -29,19 +29,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from procq._config import check_monitor, check_policies, parse_lanes, worker_context
 from procq._core import Core
-from procq._errors import ProcQueueError, QueueClosed, WrongProcess
 from procq._handle import JobHandle
-from procq._job import Job, Lane, Reuse, check_wait
+from procq._model.errors import ProcQueueError, QueueClosed, WrongProcess
+from procq._model.job import Job, Lane, Reuse, check_wait
+from procq._model.policies import Retention
+from procq._model.settings import check_descriptors
+from procq._model.values import Completed, Failed, Pending, Processing, QueueStats, State
 from procq._outcomes import Cached, PushOutcome
-from procq._policies import Retention
 from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
 from procq._queue_async import AsyncFace
 from procq._queue_fork import queues
 from procq._queue_maps import MapFace
 from procq._sandbox_kernel import check as check_sandboxes
-from procq._settings import check_descriptors
 from procq._supervisor import Supervisor
-from procq._values import Completed, Failed, Pending, Processing, QueueStats, State
 
 if TYPE_CHECKING:
     from procq._metrics import QueueMetrics

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 
-from procq._errors import JobFailed
+from procq._model.errors import JobFailed
 
 if TYPE_CHECKING:
     from procq._queue import ProcQueue

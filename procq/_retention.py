@@ -35,8 +35,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from procq._policies import Retention
-from procq._values import Completed, Failed, Failure
+from procq._model.policies import Retention
+from procq._model.values import Completed, Failed, Failure
 
 __all__ = ["Done", "Fell", "Keeper", "Record"]
 

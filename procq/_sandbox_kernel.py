@@ -15,12 +15,12 @@ import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from procq._errors import SandboxUnavailable
+from procq._model.errors import SandboxUnavailable
+from procq._model.sandbox import Sandbox
 from procq._processes import import_path
-from procq._sandbox import Sandbox
 
 if TYPE_CHECKING:
-    from procq._job import Lane
+    from procq._model.job import Lane
 
 __all__ = ["check", "enforced", "kernel", "sandbox_config"]
 

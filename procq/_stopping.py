@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from procq._dispatch import Dispatch
 from procq._entries import PROCESSING, Entry, Wakeup, WorkerLife, WorkerSlot
+from procq._model.values import Failed, Failure
 from procq._statemap import StateMap
 from procq._timers import Timers
-from procq._values import Failed, Failure
 
 __all__ = ["Stopping"]
 

@@ -45,9 +45,9 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any, NamedTuple, Protocol
 
-from procq._errors import ProcQueueError
 from procq._fingerprint import MAX_BYTES, MAX_NODES, _digest, _encode, _head, _TooCostly
-from procq._values import Completed, Failed, Failure
+from procq._model.errors import ProcQueueError
+from procq._model.values import Completed, Failed, Failure
 
 __all__ = [
     "SCHEMA",

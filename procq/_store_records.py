@@ -16,11 +16,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from procq._entries import ABANDONED, Entry
-from procq._policies import Retention
+from procq._model.policies import Retention
+from procq._model.values import Completed, Failed, Failure
 from procq._retention import Done, Fell, Record
 from procq._store import Conn, Row, encode_outcome
 from procq._store_commit import Write
-from procq._values import Completed, Failed, Failure
 
 if TYPE_CHECKING:
     from procq._store_core import StoreCore

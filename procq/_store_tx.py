@@ -23,8 +23,8 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from procq._errors import ProcQueueError
-from procq._job import Job
+from procq._model.errors import ProcQueueError
+from procq._model.job import Job
 from procq._outcomes import PushOutcome
 from procq._push import Batch, ThreadRoom
 from procq._store import StoreUnavailable

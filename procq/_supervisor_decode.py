@@ -32,8 +32,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from procq._model.values import Failed, Failure
 from procq._protocol import Undecoded
-from procq._values import Failed, Failure
 
 if TYPE_CHECKING:
     from procq._core import Core

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from procq._entries import Entry, LaneState, WorkerSlot
-from procq._job import format_size
+from procq._model.job import format_size
+from procq._model.values import Failure, FailureKind
 from procq._processes import describe_exit
-from procq._values import Failure, FailureKind
 
 __all__ = ["crash_failure", "exit_failure", "memory_failure", "protocol_failure", "start_failure", "stopped_failure"]
 

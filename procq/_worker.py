@@ -29,7 +29,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from procq._job import format_size
+from procq._model.job import format_size
 from procq._plain import Parts, result_frame, send_frame
 from procq._privileges import set_dumpable
 from procq._protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps

@@ -89,12 +89,12 @@ from joblib._parallel_backends import (
 )
 
 from procq._config import preload_also
-from procq._errors import JobFailed
 from procq._executor_calls import Initialized
 from procq._handle import JobHandle
-from procq._job import Job, Lane
+from procq._model.errors import JobFailed
+from procq._model.job import Job, Lane
+from procq._model.policies import Retry
 from procq._outcomes import Queued
-from procq._policies import Retry
 from procq._queue import ProcQueue
 
 __all__ = ["NAME", "ProcqBackend", "register"]

@@ -26,7 +26,7 @@ from dask_cluster import import_distributed
 from process_support import linux_only, subreaper
 
 from procq import DaskLane, InFlight, Job, Lane, Processing, ProcQueue, Queued
-from procq._settings import MAX_KILL_GRACE
+from procq._model.settings import MAX_KILL_GRACE
 
 #: The tests that end process trees adopt the orphans, to see each one exit.
 subreaping = pytest.mark.skipif(not linux_only, reason="needs PR_SET_CHILD_SUBREAPER to see orphans exit")

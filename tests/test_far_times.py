@@ -12,7 +12,7 @@ import pytest
 from core_support import failure_of, open_queue
 
 from procq import Failed, Job, Lane, Pending, Retry
-from procq._settings import MAX_KILL_GRACE
+from procq._model.settings import MAX_KILL_GRACE
 
 FAR_DATETIMES = [
     datetime.datetime(2030, 1, 1),

@@ -25,7 +25,7 @@ import pytest
 from core_support import WAIT, failure_of, open_queue
 
 from procq import Job, Lane, ProcQueue, Sandbox, SandboxUnavailable
-from procq._sandbox import PARTS
+from procq._model.sandbox import PARTS
 from procq._sandbox_kernel import kernel
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")

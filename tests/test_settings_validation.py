@@ -123,7 +123,7 @@ def test_a_working_directory_is_checked_as_a_path(tmp_path: Any) -> None:
 
 
 def test_the_bound_on_workers_is_the_documented_one() -> None:
-    from procq._job import MAX_WORKERS
+    from procq._model.job import MAX_WORKERS
 
     assert Lane(workers=MAX_WORKERS).workers == MAX_WORKERS  # a Lane starts nothing: only a queue does
     with pytest.raises(ValueError, match=rf"^lane workers must be at most {MAX_WORKERS} \(each is a process"):

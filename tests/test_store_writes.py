@@ -14,10 +14,10 @@ from collections.abc import Iterator
 import pytest
 
 from procq import Completed, Failed
+from procq._model.values import Failure
 from procq._store import Conn, Row, encode_outcome
 from procq._store_commit import Commits, Fresh, run_writes
 from procq._store_urls import open_store
-from procq._values import Failure
 
 
 def live(key: str, run: str = "q1/1", holder: str = "q1") -> Row:

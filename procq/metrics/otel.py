@@ -43,7 +43,7 @@ from opentelemetry.trace import Status, StatusCode, TracerProvider
 from procq import __version__
 from procq._entries import Entry
 from procq._metrics import QueueMetrics
-from procq._values import Completed
+from procq._model.values import Completed
 
 if TYPE_CHECKING:
     from procq._queue import ProcQueue

@@ -26,7 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from procq._metrics import HistogramSnapshot, QueueMetrics
-from procq._values import FailureKind
+from procq._model.values import FailureKind
 
 if TYPE_CHECKING:
     from procq._queue import ProcQueue

@@ -1,7 +1,7 @@
 """What a job is and the lane it runs in: Job, its typed builder ``Job.of``, Lane.
 
 Also the checks on time limits; byte sizes (``"512M"``) and a lane's worker
-settings are checked in ``_settings`` (re-exported here). All of them are
+settings are checked in ``_model.settings`` (re-exported here). All of them are
 frozen dataclasses, checked when made: they are handed across threads and
 event loops and never change once made.
 """
@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, ParamSpec, TypeVar
 
-from procq._policies import Retry
-from procq._sandbox import Sandbox, check_lane_sandbox
-from procq._settings import (
+from procq._model.policies import Retry
+from procq._model.sandbox import Sandbox, check_lane_sandbox
+from procq._model.settings import (
     MAX_WORKERS,
     RLIMITS,
     check_cwd,

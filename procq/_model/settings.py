@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from procq._job import Lane
+    from procq._model.job import Lane
 
 __all__ = [
     "FDS_PER_WORKER",

@@ -45,7 +45,7 @@ import pickle
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from procq._values import Failure
+    from procq._model.values import Failure
 
 __all__ = [
     "JobFailed",

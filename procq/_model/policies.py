@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from procq._values import RETRYABLE_KINDS, FailureKind
+from procq._model.values import RETRYABLE_KINDS, FailureKind
 
 __all__ = ["Retention", "Retry"]
 

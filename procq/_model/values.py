@@ -2,7 +2,7 @@
 
 All of them are frozen dataclasses: they are handed across threads and event
 loops and never change once made. (What a job is, and the lanes and policies
-it runs under, are in ``_job`` and ``_policies``; what a push answers, in
+it runs under, are in ``_model.job`` and ``_model.policies``; what a push answers, in
 ``_outcomes``, beside the handles it carries.)
 """
 
