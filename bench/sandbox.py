@@ -36,8 +36,8 @@ from collections.abc import Callable
 
 from bench.jobs import noop
 from procq import Job, Lane, ProcQueue
-from procq._processes import import_path
-from procq._sandbox_kernel import kernel
+from procq._system.processes import import_path
+from procq._system.sandbox import kernel
 
 KINDS = {
     "untrusted": lambda: Lane(workers=1, trusted=False),
@@ -97,10 +97,10 @@ def steps(samples: int) -> dict[str, float]:
     import shutil
     import tempfile
 
-    from procq import _seccomp
-    from procq._privileges import confine_job, landlock_abi
-    from procq._sandbox_linux import _lib, _probe_namespaces, confine, default_reads
     from procq._sandbox_worker import WorkerSandbox
+    from procq._system import seccomp as _seccomp
+    from procq._system.privileges import confine_job, landlock_abi
+    from procq._system.sandbox_linux import _lib, _probe_namespaces, confine, default_reads
 
     abi = landlock_abi()  # (and libc loaded here, as a worker has it before it forks)
     _lib()

@@ -91,7 +91,7 @@ The supervisor's I/O side (its one thread per queue):
 - ``_channel``: the ``WorkerChannel`` interface through which the supervisor
   reaches a worker; ``_channel_trusted`` and ``_channel_untrusted`` are its two
   local kinds, ``_channel_dask`` a slot of a Dask lane (a job at a time, sent
-  as a task through the Dask client's event loop). ``_processes``: processes,
+  as a task through the Dask client's event loop). ``_system.processes``: processes,
   their trees, memory and exits.
   ``_undertaker``: the small process per queue that kills the workers'
   process groups should the supervisor's process die.
@@ -102,13 +102,13 @@ The worker processes: ``_worker`` (a trusted worker's loop, and what both
 kinds share; ``_worker_parent``: how a trusted worker follows its
 supervisor's life) and ``_worker_untrusted`` (a clean worker that forks a
 process per job; ``_json_keys``: its results' dict keys, checked).
-``_privileges``: what a process lets others do to it (dumpable or
+``_system.privileges``: what a process lets others do to it (dumpable or
 not) and may do itself (capabilities, ``no_new_privs``, Landlock), and the
 supervisor's "untraceable" latch. ``_model.sandbox``: ``Sandbox`` (what a
 sandboxed lane's jobs may reach), and what this kernel can enforce of it
-(``SandboxUnavailable``); ``_sandbox_linux``: its kernel mechanics
+(``SandboxUnavailable``); ``_system.sandbox_linux``: its kernel mechanics
 (namespaces and the jobs' view, Landlock rules, the probe);
-``_sandbox_worker``: a sandboxed worker's side of them; ``_seccomp``: the
+``_sandbox_worker``: a sandboxed worker's side of them; ``_system.seccomp``: the
 seccomp filter, assembled by hand. ``_forkserver_guard``: imported only by the
 forkserver procq starts, to make it untraceable and fork only for its parent;
 ``_forkserver_main``: imported there too, to import the program's main module

@@ -37,7 +37,6 @@ from procq._log import main_not_preloaded
 from procq._model.errors import _RemoteTraceback
 from procq._model.values import Completed, Failed, Failure, FailureKind
 from procq._plain import BuiltinExceptions, NeedsCode, load_data
-from procq._processes import pidfd, worker_config
 from procq._protocol import (
     ERROR,
     OK,
@@ -52,6 +51,7 @@ from procq._protocol import (
     Undecoded,
     Violation,
 )
+from procq._system.processes import pidfd, worker_config
 from procq._template import template_for
 from procq._worker import worker_main
 from procq._worker_channel import Launch

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from procq._channel import KINDS, ProcessChannel
 from procq._model.values import Completed, Failed, Failure
-from procq._processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
 from procq._protocol import (
     CUT_SHORT,
     FROM_JOB,
@@ -37,8 +36,9 @@ from procq._protocol import (
     Violation,
     decode_untrusted,
 )
-from procq._sandbox_kernel import sandbox_config
 from procq._supervisor_failures import exit_failure
+from procq._system.processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
+from procq._system.sandbox import sandbox_config
 from procq._worker_channel import Launch
 
 if TYPE_CHECKING:
@@ -174,7 +174,7 @@ class UntrustedChannel(ProcessChannel):
 
     def memory_base(self) -> int:
         """A sandboxed worker is two processes: the one started here, which
-        waits outside the namespaces, and the worker (see ``_sandbox_linux``)."""
+        waits outside the namespaces, and the worker (see ``_system.sandbox_linux``)."""
         if not self.sandboxed:
             return super().memory_base()
         return sum(process_pss(pid) for pid in [self.pid, *(p.pid for p in find_descendants(self.pid))])

@@ -11,7 +11,7 @@ from typing import Any
 from procq._log import main_not_preloaded
 from procq._model.job import REUSE_POLICIES, Lane
 from procq._model.policies import Retention
-from procq._privileges import make_untraceable
+from procq._system.privileges import make_untraceable
 
 __all__ = [
     "MISMATCH_POLICIES",

@@ -53,8 +53,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from procq._processes import children_map, pidfd, process_pss, process_rss, signal_group, tree_memory
 from procq._protocol import ERROR, READY, RUN, TRAILER, FnMirror
+from procq._system.processes import children_map, pidfd, process_pss, process_rss, signal_group, tree_memory
 
 __all__ = ["child_main", "close_pool", "kill_job", "run_job"]
 

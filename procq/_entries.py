@@ -23,7 +23,7 @@ from procq._model.values import (
     Processing,
     State,
 )
-from procq._sandbox_kernel import enforced
+from procq._system.sandbox import enforced
 
 if TYPE_CHECKING:
     from procq._retention import Record

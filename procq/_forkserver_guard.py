@@ -24,7 +24,7 @@ import socket
 import struct
 from typing import Any
 
-from procq._privileges import set_dumpable
+from procq._system.privileges import set_dumpable
 
 __all__: list[str] = []
 

@@ -299,7 +299,7 @@ def metrics(core: Core, name: str, read_store: bool = True) -> QueueMetrics:
 
 
 def _worker(pid: int | None, lane: str, jobs: int, key: str | None, running: float | None) -> WorkerMetrics:
-    from procq._processes import process_rss
+    from procq._system.processes import process_rss
 
     if pid is None:
         return WorkerMetrics(pid, lane, 0, 0.0, jobs, key, running)

@@ -40,8 +40,8 @@ from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
 from procq._queue_async import AsyncFace
 from procq._queue_fork import queues
 from procq._queue_maps import MapFace
-from procq._sandbox_kernel import check as check_sandboxes
 from procq._supervisor import Supervisor
+from procq._system.sandbox import check as check_sandboxes
 
 if TYPE_CHECKING:
     from procq._metrics import QueueMetrics

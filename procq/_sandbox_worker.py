@@ -1,5 +1,5 @@
 """A sandboxed lane's worker side: its namespaces (once), and each job's
-private temporary directory and confinement (see ``_sandbox_linux``)."""
+private temporary directory and confinement (see ``_system.sandbox_linux``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import sys
 import tempfile
 from typing import Any
 
-from procq import _seccomp
-from procq._privileges import set_pdeathsig
-from procq._sandbox_linux import SHM, confine, default_reads, isolate, reap_leftovers
+from procq._system import seccomp as _seccomp
+from procq._system.privileges import set_pdeathsig
+from procq._system.sandbox_linux import SHM, confine, default_reads, isolate, reap_leftovers
 
 __all__ = ["WorkerSandbox", "enter"]
 

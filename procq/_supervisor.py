@@ -51,7 +51,7 @@ Who owns what, and what each pipe carries::
                                            its exit; read by a non-blocking FrameReader and
                                            checked message by message; a job ends at its exit.
                                            Sandboxed: it waits outside the namespaces of the
-                                           worker it forks (pid 1 there, ``_sandbox_linux``)
+                                           worker it forks (pid 1 there, ``_system.sandbox_linux``)
                          DaskChannel:      one slot of a Dask lane: a job at a time, a task on
                                            the cluster (``_channel_dask``, ``_dask_remote``)
                        worker process (one pipe each; nothing shared)
@@ -92,7 +92,7 @@ Beside it: ``_supervisor_start`` (the starter thread, and what to start),
 ``_supervisor_end`` (how a worker is ended: EOF, violation, retirement, death, kill),
 ``_supervisor_wait`` (selector, wake-ups, timers, the last wait), ``_supervisor_lead``,
 ``_supervisor_decode``, ``_supervisor_failures``, ``_log`` (what it logs as
-it decides), ``_channel`` and its kinds, ``_processes``. Should this thread
+it decides), ``_channel`` and its kinds, ``_system.processes``. Should this thread
 die of an exception, the queue closes itself, saying why (``Core.break_down``).
 """
 
@@ -113,13 +113,13 @@ from procq._channel import channel_kind
 from procq._core import Core, Entry, WorkerLife, WorkerSlot
 from procq._dispatch import Reported
 from procq._entries import Wakeup
-from procq._processes import next_sample
 from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 from procq._supervisor_decode import Decoders
 from procq._supervisor_end import Endings
 from procq._supervisor_lead import Handoffs, Leader, ask_retire_over_rss
 from procq._supervisor_start import Starts
 from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, Timers, Watcher, check_memory, stop_workers
+from procq._system.processes import next_sample
 from procq._undertaker import Undertaker
 from procq._worker_channel import Launch
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from procq._entries import Entry, LaneState, WorkerSlot
 from procq._model.job import format_size
 from procq._model.values import Failure, FailureKind
-from procq._processes import describe_exit
+from procq._system.processes import describe_exit
 
 __all__ = ["crash_failure", "exit_failure", "memory_failure", "protocol_failure", "start_failure", "stopped_failure"]
 

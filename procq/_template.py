@@ -51,7 +51,7 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
-from procq._processes import pidfd
+from procq._system.processes import pidfd
 
 __all__ = ["Template", "TemplateChild", "template_main"]
 
@@ -189,7 +189,7 @@ def template_for(templates: dict[str, Any], lane: str, context: Any, name: str, 
 
 def template_main(requests: Connection, exits: Connection, config: dict[str, Any]) -> None:
     """The template's loop (see the module docstring)."""
-    from procq._privileges import set_dumpable, set_pdeathsig
+    from procq._system.privileges import set_dumpable, set_pdeathsig
     from procq._worker import _boot, setup
     from procq._worker_parent import drop_forkserver_alive_fd, parent_process
 

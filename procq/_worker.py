@@ -31,8 +31,8 @@ from typing import Any
 
 from procq._model.job import format_size
 from procq._plain import Parts, result_frame, send_frame
-from procq._privileges import set_dumpable
 from procq._protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
+from procq._system.privileges import set_dumpable
 from procq._worker_parent import die_with_parent, parent_process
 
 __all__ = ["worker_main"]

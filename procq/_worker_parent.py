@@ -8,7 +8,7 @@ import contextlib
 import os
 from typing import Any
 
-from procq._privileges import set_pdeathsig
+from procq._system.privileges import set_pdeathsig
 
 __all__ = ["die_with_parent", "drop_forkserver_alive_fd", "parent_process"]
 

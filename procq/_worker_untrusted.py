@@ -25,7 +25,6 @@ from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 from procq._json_keys import check_keys
-from procq._privileges import confine_job, drop_privileges, landlock_abi, set_dumpable, set_pdeathsig
 from procq._protocol import (
     CUT_SHORT,
     FROM_JOB,
@@ -35,6 +34,7 @@ from procq._protocol import (
     frame_header,
     json_dumps,
 )
+from procq._system.privileges import confine_job, drop_privileges, landlock_abi, set_dumpable, set_pdeathsig
 from procq._worker import (
     _address_space,
     _boot,

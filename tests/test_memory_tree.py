@@ -63,7 +63,7 @@ def test_tree_memory_reads_proportional_sizes_only_past_the_resident_bound() -> 
     """The resident sizes, summed, bound the proportional ones from above: a
     tree within its limit by them is not read further; past it, the
     proportional sizes decide, and they count a page shared after a fork once."""
-    from procq._processes import children_map, process_pss, process_rss, tree_memory
+    from procq._system.processes import children_map, process_pss, process_rss, tree_memory
 
     hold_r, hold_w = os.pipe()
     block = bytearray(64 << 20)

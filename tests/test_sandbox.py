@@ -26,7 +26,7 @@ from core_support import WAIT, failure_of, open_queue
 
 from procq import Job, Lane, ProcQueue, Sandbox, SandboxUnavailable
 from procq._model.sandbox import PARTS
-from procq._sandbox_kernel import kernel
+from procq._system.sandbox import kernel
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
 

@@ -20,7 +20,7 @@ import pytest
 from core_support import WAIT, failure_of, open_queue
 
 from procq import Job, Lane
-from procq._privileges import landlock_abi
+from procq._system.privileges import landlock_abi
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="these are Linux's")
 

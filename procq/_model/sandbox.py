@@ -1,8 +1,8 @@
 """``Sandbox``: what a sandboxed lane's jobs may reach, checked when made.
-What this kernel can enforce of it is asked in ``_sandbox_kernel``.
+What this kernel can enforce of it is asked in ``_system.sandbox``.
 
 A sandbox is enforced in five parts, each by the kernel mechanisms named
-here (the mechanics are in ``_sandbox_linux`` and ``_seccomp``, the
+here (the mechanics are in ``_system.sandbox_linux`` and ``_system.seccomp``, the
 worker's side in ``_sandbox_worker``):
 
 - ``files``: Landlock filesystem rules (ABI 3: reads, writes, renames,

@@ -23,7 +23,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from procq._model.job import Lane
-from procq._privileges import untraceable
+from procq._system.privileges import untraceable
 
 __all__ = [
     "ExecProcess",

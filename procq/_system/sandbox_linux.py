@@ -19,7 +19,7 @@ there; a read-only mount also refuses what Landlock does not cover
 Per job (``confine``, in the job's process, before job code runs): a
 Landlock domain of its own that allows the same paths (and the job's own
 temporary directory), no TCP (ABI 4), no signal or abstract UNIX socket
-outside the domain (ABI 6); then the seccomp filter (``_seccomp``).
+outside the domain (ABI 6); then the seccomp filter (``_system.seccomp``).
 
 Everything is plain system calls through ``ctypes``. ``probe_main`` is the
 probe the supervisor runs (``_sandbox.kernel``): the same calls, in a
@@ -39,8 +39,8 @@ import stat
 import sys
 from typing import Any, NamedTuple, NoReturn
 
-from procq import _seccomp
-from procq._privileges import landlock_abi, set_dumpable
+from procq._system import seccomp as _seccomp
+from procq._system.privileges import landlock_abi, set_dumpable
 
 __all__ = ["SHM", "TMP_SIZE", "confine", "default_reads", "isolate", "probe_main", "reap_leftovers"]
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from procq._model.errors import SandboxUnavailable
 from procq._model.sandbox import Sandbox
-from procq._processes import import_path
+from procq._system.processes import import_path
 
 if TYPE_CHECKING:
     from procq._model.job import Lane
@@ -56,7 +56,7 @@ def _probe() -> dict[str, Any]:
         return {"landlock": 0, "seccomp": why, "namespaces": why}
     code = (
         "import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
-        "from procq._sandbox_linux import probe_main; probe_main()"
+        "from procq._system.sandbox_linux import probe_main; probe_main()"
     )
     try:
         done = subprocess.run(

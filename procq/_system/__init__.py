@@ -1,0 +1,16 @@
+"""What procq asks of the operating system: processes, their privileges and
+their confinement.
+
+Below everything that starts or confines a process (the supervisor, the
+workers, a Dask lane's far side); imports only ``procq._model``.
+
+- ``processes``: processes, their trees, memory and exits; pidfds.
+- ``privileges``: what a process lets others do to it (dumpable or not) and
+  may do itself (capabilities, ``no_new_privs``, Landlock), and the
+  supervisor's "untraceable" latch.
+- ``sandbox``: what this kernel can enforce of a ``Sandbox`` (probed once per
+  process), and the check that refuses what it cannot (``SandboxUnavailable``).
+- ``sandbox_linux``: the mechanics: namespaces, the jobs' read-only view of
+  the filesystem, Landlock rules, leftovers reaped.
+- ``seccomp``: the seccomp filter, assembled by hand (x86-64 and aarch64).
+"""
