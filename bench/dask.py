@@ -127,7 +127,7 @@ class Bench:
         """The arguments a lane gives ``run_job``, for a bare submit of it."""
         from procq._channel_dask import _remote_config
         from procq._dask_lane import DaskLane
-        from procq._protocol import digest, dumps_fn
+        from procq._wire.protocol import digest, dumps_fn
 
         fn_bytes = dumps_fn(square)
         fn_id = digest(fn_bytes)

@@ -24,7 +24,7 @@ Values and configuration (no state, no threads):
   (env, rlimits, cwd, worker counts against the descriptor limit).
 - ``_model.values``: where a key is (``Pending`` ... ``Failed``, ``Failure``,
   ``FailureKind``), push outcomes, stats.
-- ``_model.errors``: the exception tree; ``_fingerprint``: what a claim remembers of
+- ``_model.errors``: the exception tree; ``_wire.fingerprint``: what a claim remembers of
   its payload to catch a key reused for other work.
 - ``_config``: ``ProcQueue``'s constructor arguments, checked; the start method.
 
@@ -95,13 +95,13 @@ The supervisor's I/O side (its one thread per queue):
   their trees, memory and exits.
   ``_undertaker``: the small process per queue that kills the workers'
   process groups should the supervisor's process die.
-- ``_protocol``: what travels on a worker's pipe, framed, and the typed events
-  it decodes to. ``_plain``: which pickles unpickle without running code.
+- ``_wire.protocol``: what travels on a worker's pipe, framed, and the typed events
+  it decodes to. ``_wire.plain``: which pickles unpickle without running code.
 
 The worker processes: ``_worker`` (a trusted worker's loop, and what both
 kinds share; ``_worker_parent``: how a trusted worker follows its
 supervisor's life) and ``_worker_untrusted`` (a clean worker that forks a
-process per job; ``_json_keys``: its results' dict keys, checked).
+process per job; ``_wire.json_keys``: its results' dict keys, checked).
 ``_system.privileges``: what a process lets others do to it (dumpable or
 not) and may do itself (capabilities, ``no_new_privs``, Landlock), and the
 supervisor's "untraceable" latch. ``_model.sandbox``: ``Sandbox`` (what a

@@ -20,8 +20,8 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
-from procq._protocol import CANCEL, RUN, RUN_MANY, FnMirror, FrameReader
 from procq._system.processes import ExecProcess, find_descendants, process_pss, process_rss, signal_group, tree_memory
+from procq._wire.protocol import CANCEL, RUN, RUN_MANY, FnMirror, FrameReader
 from procq._worker_channel import WorkerChannel
 
 if TYPE_CHECKING:

@@ -50,8 +50,8 @@ from procq._dask_lane import DaskLane
 from procq._dask_remote import close_pool, kill_job, run_job
 from procq._model.job import format_size
 from procq._model.values import Failed, Failure
-from procq._protocol import ERROR, OK, OK_OBJECTS, TRAILER, Event, Ready, Report, Violation
 from procq._supervisor_failures import exit_failure
+from procq._wire.protocol import ERROR, OK, OK_OBJECTS, TRAILER, Event, Ready, Report, Violation
 from procq._worker_channel import Launch, WorkerChannel
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@ that runs each job itself and answers in pickles.
 
 Its answers are read in bulk: every frame that has arrived is taken in one
 read (a large one read whole at once). Each message's trailer says which job
-it is about (see ``_protocol``), so a payload that fails to decode fails that
+it is about (see ``_wire.protocol``), so a payload that fails to decode fails that
 job alone. Unpickling a payload may run code of the job's classes
 (``__reduce__``, ``__setstate__``: it may raise ``SystemExit``, hang, ...), so
 the I/O thread unpickles only what runs none:
@@ -36,8 +36,10 @@ from procq._channel import KINDS, ProcessChannel, on_starter_thread
 from procq._log import main_not_preloaded
 from procq._model.errors import _RemoteTraceback
 from procq._model.values import Completed, Failed, Failure, FailureKind
-from procq._plain import BuiltinExceptions, NeedsCode, load_data
-from procq._protocol import (
+from procq._system.processes import pidfd, worker_config
+from procq._template import template_for
+from procq._wire.plain import BuiltinExceptions, NeedsCode, load_data
+from procq._wire.protocol import (
     ERROR,
     OK,
     OK_OBJECTS,
@@ -51,8 +53,6 @@ from procq._protocol import (
     Undecoded,
     Violation,
 )
-from procq._system.processes import pidfd, worker_config
-from procq._template import template_for
 from procq._worker import worker_main
 from procq._worker_channel import Launch
 

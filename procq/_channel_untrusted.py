@@ -20,7 +20,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from procq._channel import KINDS, ProcessChannel
 from procq._model.values import Completed, Failed, Failure
-from procq._protocol import (
+from procq._supervisor_failures import exit_failure
+from procq._system.processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
+from procq._system.sandbox import sandbox_config
+from procq._wire.protocol import (
     CUT_SHORT,
     FROM_JOB,
     FROM_WORKER,
@@ -36,9 +39,6 @@ from procq._protocol import (
     Violation,
     decode_untrusted,
 )
-from procq._supervisor_failures import exit_failure
-from procq._system.processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
-from procq._system.sandbox import sandbox_config
 from procq._worker_channel import Launch
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class UntrustedChannel(ProcessChannel):
 
     def _check(self, worker: WorkerSlot, frame: bytes | bytearray) -> Event | None:
         """Check one frame. Its last byte says who wrote it: the worker (READY,
-        a job's exit) or the job's process (its answer; see ``_protocol``).
+        a job's exit) or the job's process (its answer; see ``_wire.protocol``).
         What a job's process sends may be built to cost far more decoded than
         sent: its JSON values are counted first (``json_values``), and a large
         message is counted and decoded on the lane's decode thread

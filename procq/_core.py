@@ -37,17 +37,17 @@ from typing import Any
 
 from procq._dispatch import Dispatch, Offer, Offered, Reported, Unblocked
 from procq._entries import ABANDONED, PENDING, Ended, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot, run_wakeups
-from procq._fingerprint import job_fingerprint
 from procq._model.job import Job, Lane
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed, Failure, QueueStats, State
-from procq._protocol import Report, Undecoded
 from procq._records import KeyRecords, MemoryRecords
 from procq._retention import Done
 from procq._spares import wanted
 from procq._statemap import CACHED, Claim, ClaimKind, StateMap, conflict, new_claim
 from procq._stopping import Stopping
 from procq._timers import Timers
+from procq._wire.fingerprint import job_fingerprint
+from procq._wire.protocol import Report, Undecoded
 
 __all__ = [
     "BLOCKED", "CANCELLED", "FULL", "QUEUED", "SCHEDULED", "STOPPED",

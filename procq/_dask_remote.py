@@ -8,7 +8,7 @@ kill from the supervisor, and returns what happened as a ``Finished`` tuple
 (plain data, which Dask sends back as the task's result)::
 
     ("frame", frame, pid, address)          the worker's report: OK / ERROR, as a trusted
-                                            lane's worker writes it on its pipe (``_protocol``)
+                                            lane's worker writes it on its pipe (``_wire.protocol``)
     ("exit", exitcode, pid, address)        the job's process died (a signal, os._exit, ...)
     ("timeout", exitcode, pid, address)     past its time limit: its process tree was killed
     ("memory", exitcode, pid, address, used)  past its memory limit: killed
@@ -53,8 +53,8 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-from procq._protocol import ERROR, READY, RUN, TRAILER, FnMirror
 from procq._system.processes import children_map, pidfd, process_pss, process_rss, signal_group, tree_memory
+from procq._wire.protocol import ERROR, READY, RUN, TRAILER, FnMirror
 
 __all__ = ["child_main", "close_pool", "kill_job", "run_job"]
 
@@ -322,7 +322,7 @@ def _retires(frame: bytes) -> bool:
     end = len(frame) - TRAILER.size
     if TRAILER.unpack_from(frame, end)[1] != ERROR:
         return False
-    from procq._plain import load_data
+    from procq._wire.plain import load_data
 
     try:
         return bool(load_data(frame)[4] == "memory")

@@ -32,8 +32,8 @@ from procq._decoding import Decoding
 from procq._entries import PENDING, PROCESSING, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
 from procq._model.job import Job, Lane
 from procq._model.values import Failed, Failure, LaneStats
-from procq._protocol import Report, Undecoded
 from procq._statemap import StateMap
+from procq._wire.protocol import Report, Undecoded
 
 __all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch", "Offer", "Offered", "Reported", "Unblocked"]
 

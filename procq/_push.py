@@ -26,13 +26,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from procq._core import BLOCKED, CANCELLED, FULL, STOPPED, Core, Ended, Entry, Item, LaneState, Offer, WorkerSlot
-from procq._fingerprint import fn_name
 from procq._handle import JobHandle
 from procq._model.errors import JobPicklingError, KeyConflict, KeyConflictWarning, LaneFull, QueueClosed, WrongProcess
 from procq._model.job import Job
 from procq._model.values import Failed
 from procq._outcomes import Cached, InFlight, PushOutcome, Queued
-from procq._protocol import digest, dumps, dumps_fn, pickled_by_reference
+from procq._wire.fingerprint import fn_name
+from procq._wire.protocol import digest, dumps, dumps_fn, pickled_by_reference
 
 if TYPE_CHECKING:
     import asyncio

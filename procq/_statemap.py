@@ -48,7 +48,6 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, LaneState, Status, Wakeup, WorkerSlot
-from procq._fingerprint import describe
 from procq._metrics import RECENT_FAILURES
 from procq._model.errors import QueueClosed
 from procq._model.job import Job
@@ -56,6 +55,7 @@ from procq._model.values import Completed, Failed, Failure, LaneStats, QueueStat
 from procq._records import KeyRecords
 from procq._retention import Done, Record
 from procq._timers import Timers
+from procq._wire.fingerprint import describe
 
 __all__ = ["Claim", "ClaimKind", "StateMap", "conflict", "new_claim"]
 

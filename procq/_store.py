@@ -45,9 +45,9 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any, NamedTuple, Protocol
 
-from procq._fingerprint import MAX_BYTES, MAX_NODES, _digest, _encode, _head, _TooCostly
 from procq._model.errors import ProcQueueError
 from procq._model.values import Completed, Failed, Failure
+from procq._wire.fingerprint import MAX_BYTES, MAX_NODES, _digest, _encode, _head, _TooCostly
 
 __all__ = [
     "SCHEMA",
@@ -234,7 +234,7 @@ class Store:
 
 
 def stable_fingerprint(job: Any) -> bytes:
-    """A job's fingerprint (``_fingerprint``) as every process computes it.
+    """A job's fingerprint (``_wire.fingerprint``) as every process computes it.
     The in-memory fingerprint hashes flat arguments with ``hash()``, which is
     salted per process: a row keeps this one, made from the arguments' text."""
     fn, args, kwargs = job.fn, job.args, job.kwargs

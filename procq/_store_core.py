@@ -44,7 +44,6 @@ from typing import Any
 
 from procq._core import Core, Item
 from procq._entries import Entry, LaneState, Wakeup, run_wakeups
-from procq._fingerprint import job_fingerprint
 from procq._model.job import Job, Lane
 from procq._model.policies import Retention
 from procq._model.values import State
@@ -67,6 +66,7 @@ from procq._store_read import forget_key, read_snapshot, read_state
 from procq._store_records import Held, StoreRecords, as_record, row_expired
 from procq._store_remote import RemoteEntry, Watcher
 from procq._store_urls import open_store
+from procq._wire.fingerprint import job_fingerprint
 
 __all__ = ["StoreCore"]
 

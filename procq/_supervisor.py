@@ -113,7 +113,6 @@ from procq._channel import channel_kind
 from procq._core import Core, Entry, WorkerLife, WorkerSlot
 from procq._dispatch import Reported
 from procq._entries import Wakeup
-from procq._protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 from procq._supervisor_decode import Decoders
 from procq._supervisor_end import Endings
 from procq._supervisor_lead import Handoffs, Leader, ask_retire_over_rss
@@ -121,6 +120,7 @@ from procq._supervisor_start import Starts
 from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, Timers, Watcher, check_memory, stop_workers
 from procq._system.processes import next_sample
 from procq._undertaker import Undertaker
+from procq._wire.protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 from procq._worker_channel import Launch
 
 __all__ = ["Supervisor"]

@@ -33,7 +33,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from procq._model.values import Failed, Failure
-from procq._protocol import Undecoded
+from procq._wire.protocol import Undecoded
 
 if TYPE_CHECKING:
     from procq._core import Core

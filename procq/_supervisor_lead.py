@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from procq._dispatch import Reported
 from procq._entries import Entry, WorkerLife, WorkerSlot
-from procq._protocol import Event, Report, Undecoded
+from procq._wire.protocol import Event, Report, Undecoded
 
 if TYPE_CHECKING:
     from procq._core import Core

@@ -13,7 +13,7 @@ streams), then sends READY. A trusted lane's worker is a ``multiprocessing``
 child (``worker_main``) that runs each job itself and answers in pickles. An
 untrusted lane's worker (``_worker_untrusted``, which uses ``setup``,
 ``call_and_report`` and the JSON codec from here) runs no job code: it forks a
-process per job and relays its JSON answer, then its exit (see ``_protocol``).
+process per job and relays its JSON answer, then its exit (see ``_wire.protocol``).
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from procq._model.job import format_size
-from procq._plain import Parts, result_frame, send_frame
-from procq._protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 from procq._system.privileges import set_dumpable
+from procq._wire.plain import Parts, result_frame, send_frame
+from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 from procq._worker_parent import die_with_parent, parent_process
 
 __all__ = ["worker_main"]

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from procq._core import Core
     from procq._entries import Entry, LaneState, WorkerSlot
-    from procq._protocol import Event
+    from procq._wire.protocol import Event
 
 __all__ = ["Launch", "WorkerChannel"]
 

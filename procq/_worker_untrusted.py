@@ -5,7 +5,7 @@ It is a fresh interpreter (``python -I``) started by the supervisor, not a
 ``multiprocessing`` child, and it never runs job code or unpickles anything a
 job sent: so a hostile job cannot see the supervisor's pipe, another job's
 work, or what the worker does next. What a job's process writes is relayed
-with a trailer byte that says so (see ``_protocol``), and the supervisor
+with a trailer byte that says so (see ``_wire.protocol``), and the supervisor
 checks every message.
 """
 
@@ -24,8 +24,9 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from procq._json_keys import check_keys
-from procq._protocol import (
+from procq._system.privileges import confine_job, drop_privileges, landlock_abi, set_dumpable, set_pdeathsig
+from procq._wire.json_keys import check_keys
+from procq._wire.protocol import (
     CUT_SHORT,
     FROM_JOB,
     FROM_WORKER,
@@ -34,7 +35,6 @@ from procq._protocol import (
     frame_header,
     json_dumps,
 )
-from procq._system.privileges import confine_job, drop_privileges, landlock_abi, set_dumpable, set_pdeathsig
 from procq._worker import (
     _address_space,
     _boot,
@@ -296,7 +296,7 @@ def _exit_status(status: int, usage: Any, cpu_limit: int | None) -> int:
 class _Relay:
     """Copies the job process's frames to the supervisor as they arrive, the
     body verbatim, and marks each as the job's: a length prefix one byte
-    longer, and ``FROM_JOB`` after the body (see ``_protocol``). It reads
+    longer, and ``FROM_JOB`` after the body (see ``_wire.protocol``). It reads
     nothing but the length prefixes; checking what the frames hold is the
     supervisor's work.
 

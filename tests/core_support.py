@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 import jobs
 import pytest
 
-import procq._protocol
+import procq._wire.protocol
 from procq import Failure, Job, JobFailed, JobHandle, Lane, ProcQueue, Queued
 
 T = TypeVar("T")
@@ -126,7 +126,7 @@ def run_noting_waits(fn: Callable[[], T], waiting: threading.Event) -> T:
     """
     # A thread waiting on a job a worker runs may wait on that worker's pipe
     # instead (procq/_supervisor_lead.py): procq's FrameReader.wait.
-    wait_files = {threading.__file__, procq._protocol.__file__}
+    wait_files = {threading.__file__, procq._wire.protocol.__file__}
 
     def profile(frame: Any, event: str, arg: Any) -> None:
         if event == "call" and frame.f_code.co_name == "wait" and frame.f_code.co_filename in wait_files:

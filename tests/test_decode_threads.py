@@ -19,8 +19,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from procq import Completed, Failed, Job, JobFailed, Lane, Processing, Retry
-from procq._plain import names_nothing, result_frame
-from procq._protocol import OK, TRAILER
+from procq._wire.plain import names_nothing, result_frame
+from procq._wire.protocol import OK, TRAILER
 
 
 def test_user_code_in_a_result_runs_on_its_lanes_decode_thread() -> None:

@@ -73,7 +73,7 @@ def test_other_arguments_still_conflict() -> None:
 
 
 def _fp(*args: object, **kwargs: object) -> bytes:
-    from procq._fingerprint import fingerprint
+    from procq._wire.fingerprint import fingerprint
 
     return fingerprint(jobs.identity, args, kwargs or None)
 

@@ -25,7 +25,7 @@ from procq import (
     ProcQueue,
     Queued,
 )
-from procq._fingerprint import MAX_NODES, content_key, describe, fingerprint
+from procq._wire.fingerprint import MAX_NODES, content_key, describe, fingerprint
 
 
 def test_reuse_must_be_a_known_policy() -> None:

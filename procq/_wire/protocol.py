@@ -27,7 +27,7 @@ Worker -> supervisor, trusted lanes: a payload, then a fixed 9-byte trailer
                                                           why it imported the main module
                                                           itself, if it did (``_forkserver_main``)
     pickle(result)                     + (job_id, OK)     the result pickled once; it names no
-                                                          class or function (``_plain``)
+                                                          class or function (``_wire.plain``)
     pickle(result)                     + (job_id, OK_OBJECTS)  one that does
     pickle((exc_bytes | None, exc_type, message, traceback_text, kind))
                                        + (job_id, ERROR)  exc_bytes: the exception, pickled apart
@@ -39,7 +39,7 @@ that job alone. (``pickle.loads`` ignores the bytes after a pickle's end, so
 a payload is unpickled in place, with its trailer.) Unpickling may run code
 of the result's classes; the I/O thread only unpickles what cannot (no opcode
 that names a class or function: the worker checks the pickle it made, in
-parallel with the supervisor, and says so in the tag; see ``_plain``) and
+parallel with the supervisor, and says so in the tag; see ``_wire.plain``) and
 leaves the rest ``Undecoded`` for the lane's decode thread (see ``_channel_trusted``).
 
 A trusted worker reports its jobs in the order it was sent them, one message

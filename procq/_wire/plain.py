@@ -21,7 +21,7 @@ import re
 import struct
 from typing import Any
 
-from procq._protocol import OK, OK_OBJECTS, TRAILER, dumps
+from procq._wire.protocol import OK, OK_OBJECTS, TRAILER, dumps
 
 __all__ = [
     "BuiltinExceptions",

@@ -41,7 +41,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from procq._protocol import blake2b
+from procq._wire.protocol import blake2b
 
 __all__ = ["MAX_BYTES", "MAX_NODES", "content_key", "describe", "fingerprint", "fn_name", "job_fingerprint"]
 
@@ -164,7 +164,7 @@ def content_key(fn: Callable[..., Any], item: Any) -> str:
         _encode(item, parts, [MAX_NODES, MAX_BYTES])
         data: str | bytes = "".join(parts)
     except (_TooCostly, RecursionError):
-        from procq._protocol import (
+        from procq._wire.protocol import (
             dumps,  # pickle, or cloudpickle for what pickle refuses
         )
 

@@ -1,0 +1,12 @@
+"""What crosses a pipe or a database row, and what is safe to read from it.
+
+Shared by the supervisor's side and the workers' side; imports only
+``procq._model``.
+
+- ``protocol``: what travels on a worker's pipe, framed, and the typed events
+  it decodes to.
+- ``plain``: which pickles unpickle without running code.
+- ``json_keys``: an untrusted job's result, checked for non-``str`` dict keys.
+- ``fingerprint``: what a claim remembers of its payload, to catch a key
+  reused for other work.
+"""
