@@ -97,10 +97,10 @@ def steps(samples: int) -> dict[str, float]:
     import shutil
     import tempfile
 
-    from procq._sandbox_worker import WorkerSandbox
     from procq._system import seccomp as _seccomp
     from procq._system.privileges import confine_job, landlock_abi
     from procq._system.sandbox_linux import _lib, _probe_namespaces, confine, default_reads
+    from procq._worker.sandbox import WorkerSandbox
 
     abi = landlock_abi()  # (and libc loaded here, as a worker has it before it forks)
     _lib()

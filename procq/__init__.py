@@ -98,9 +98,9 @@ The supervisor's I/O side (its one thread per queue):
 - ``_wire.protocol``: what travels on a worker's pipe, framed, and the typed events
   it decodes to. ``_wire.plain``: which pickles unpickle without running code.
 
-The worker processes: ``_worker`` (a trusted worker's loop, and what both
-kinds share; ``_worker_parent``: how a trusted worker follows its
-supervisor's life) and ``_worker_untrusted`` (a clean worker that forks a
+The worker processes: ``_worker.trusted`` (a trusted worker's loop, and what both
+kinds share; ``_worker.parent``: how a trusted worker follows its
+supervisor's life) and ``_worker.untrusted`` (a clean worker that forks a
 process per job; ``_wire.json_keys``: its results' dict keys, checked).
 ``_system.privileges``: what a process lets others do to it (dumpable or
 not) and may do itself (capabilities, ``no_new_privs``, Landlock), and the
@@ -108,11 +108,11 @@ supervisor's "untraceable" latch. ``_model.sandbox``: ``Sandbox`` (what a
 sandboxed lane's jobs may reach), and what this kernel can enforce of it
 (``SandboxUnavailable``); ``_system.sandbox_linux``: its kernel mechanics
 (namespaces and the jobs' view, Landlock rules, the probe);
-``_sandbox_worker``: a sandboxed worker's side of them; ``_system.seccomp``: the
-seccomp filter, assembled by hand. ``_forkserver_guard``: imported only by the
+``_worker.sandbox``: a sandboxed worker's side of them; ``_system.seccomp``: the
+seccomp filter, assembled by hand. ``_worker.forkserver_guard``: imported only by the
 forkserver procq starts, to make it untraceable and fork only for its parent;
-``_forkserver_main``: imported there too, to import the program's main module
-once, in the server, not in every worker. ``_template``: a trusted lane's
+``_worker.forkserver_main``: imported there too, to import the program's main module
+once, in the server, not in every worker. ``_worker.template``: a trusted lane's
 template, the booted process its replacements and spares fork from.
 ``_dask_remote``: the far side of a Dask lane, run by the Dask workers: the
 task that hands each job to a procq worker process there and watches it
@@ -152,7 +152,7 @@ a lane's decode thread  what its lane's reports left undecoded, with no lock hel
                         the I/O thread's inbox of decoded messages
 a queue's starter       starting the local processes the I/O thread asks for, and
 thread                  a trusted lane's template (made, asked to fork, checked
-                        alive: ``_template``); each start handed back to the I/O
+                        alive: ``_worker.template``); each start handed back to the I/O
                         thread, nothing else touched
 a worker process        nothing of the supervisor's: only its own pipe
 a lane's template       nothing of the supervisor's: its request pipe (the starter
@@ -186,7 +186,7 @@ held across user code, pickling, a pipe send or an await.
 from typing import TYPE_CHECKING, Any
 
 # The public names are loaded on first use, not at import: worker processes
-# import this package too (to reach procq._worker), and should not pay for the
+# import this package too (to reach procq._worker.trusted), and should not pay for the
 # supervisor's side (asyncio, threading machinery) on every start.
 _SOURCES = {
     "JobFailed": "procq._model.errors",

@@ -1,4 +1,4 @@
-"""A trusted lane's worker channel: a ``multiprocessing`` child (``_worker``)
+"""A trusted lane's worker channel: a ``multiprocessing`` child (``_worker.trusted``)
 that runs each job itself and answers in pickles.
 
 Its answers are read in bulk: every frame that has arrived is taken in one
@@ -37,7 +37,6 @@ from procq._log import main_not_preloaded
 from procq._model.errors import _RemoteTraceback
 from procq._model.values import Completed, Failed, Failure, FailureKind
 from procq._system.processes import pidfd, worker_config
-from procq._template import template_for
 from procq._wire.plain import BuiltinExceptions, NeedsCode, load_data
 from procq._wire.protocol import (
     ERROR,
@@ -53,7 +52,8 @@ from procq._wire.protocol import (
     Undecoded,
     Violation,
 )
-from procq._worker import worker_main
+from procq._worker.template import template_for
+from procq._worker.trusted import worker_main
 from procq._worker_channel import Launch
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ class TrustedChannel(ProcessChannel):
     @classmethod
     def _fork(cls, lane: LaneState, launch: Launch) -> TrustedChannel:
         """A replacement or a spare (a start on the starter thread), forked by
-        the lane's template (``_template``)."""
+        the lane's template (``_worker.template``)."""
         config = worker_config(lane.spec)
         name = f"procq-template-{launch.name}-{lane.name}"
         template = template_for(launch.lanes, lane.name, launch.context, name, config)

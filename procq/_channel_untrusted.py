@@ -1,6 +1,6 @@
 """An untrusted lane's worker channel: what such a worker sends is never trusted.
 
-An untrusted worker is a fresh ``python -I`` (``_worker_untrusted``) that
+An untrusted worker is a fresh ``python -I`` (``_worker.untrusted``) that
 forks a process per job and relays that process's JSON answer, marked as the
 job's, then reports the process's exit: the job is settled at the exit, with
 the answer it gave or as a crash. Every message is read by a non-blocking
@@ -137,7 +137,7 @@ class UntrustedChannel(ProcessChannel):
         config["sandbox"] = sandbox_config(spec.sandbox)  # type: ignore[arg-type]  # a Sandbox or None once made
         code = (
             "import sys, json; sys.path[:0] = json.loads(sys.argv[4]); "
-            "from procq._worker_untrusted import exec_main; exec_main()"
+            "from procq._worker.untrusted import exec_main; exec_main()"
         )
         argv = [
             sys.executable,

@@ -146,7 +146,7 @@ def preload_worker(context: Any) -> None:
     forkserver has started, which is once per process; the modules already
     asked for are kept.
 
-    The main module (``_forkserver_main``): without it, each worker would
+    The main module (``_worker.forkserver_main``): without it, each worker would
     import the main script again as it starts (as ``__mp_main__``), with
     every import in it. It is imported last, after procq, which it most
     likely imports itself.
@@ -159,7 +159,7 @@ def preload_worker(context: Any) -> None:
     ``cloudpickle``, which unpickles every function sent by value: the main
     module's own (most programs' jobs), lambdas and closures.
 
-    First on the list, ``_forkserver_guard`` makes the server untraceable and
+    First on the list, ``_worker.forkserver_guard`` makes the server untraceable and
     has it fork only for its parent. A forkserver started by someone else
     before this runs has neither (see docs/untrusted.md), nor the main module.
     """
@@ -175,7 +175,7 @@ def preload_worker(context: Any) -> None:
         if not any(m.startswith(_MAIN_REQUEST) for m in modules):
             _not_preloaded("the forkserver was started before this process's first queue, without procq's preloads")
         return
-    guard = "procq._forkserver_guard"
+    guard = "procq._worker.forkserver_guard"
     # A request left by an earlier queue of this process is made again, as
     # things are now. "__main__" is left off: a Python whose forkserver imports the main
     # module itself would do it first, before the guard, and without the
@@ -183,14 +183,14 @@ def preload_worker(context: Any) -> None:
     drop = {guard, "__main__"}
     modules = [m for m in modules if m not in drop and not m.startswith(_MAIN_REQUEST)]
     main = main_request()
-    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker", "procq._queue", "cloudpickle", *_ALSO_PRELOADED)]
+    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker.trusted", "procq._queue", "cloudpickle", *_ALSO_PRELOADED)]
     wanted = [m for m in wanted if m not in modules]
     context.set_forkserver_preload([guard, *modules, *wanted, *([main] if main else [])])
 
 
 #: The start of the module name that has the forkserver import the main
-#: module (see ``_forkserver_main``).
-_MAIN_REQUEST = "procq._forkserver_main.main_"
+#: module (see ``_worker.forkserver_main``).
+_MAIN_REQUEST = "procq._worker.forkserver_main.main_"
 #: Past this many characters of arguments and import path, the request is not
 #: made: the whole preload list travels to the forkserver in one command-line
 #: argument, which Linux caps at 128 KiB.

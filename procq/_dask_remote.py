@@ -89,7 +89,7 @@ def child_main(fd: int, alive_fd: int, config: dict[str, Any]) -> None:
     ``fd``, until EOF, or until this process's Dask worker dies."""
     from multiprocessing.connection import Connection
 
-    from procq._worker import _boot, _Pickled, _serve, run_until_eof, setup
+    from procq._worker.trusted import _boot, _Pickled, _serve, run_until_eof, setup
 
     conn = Connection(fd)
     _boot()

@@ -43,10 +43,10 @@ Who owns what, and what each pipe carries::
                                        │  │                  also cuts short every grace running)
                                        v  v    on memory past a limit: SIGKILL the worker's tree
                        WorkerChannel, one per worker (``_channel``): its pipe, process, sentinel
-                         TrustedChannel:   multiprocessing child (``_worker``), pickled answers
+                         TrustedChannel:   multiprocessing child (``_worker.trusted``), pickled answers
                                            read in bulk, each naming its job in a trailer;
                                            unpickled here only where that runs no code
-                         UntrustedChannel: fresh `python -I` (``_worker_untrusted``) that forks
+                         UntrustedChannel: fresh `python -I` (``_worker.untrusted``) that forks
                                            a process per job and relays its JSON answer, then
                                            its exit; read by a non-blocking FrameReader and
                                            checked message by message; a job ends at its exit.

@@ -26,7 +26,7 @@ Only the kinds of worker that are local processes start here
 (``WorkerChannel.starts_off_thread``); a Dask lane's slots start on the I/O
 thread, which owns the lane's client. What starts here is never one of the
 queue's first workers (``mark_starter_thread``): a trusted lane's are forked
-by the lane's template (``_template``), which the first start here makes.
+by the lane's template (``_worker.template``), which the first start here makes.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ def getpid() -> int:
 def worker_pid() -> int:
     """The pid of the worker running this job: this process, or its parent
     for an untrusted lane's job (which runs in a process its worker forked for it)."""
-    untrusted = getattr(sys.modules.get("procq._worker_untrusted"), "__file__", None)
+    untrusted = getattr(sys.modules.get("procq._worker.untrusted"), "__file__", None)
     frame: Any = sys._getframe()
     while frame is not None:
         if frame.f_code.co_name == "_run_job" and frame.f_code.co_filename == untrusted:

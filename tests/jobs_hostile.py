@@ -41,7 +41,7 @@ def _own_job_id() -> int:
     """The id the supervisor gave the running job (a local of procq's code that runs it)."""
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_globals.get("__name__", "").startswith("procq._worker") and "job_id" in frame.f_locals:
+        if frame.f_globals.get("__name__", "").startswith("procq._worker.trusted") and "job_id" in frame.f_locals:
             return int(frame.f_locals["job_id"])
         frame = frame.f_back  # type: ignore[assignment]
     raise RuntimeError("not running in a procq worker")

@@ -205,7 +205,7 @@ def test_the_main_request_carries_what_spawn_would_pass() -> None:
     if data.get("init_main_from_name", "").endswith("__main__"):
         assert name is None  # python -m pytest: a package's __main__, which spawn never runs again
         return
-    assert name is not None and name.startswith("procq._forkserver_main.main_")
+    assert name is not None and name.startswith("procq._worker.forkserver_main.main_")
     request = json.loads(bytes.fromhex(name.rsplit(".", 1)[1][len("main_") :]))
     assert request["argv"] == sys.argv
     assert request["path"] == data["sys_path"]

@@ -1,4 +1,4 @@
-"""A trusted lane's template (``procq._template``): the lane's replacements
+"""A trusted lane's template (``procq._worker.template``): the lane's replacements
 and spares fork from a booted process of the lane, and every supervision
 promise holds for them: exact exit codes and signals, a dead template
 replaced, nothing left when the queue closes or the supervisor is killed,
@@ -22,7 +22,7 @@ from core_support import failure_of, open_queue, wait_until
 from process_support import descendants_tagged, kill_and_reap, linux_only, subreaper
 
 from procq import Job, Lane, ProcQueue
-from procq._template import Template
+from procq._worker.template import Template
 
 TESTS_DIR = str(Path(__file__).parent)
 

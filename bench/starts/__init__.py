@@ -15,7 +15,7 @@ forkserver and of the workers it forked.
 A package run with ``-m``, so that no child imports the main module (as
 each child of a forkserver that has not imported it does, with a script or
 a plain module: procq's forkserver imports it once, see
-``procq._forkserver_main``), and with
+``procq._worker.forkserver_main``), and with
 ``bench.jobs`` preloaded: each start costs only the fork, the child's
 ``multiprocessing`` bootstrap and its exit.
 

@@ -3,7 +3,7 @@ What this kernel can enforce of it is asked in ``_system.sandbox``.
 
 A sandbox is enforced in five parts, each by the kernel mechanisms named
 here (the mechanics are in ``_system.sandbox_linux`` and ``_system.seccomp``, the
-worker's side in ``_sandbox_worker``):
+worker's side in ``_worker.sandbox``):
 
 - ``files``: Landlock filesystem rules (ABI 3: reads, writes, renames,
   links, truncation) allow the job only its paths.

@@ -25,7 +25,7 @@ Worker -> supervisor, trusted lanes: a payload, then a fixed 9-byte trailer
 
     b"" | why, UTF-8                   + (0, READY)       once, when it is set up and takes jobs;
                                                           why it imported the main module
-                                                          itself, if it did (``_forkserver_main``)
+                                                          itself, if it did (``_worker.forkserver_main``)
     pickle(result)                     + (job_id, OK)     the result pickled once; it names no
                                                           class or function (``_wire.plain``)
     pickle(result)                     + (job_id, OK_OBJECTS)  one that does

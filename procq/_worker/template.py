@@ -190,8 +190,8 @@ def template_for(templates: dict[str, Any], lane: str, context: Any, name: str, 
 def template_main(requests: Connection, exits: Connection, config: dict[str, Any]) -> None:
     """The template's loop (see the module docstring)."""
     from procq._system.privileges import set_dumpable, set_pdeathsig
-    from procq._worker import _boot, setup
-    from procq._worker_parent import drop_forkserver_alive_fd, parent_process
+    from procq._worker.parent import drop_forkserver_alive_fd, parent_process
+    from procq._worker.trusted import _boot, setup
 
     # Never traceable, whatever the lane: it runs no job, and a process that
     # could trace it could subvert every worker it forks from now on (the
@@ -266,7 +266,7 @@ def _child(
             conn.close()
         for fd in fds:
             os.close(fd)
-        from procq._worker import forked_worker
+        from procq._worker.trusted import forked_worker
 
         forked_worker(Connection(conn_fd), config, sentinel, template)
         code = 0

@@ -24,7 +24,7 @@ up (spawn's ``prepare`` checks the path or module name and leaves it alone).
 When the main module cannot be imported there (its top level raises, or
 exits), the server is left as it was and ``fallback`` says why: each worker
 then imports it itself, as before, and tells the supervisor why with its
-READY (``_worker``), which logs it at DEBUG. A program with no main file
+READY (``_worker.trusted``), which logs it at DEBUG. A program with no main file
 (``python -c``, a REPL, a script read from stdin) has nothing to import:
 the supervisor logs that itself.
 

@@ -35,7 +35,7 @@ from procq._wire.protocol import (
     frame_header,
     json_dumps,
 )
-from procq._worker import (
+from procq._worker.trusted import (
     _address_space,
     _boot,
     _close_inherited_fds,
@@ -61,7 +61,7 @@ def exec_main() -> None:
     inherit that) and holds no privilege: no capability, even as root, and
     ``no_new_privs``, so no job can gain one back by exec. A worker that
     cannot drop them exits with the reason on stderr and never takes a job.
-    A sandboxed lane's worker first enters its sandbox (``_sandbox_worker``):
+    A sandboxed lane's worker first enters its sandbox (``_worker.sandbox``):
     then it is pid 1 of namespaces of its own, the process started here
     waiting outside for it, and each job is confined before it runs.
     """
@@ -79,7 +79,7 @@ def exec_main() -> None:
     set_pdeathsig()
     if config.get("sandbox"):  # its namespaces and its jobs' view, made while it still may
         global _sandbox
-        from procq._sandbox_worker import enter
+        from procq._worker.sandbox import enter
 
         _sandbox = enter(config["sandbox"], json.loads(sys.argv[4]), {conn_fd, alive_fd})
     try:
@@ -110,7 +110,7 @@ _CPU_REACHED = 0.75
 
 # The running job's process, while there is one (read by the SIGTERM handler).
 _child_pid = 0
-# A sandboxed lane's worker: its sandbox (see ``_sandbox_worker``).
+# A sandboxed lane's worker: its sandbox (see ``_worker.sandbox``).
 _sandbox: Any = None
 _terminating = False
 

@@ -11,7 +11,7 @@ Before its first job a worker sets itself up as its lane asks (``setup``: cwd,
 environment, resource limits, no descriptors but its pipe and the standard
 streams), then sends READY. A trusted lane's worker is a ``multiprocessing``
 child (``worker_main``) that runs each job itself and answers in pickles. An
-untrusted lane's worker (``_worker_untrusted``, which uses ``setup``,
+untrusted lane's worker (``_worker.untrusted``, which uses ``setup``,
 ``call_and_report`` and the JSON codec from here) runs no job code: it forks a
 process per job and relays its JSON answer, then its exit (see ``_wire.protocol``).
 """
@@ -33,7 +33,7 @@ from procq._model.job import format_size
 from procq._system.privileges import set_dumpable
 from procq._wire.plain import Parts, result_frame, send_frame
 from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
-from procq._worker_parent import die_with_parent, parent_process
+from procq._worker.parent import die_with_parent, parent_process
 
 __all__ = ["worker_main"]
 
@@ -215,7 +215,7 @@ def worker_main(conn: Connection, lane: str, config: dict[str, Any] | None = Non
 def forked_worker(conn: Connection, config: dict[str, Any], sentinel: int | None, parent: int | None = None) -> None:
     """Run jobs from ``conn`` until EOF, in a process whose supervisor's death
     ``sentinel`` (a pipe) tells: a ``multiprocessing`` child's (``worker_main``),
-    or a child of a lane's template (``_template``), whose pid is ``parent``."""
+    or a child of a lane's template (``_worker.template``), whose pid is ``parent``."""
     # First: a worker forked from procq's forkserver starts untraceable, one
     # started otherwise (spawn, or a forkserver procq did not start) is
     # traceable until here.
@@ -237,8 +237,8 @@ def forked_worker(conn: Connection, config: dict[str, Any], sentinel: int | None
 def _main_fallback() -> str:
     """Why the forkserver this worker was forked from did not import the
     main module, which this worker then imported itself ("": it did, or
-    nothing asked it to: see ``_forkserver_main``)."""
-    module = sys.modules.get("procq._forkserver_main")
+    nothing asked it to: see ``_worker.forkserver_main``)."""
+    module = sys.modules.get("procq._worker.forkserver_main")
     why = getattr(module, "fallback", None)
     return f"{why}; each worker imports it again as it starts" if why else ""
 

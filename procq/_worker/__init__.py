@@ -1,0 +1,17 @@
+"""The worker processes: what runs in a child, never in the supervisor.
+
+Imports only ``procq._wire``, ``procq._system`` and ``procq._model``: nothing
+of the supervisor, the core or the API, so that a worker starts with as little
+as it can.
+
+- ``trusted``: a trusted worker's loop, and what both kinds of worker share.
+- ``parent``: how a trusted worker follows its supervisor's life.
+- ``untrusted``: a clean interpreter that forks a confined process per job.
+- ``sandbox``: a sandboxed worker's side: it enters its namespaces once and
+  confines each job's process, then reaps what the job left.
+- ``forkserver_guard``: imported only by the forkserver procq starts, to make
+  it untraceable and fork only for its parent; ``forkserver_main``: imported
+  there too, to import the program's main module once, in the server.
+- ``template``: a trusted lane's template, the booted process its
+  replacements and spares fork from, which reaps them and reports their exits.
+"""
