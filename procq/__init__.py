@@ -67,9 +67,9 @@ The core (I/O-free; every change under ``Core.lock``):
 Keys that outlive the program (``ProcQueue(store=...)``; none of it is
 imported without a store):
 
-- ``_store``: the ``Store`` interface, the rows and how a claim is decided on
-  them, URLs, ``StoreError`` / ``StoreUnavailable``. ``_store_sqlite`` and
-  ``_store_postgres``: the two databases.
+- ``_stores.base``: the ``Store`` interface, the rows and how a claim is decided on
+  them, URLs, ``StoreError`` / ``StoreUnavailable``. ``_stores.sqlite`` and
+  ``_stores.postgres``: the two databases.
 - ``_store_core``: ``StoreCore``, the ``Core`` of a queue on a store: claims
   in the database's group transaction, ended keys as rows (``StoreRecords``,
   in ``_store_records``). ``_store_commit``: the queued row writes, the
@@ -198,11 +198,11 @@ _SOURCES = {
     "QueueClosed": "procq._model.errors",
     "SandboxUnavailable": "procq._model.errors",
     "WrongProcess": "procq._model.errors",
-    "PostgresStore": "procq._store_postgres",
-    "SqliteStore": "procq._store_sqlite",
-    "Store": "procq._store",
-    "StoreError": "procq._store",
-    "StoreUnavailable": "procq._store",
+    "PostgresStore": "procq._stores.postgres",
+    "SqliteStore": "procq._stores.sqlite",
+    "Store": "procq._stores.base",
+    "StoreError": "procq._stores.base",
+    "StoreUnavailable": "procq._stores.base",
     "DaskLane": "procq._dask_lane",
     "Executor": "procq._executor",
     "InitializerFailed": "procq._executor_calls",
@@ -253,9 +253,9 @@ if TYPE_CHECKING:
     from procq._model.values import Completed, Failed, Failure, FailureKind, LaneStats, Pending, Processing, QueueStats
     from procq._outcomes import Cached, InFlight, Queued
     from procq._queue import ProcQueue
-    from procq._store import Store, StoreError, StoreUnavailable
-    from procq._store_postgres import PostgresStore
-    from procq._store_sqlite import SqliteStore
+    from procq._stores.base import Store, StoreError, StoreUnavailable
+    from procq._stores.postgres import PostgresStore
+    from procq._stores.sqlite import SqliteStore
 
 
 def __getattr__(name: str) -> Any:

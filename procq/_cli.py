@@ -56,7 +56,7 @@ from procq._model.policies import Retry
 from procq._model.sandbox import Sandbox
 from procq._model.values import Completed, Failed
 from procq._outcomes import Cached, InFlight
-from procq._store_sqlite import SqliteStore
+from procq._stores.sqlite import SqliteStore
 
 __all__ = ["main", "parser"]
 

@@ -259,7 +259,7 @@ def metrics(core: Core, name: str, read_store: bool = True) -> QueueMetrics:
     not ``read_store``: then they are those of the last read."""
     read_counts = getattr(core, "read_counts", None)
     if read_store and read_counts is not None:
-        from procq._store import StoreUnavailable
+        from procq._stores.base import StoreUnavailable
 
         with contextlib.suppress(StoreUnavailable):  # (an outage is when metrics matter most: the last counts, then)
             read_counts()

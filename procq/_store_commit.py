@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING
 
 from procq._entries import Entry, Wakeup
 from procq._metrics import COMMIT_BUCKETS, Histogram, HistogramSnapshot
-from procq._store import Conn, Row, StoreUnavailable
+from procq._stores.base import Conn, Row, StoreUnavailable
 
 if TYPE_CHECKING:
     from procq._store_core import StoreCore

@@ -2,7 +2,7 @@
 claims go through the store's database and whose ended keys live there.
 
 Where the in-memory core keeps ended keys in ``MemoryRecords``, this one keeps
-them as rows (``_store``). Live keys stay ``Entry`` objects in the state map
+them as rows (``_stores.base``). Live keys stay ``Entry`` objects in the state map
 as always, and a live row (``holder`` = this queue) stands for each of them,
 so other queues join them.
 
@@ -48,7 +48,11 @@ from procq._model.job import Job, Lane
 from procq._model.policies import Retention
 from procq._model.values import State
 from procq._statemap import CACHED, FAILED, INFLIGHT, Claim, conflict, new_claim
-from procq._store import (
+from procq._store_commit import Commits, Committer, Fresh, commit_claims, commit_writes, run_writes
+from procq._store_read import forget_key, read_snapshot, read_state
+from procq._store_records import Held, StoreRecords, as_record, row_expired
+from procq._store_remote import RemoteEntry, Watcher
+from procq._stores.base import (
     Conn,
     Found,
     Row,
@@ -61,11 +65,7 @@ from procq._store import (
     judge,
     stable_fingerprint,
 )
-from procq._store_commit import Commits, Committer, Fresh, commit_claims, commit_writes, run_writes
-from procq._store_read import forget_key, read_snapshot, read_state
-from procq._store_records import Held, StoreRecords, as_record, row_expired
-from procq._store_remote import RemoteEntry, Watcher
-from procq._store_urls import open_store
+from procq._stores.urls import open_store
 from procq._wire.fingerprint import job_fingerprint
 
 __all__ = ["StoreCore"]

@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from procq._entries import Ended
 from procq._model.values import State
-from procq._store import Row, StoreUnavailable, holder_gone, interrupted
 from procq._store_records import row_expired
 from procq._store_remote import RemoteEntry
+from procq._stores.base import Row, StoreUnavailable, holder_gone, interrupted
 
 if TYPE_CHECKING:
     from procq._store_core import StoreCore

@@ -19,8 +19,8 @@ from procq._entries import ABANDONED, Entry
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed, Failure
 from procq._retention import Done, Fell, Record
-from procq._store import Conn, Row, encode_outcome
 from procq._store_commit import Write
+from procq._stores.base import Conn, Row, encode_outcome
 
 if TYPE_CHECKING:
     from procq._store_core import StoreCore

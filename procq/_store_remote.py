@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from procq._entries import DONE, PENDING, run_wakeups
 from procq._model.values import Completed, Failed, Failure, Processing, State
-from procq._store import Row, StoreUnavailable, holder_gone, interrupted
 from procq._store_records import sweep_rows
+from procq._stores.base import Row, StoreUnavailable, holder_gone, interrupted
 
 if TYPE_CHECKING:
     from procq._store_core import StoreCore

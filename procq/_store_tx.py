@@ -27,7 +27,7 @@ from procq._model.errors import ProcQueueError
 from procq._model.job import Job
 from procq._outcomes import PushOutcome
 from procq._push import Batch, ThreadRoom
-from procq._store import StoreUnavailable
+from procq._stores.base import StoreUnavailable
 
 if TYPE_CHECKING:
     from procq._queue import ProcQueue

@@ -15,8 +15,8 @@ import jobs
 import store_jobs
 
 from procq import Cached, Job, JobFailed, ProcQueue
-from procq._store import Store
-from procq._store_urls import open_store
+from procq._stores.base import Store
+from procq._stores.urls import open_store
 
 
 def store(url: str, lease: float) -> Store:

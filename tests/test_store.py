@@ -47,7 +47,7 @@ from procq import (
     StoreUnavailable,
 )
 from procq._store_records import sweep_rows
-from procq._store_urls import open_store
+from procq._stores.urls import open_store
 
 PROGRAM = str(Path(__file__).with_name("store_program.py"))
 

@@ -33,7 +33,7 @@ from procq import (
     SqliteStore,
     StoreUnavailable,
 )
-from procq._store_urls import open_store
+from procq._stores.urls import open_store
 
 PROGRAM = str(Path(__file__).with_name("store_program.py"))
 

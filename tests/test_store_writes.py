@@ -15,9 +15,9 @@ import pytest
 
 from procq import Completed, Failed
 from procq._model.values import Failure
-from procq._store import Conn, Row, encode_outcome
 from procq._store_commit import Commits, Fresh, run_writes
-from procq._store_urls import open_store
+from procq._stores.base import Conn, Row, encode_outcome
+from procq._stores.urls import open_store
 
 
 def live(key: str, run: str = "q1/1", holder: str = "q1") -> Row:
@@ -98,7 +98,7 @@ def test_a_claim_waits_for_no_poke_and_counts_as_no_write_of_its_key() -> None:
 
 
 def test_a_batch_of_claims_inserts_keys_with_no_row_and_returns_the_others(conn: Conn) -> None:
-    from procq._store import Taken
+    from procq._stores.base import Taken
 
     theirs = live("held", "q2/1", "q2")
     commit(conn, [Fresh(theirs), Fresh(live("done", "q2/2", "q2"))])

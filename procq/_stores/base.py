@@ -26,7 +26,7 @@ replaced, to restore if the claim is abandoned); a done row: ``CACHED``; a live
 row of a live holder: ``REMOTE``; a failed row under ``reuse="never"``:
 ``FAILED``.
 
-The backends (``_store_sqlite``, ``_store_postgres``) supply connections
+The backends (``_stores.sqlite``, ``_stores.postgres``) supply connections
 (``Conn``) with a handful of statements; everything else is here and in
 ``_store_core``, ``_store_commit`` and ``_store_remote``.
 """

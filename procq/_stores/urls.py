@@ -2,14 +2,14 @@
 path or ``sqlite:///path`` (SQLite), or ``postgresql://...`` (PostgreSQL).
 
 The caller's side of the store interface: it picks the implementation, so that
-``_store`` never imports its own subclasses.
+``_stores.base`` never imports its own subclasses.
 """
 
 from __future__ import annotations
 
 import os
 
-from procq._store import Store, StoreError
+from procq._stores.base import Store, StoreError
 
 __all__ = ["open_store"]
 
@@ -24,10 +24,10 @@ def open_store(spec: str | os.PathLike[str] | Store) -> Store:
     if not isinstance(spec, str):
         raise TypeError(f"store must be a path, a URL or a procq Store, got {type(spec).__name__}")
     if spec.startswith(("postgresql://", "postgres://")):
-        from procq._store_postgres import PostgresStore
+        from procq._stores.postgres import PostgresStore
 
         return PostgresStore(spec)
-    from procq._store_sqlite import SqliteStore
+    from procq._stores.sqlite import SqliteStore
 
     if spec.startswith("sqlite://"):
         path = spec[len("sqlite://") :]

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from procq._store import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailable, Taken
+from procq._stores.base import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailable, Taken
 
 __all__ = ["SqliteStore"]
 

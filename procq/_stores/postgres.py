@@ -25,7 +25,7 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
-from procq._store import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailable, Taken
+from procq._stores.base import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailable, Taken
 
 __all__ = ["PostgresStore"]
 
