@@ -47,20 +47,20 @@ The faces (caller threads and event loops):
 
 The core (I/O-free; every change under ``Core.lock``):
 
-- ``_core``: ``Core``, the lock, the clock and the methods the faces and the
+- ``_core.core``: ``Core``, the lock, the clock and the methods the faces and the
   supervisor call; each takes the lock and hands the work to one part:
-- ``_statemap``: every key's life and the one place its status (and the counts
-  that follow it) changes. ``_records``: the ``KeyRecords`` interface for keys
-  that ended, and its in-memory implementation. ``_retention``: those records
+- ``_core.statemap``: every key's life and the one place its status (and the counts
+  that follow it) changes. ``_core.records``: the ``KeyRecords`` interface for keys
+  that ended, and its in-memory implementation. ``_core.retention``: those records
   and how long they are kept.
-- ``_dispatch``: the lanes: jobs handed to workers, jobs sent ahead, a worker's
-  reports and death. ``_stopping``: ending jobs from outside (time and memory
-  limits, cancel, closing without waiting). ``_timers``: deadlines and due times.
-  ``_decoding``: jobs that ended and whose outcome a decode thread decodes.
-  ``_spares``: a lane's warm spare workers (after its first crash).
-- ``_entries``: the bookkeeping objects: ``Entry`` (one claim of a key),
+- ``_core.dispatch``: the lanes: jobs handed to workers, jobs sent ahead, a worker's
+  reports and death. ``_core.stopping``: ending jobs from outside (time and memory
+  limits, cancel, closing without waiting). ``_core.timers``: deadlines and due times.
+  ``_core.decoding``: jobs that ended and whose outcome a decode thread decodes.
+  ``_core.spares``: a lane's warm spare workers (after its first crash).
+- ``_core.entries``: the bookkeeping objects: ``Entry`` (one claim of a key),
   ``WorkerSlot`` and its ``WorkerLife``, ``LaneState``.
-- ``_metrics``: what the parts count as state changes (a lane's ``Tally``,
+- ``_core.metrics``: what the parts count as state changes (a lane's ``Tally``,
   fixed-bucket histograms) and ``metrics()``, the one snapshot of it
   (``QueueMetrics``, ``LaneMetrics``) behind ``q.metrics()``.
 
@@ -221,8 +221,8 @@ _SOURCES = {
     "FailureKind": "procq._model.values",
     "InFlight": "procq._outcomes",
     "LaneStats": "procq._model.values",
-    "LaneMetrics": "procq._metrics",
-    "QueueMetrics": "procq._metrics",
+    "LaneMetrics": "procq._core.metrics",
+    "QueueMetrics": "procq._core.metrics",
     "Pending": "procq._model.values",
     "Processing": "procq._model.values",
     "QueueStats": "procq._model.values",
@@ -230,12 +230,12 @@ _SOURCES = {
 }
 
 if TYPE_CHECKING:
+    from procq._core.metrics import LaneMetrics, QueueMetrics
     from procq._dask_lane import DaskLane
     from procq._executor import Executor
     from procq._executor_calls import InitializerFailed
     from procq._futures import as_completed
     from procq._handle import JobHandle
-    from procq._metrics import LaneMetrics, QueueMetrics
     from procq._model.errors import (
         JobFailed,
         JobPicklingError,

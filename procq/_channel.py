@@ -1,7 +1,7 @@
 """How the supervisor picks and drives a worker of each kind: ``KINDS``, the
 registry of channel classes (``channel_kind``), and ``ProcessChannel``, what
 the two kinds of local worker share. The interface every kind implements,
-``WorkerChannel``, is in ``_worker_channel``.
+``WorkerChannel``, is in ``_core.channel``.
 
 Kinds: ``TrustedChannel`` (``_channel_trusted``: a ``multiprocessing`` child,
 pickled answers read in bulk), ``UntrustedChannel`` (``_channel_untrusted``:
@@ -20,13 +20,13 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
+from procq._core.channel import WorkerChannel
 from procq._system.processes import ExecProcess, find_descendants, process_pss, process_rss, signal_group, tree_memory
 from procq._wire.protocol import CANCEL, RUN, RUN_MANY, FnMirror, FrameReader
-from procq._worker_channel import WorkerChannel
 
 if TYPE_CHECKING:
-    from procq._core import Core
-    from procq._entries import Entry, LaneState, WorkerSlot
+    from procq._core.core import Core
+    from procq._core.entries import Entry, LaneState, WorkerSlot
 
 __all__ = ["KINDS", "ProcessChannel", "channel_kind", "mark_starter_thread", "on_starter_thread"]
 

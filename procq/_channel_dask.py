@@ -46,17 +46,17 @@ from typing import TYPE_CHECKING, Any
 
 from procq._channel import KINDS
 from procq._channel_trusted import PickledResult, describe_error, error_report, result_outcome
+from procq._core.channel import Launch, WorkerChannel
 from procq._dask_lane import DaskLane
 from procq._dask_remote import close_pool, kill_job, run_job
 from procq._model.job import format_size
 from procq._model.values import Failed, Failure
 from procq._supervisor_failures import exit_failure
 from procq._wire.protocol import ERROR, OK, OK_OBJECTS, TRAILER, Event, Ready, Report, Violation
-from procq._worker_channel import Launch, WorkerChannel
 
 if TYPE_CHECKING:
-    from procq._core import Core
-    from procq._entries import Entry, LaneState, WorkerSlot
+    from procq._core.core import Core
+    from procq._core.entries import Entry, LaneState, WorkerSlot
 
 __all__ = ["DaskChannel", "DaskConnection"]
 

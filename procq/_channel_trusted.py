@@ -33,6 +33,7 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from procq._channel import KINDS, ProcessChannel, on_starter_thread
+from procq._core.channel import Launch
 from procq._log import main_not_preloaded
 from procq._model.errors import _RemoteTraceback
 from procq._model.values import Completed, Failed, Failure, FailureKind
@@ -54,10 +55,9 @@ from procq._wire.protocol import (
 )
 from procq._worker.template import template_for
 from procq._worker.trusted import worker_main
-from procq._worker_channel import Launch
 
 if TYPE_CHECKING:
-    from procq._entries import LaneState, WorkerSlot
+    from procq._core.entries import LaneState, WorkerSlot
 
 __all__ = ["INLINE_DECODE_BYTES", "TrustedChannel", "describe_error", "error_report", "result_outcome"]
 

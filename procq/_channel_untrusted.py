@@ -19,6 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from procq._channel import KINDS, ProcessChannel
+from procq._core.channel import Launch
 from procq._model.values import Completed, Failed, Failure
 from procq._supervisor_failures import exit_failure
 from procq._system.processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
@@ -39,10 +40,9 @@ from procq._wire.protocol import (
     Violation,
     decode_untrusted,
 )
-from procq._worker_channel import Launch
 
 if TYPE_CHECKING:
-    from procq._entries import Entry, LaneState, WorkerSlot
+    from procq._core.entries import Entry, LaneState, WorkerSlot
 
 __all__ = ["INLINE_JSON_BYTES", "MESSAGE_SLACK", "UntrustedChannel", "decode_job_message", "json_values"]
 

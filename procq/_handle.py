@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     import asyncio
     from concurrent.futures import Future
 
-    from procq._core import Core
-    from procq._entries import Ended, Entry
+    from procq._core.core import Core
+    from procq._core.entries import Ended, Entry
     from procq._queue import ProcQueue
 
 __all__ = ["JobHandle"]

@@ -32,7 +32,7 @@ import logging
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from procq._entries import Entry, LaneState, WorkerSlot
+    from procq._core.entries import Entry, LaneState, WorkerSlot
 
 __all__ = [
     "backoff",

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from procq._model.errors import ProcQueueError
 
 if TYPE_CHECKING:
-    from procq._core import Core
+    from procq._core.core import Core
 
 __all__ = ["SEND_TIMEOUT", "Monitor", "fetch", "find", "runtime_dir", "snapshot"]
 
@@ -100,7 +100,7 @@ def _own_dir(path: str) -> str:
 
 def snapshot(core: Core, name: str, read_store: bool = True) -> dict[str, Any]:
     """What a client is sent: the queue's metrics (``QueueMetrics.to_dict``) and who it is."""
-    from procq._metrics import metrics
+    from procq._core.metrics import metrics
 
     data = metrics(core, name, read_store).to_dict()
     data["version"] = 1

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from procq._core import BLOCKED, CANCELLED, FULL, STOPPED, Core, Ended, Entry, Item, LaneState, Offer, WorkerSlot
+from procq._core.core import BLOCKED, CANCELLED, FULL, STOPPED, Core, Ended, Entry, Item, LaneState, Offer, WorkerSlot
 from procq._handle import JobHandle
 from procq._model.errors import JobPicklingError, KeyConflict, KeyConflictWarning, LaneFull, QueueClosed, WrongProcess
 from procq._model.job import Job

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from procq._config import check_monitor, check_policies, parse_lanes, worker_context
-from procq._core import Core
+from procq._core.core import Core
 from procq._handle import JobHandle
 from procq._model.errors import ProcQueueError, QueueClosed, WrongProcess
 from procq._model.job import Job, Lane, Reuse, check_wait
@@ -44,7 +44,7 @@ from procq._supervisor import Supervisor
 from procq._system.sandbox import check as check_sandboxes
 
 if TYPE_CHECKING:
-    from procq._metrics import QueueMetrics
+    from procq._core.metrics import QueueMetrics
     from procq._monitor import Monitor
     from procq._store_core import StoreCore
     from procq._store_tx import StoreTransaction
@@ -353,7 +353,7 @@ class ProcQueue(MapFace, AsyncFace):
         the recent failures; a store's commits. What ``procq.metrics``'
         exporters and ``procq top`` read (see docs/observability.md)."""
         self._here()
-        from procq._metrics import metrics
+        from procq._core.metrics import metrics
 
         return metrics(self._core, self.name)
 

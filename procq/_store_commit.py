@@ -59,8 +59,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from procq._entries import Entry, Wakeup
-from procq._metrics import COMMIT_BUCKETS, Histogram, HistogramSnapshot
+from procq._core.entries import Entry, Wakeup
+from procq._core.metrics import COMMIT_BUCKETS, Histogram, HistogramSnapshot
 from procq._stores.base import Conn, Row, StoreUnavailable
 
 if TYPE_CHECKING:
@@ -217,7 +217,7 @@ class Commits:
         self.last = 0.0  # when the last commit ended (monotonic), by any thread
         self.took = 0.0  # how long it took
         self.poke: Callable[[], None] = lambda: None
-        # For the metrics (``_metrics``): commits' latency, and the seconds
+        # For the metrics (``_core.metrics``): commits' latency, and the seconds
         # the store refused commits in outages that ended.
         self.latency = Histogram(COMMIT_BUCKETS)
         self.outage = 0.0
@@ -289,7 +289,7 @@ class Commits:
         return wakeups
 
     def metrics(self) -> tuple[HistogramSnapshot, float, bool, int]:
-        """For ``_metrics``: the commits' latency, the seconds of outage (the
+        """For ``_core.metrics``: the commits' latency, the seconds of outage (the
         current one included), whether the store takes commits, writes waiting."""
         with self._lock:
             refused = self.refused_since

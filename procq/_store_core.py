@@ -42,12 +42,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from procq._core import Core, Item
-from procq._entries import Entry, LaneState, Wakeup, run_wakeups
+from procq._core.core import Core, Item
+from procq._core.entries import Entry, LaneState, Wakeup, run_wakeups
+from procq._core.statemap import CACHED, FAILED, INFLIGHT, Claim, conflict, new_claim
 from procq._model.job import Job, Lane
 from procq._model.policies import Retention
 from procq._model.values import State
-from procq._statemap import CACHED, FAILED, INFLIGHT, Claim, conflict, new_claim
 from procq._store_commit import Commits, Committer, Fresh, commit_claims, commit_writes, run_writes
 from procq._store_read import forget_key, read_snapshot, read_state
 from procq._store_records import Held, StoreRecords, as_record, row_expired

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from procq._entries import Ended
+from procq._core.entries import Ended
 from procq._model.values import State
 from procq._store_records import row_expired
 from procq._store_remote import RemoteEntry

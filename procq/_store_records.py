@@ -15,10 +15,10 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from procq._entries import ABANDONED, Entry
+from procq._core.entries import ABANDONED, Entry
+from procq._core.retention import Done, Fell, Record
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed, Failure
-from procq._retention import Done, Fell, Record
 from procq._store_commit import Write
 from procq._stores.base import Conn, Row, encode_outcome
 

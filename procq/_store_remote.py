@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from procq._entries import DONE, PENDING, run_wakeups
+from procq._core.entries import DONE, PENDING, run_wakeups
 from procq._model.values import Completed, Failed, Failure, Processing, State
 from procq._store_records import sweep_rows
 from procq._stores.base import Row, StoreUnavailable, holder_gone, interrupted

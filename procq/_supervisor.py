@@ -29,7 +29,7 @@ Who owns what, and what each pipe carries::
                                        │  │                  wake the dead job's waiters, its jobs sent
                                        │  │                  ahead back to their lane, replace it: by a
                                        │  │                  warm spare at once if the lane has one
-                                       │  │                  (``_spares``), and ask the starter thread
+                                       │  │                  (``_core.spares``), and ask the starter thread
                                        │  │                  for what the lane lacks now
                                        │  │    on a start:   (the starter thread's wake-up) watch and
                                        │  │                  register each process it started
@@ -59,7 +59,7 @@ Who owns what, and what each pipe carries::
                          RUN / RUN_MANY frame -> run each job under its limits, in order;
                          before each, any CANCEL that has arrived -> OK / ERROR / SKIPPED
 
-``Core`` (``_core``) owns every entry and each worker's bookkeeping
+``Core`` (``_core.core``) owns every entry and each worker's bookkeeping
 (``WorkerSlot``), under its lock; this thread owns the channels, the selector
 and its own timers. The I/O thread watches, registers and reaps every
 worker; the processes themselves are started by the queue's starter thread
@@ -110,9 +110,10 @@ import procq._channel_trusted
 import procq._channel_untrusted  # noqa: F401
 from procq import _log
 from procq._channel import channel_kind
-from procq._core import Core, Entry, WorkerLife, WorkerSlot
-from procq._dispatch import Reported
-from procq._entries import Wakeup
+from procq._core.channel import Launch
+from procq._core.core import Core, Entry, WorkerLife, WorkerSlot
+from procq._core.dispatch import Reported
+from procq._core.entries import Wakeup
 from procq._supervisor_decode import Decoders
 from procq._supervisor_end import Endings
 from procq._supervisor_lead import Handoffs, Leader, ask_retire_over_rss
@@ -121,7 +122,6 @@ from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, Timers, Watcher, check
 from procq._system.processes import next_sample
 from procq._undertaker import Undertaker
 from procq._wire.protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
-from procq._worker_channel import Launch
 
 __all__ = ["Supervisor"]
 

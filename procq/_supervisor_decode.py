@@ -36,8 +36,8 @@ from procq._model.values import Failed, Failure
 from procq._wire.protocol import Undecoded
 
 if TYPE_CHECKING:
-    from procq._core import Core
-    from procq._entries import Entry, LaneState, WorkerSlot
+    from procq._core.core import Core
+    from procq._core.entries import Entry, LaneState, WorkerSlot
 
 
 class Decoders:

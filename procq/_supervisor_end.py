@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from procq import _log
-from procq._core import Core, WorkerLife, WorkerSlot
+from procq._core.core import Core, WorkerLife, WorkerSlot
 from procq._supervisor_failures import crash_failure, protocol_failure, start_failure
 from procq._supervisor_start import Starts
 from procq._supervisor_wait import STOP_GRACE, Timers, Watcher

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from procq._entries import Entry, LaneState, WorkerSlot
+from procq._core.entries import Entry, LaneState, WorkerSlot
 from procq._model.job import format_size
 from procq._model.values import Failure, FailureKind
 from procq._system.processes import describe_exit

@@ -33,13 +33,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from procq._dispatch import Reported
-from procq._entries import Entry, WorkerLife, WorkerSlot
+from procq._core.dispatch import Reported
+from procq._core.entries import Entry, WorkerLife, WorkerSlot
 from procq._wire.protocol import Event, Report, Undecoded
 
 if TYPE_CHECKING:
-    from procq._core import Core
-    from procq._entries import Wakeup
+    from procq._core.core import Core
+    from procq._core.entries import Wakeup
     from procq._supervisor_wait import Watcher
 
 __all__ = ["LEAD_SLICE", "Handoffs", "Leader", "ask_retire_over_rss"]

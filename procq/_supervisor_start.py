@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING
 
 from procq import _log
 from procq._channel import channel_kind, mark_starter_thread
-from procq._entries import LaneState, WorkerSlot
-from procq._worker_channel import Launch, WorkerChannel
+from procq._core.channel import Launch, WorkerChannel
+from procq._core.entries import LaneState, WorkerSlot
 
 if TYPE_CHECKING:
-    from procq._core import Core
+    from procq._core.core import Core
     from procq._supervisor_wait import Timers, Watcher
     from procq._undertaker import Undertaker
 

@@ -21,12 +21,12 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from procq import _log
-from procq._entries import WorkerLife, WorkerSlot
+from procq._core.entries import WorkerLife, WorkerSlot
 from procq._supervisor_failures import memory_failure, stopped_failure
 from procq._system.processes import children_map, wait_for_exits
 
 if TYPE_CHECKING:
-    from procq._core import Core
+    from procq._core.core import Core
 
 __all__ = [
     "CANCEL_GRACE",

@@ -132,9 +132,9 @@ def test_cancel_a_job_sent_ahead_to_a_busy_worker_it_never_runs(
 ) -> None:
     """A lane of short jobs sends jobs ahead to a busy worker (Dispatch._top_up).
     One cancelled there is skipped by the worker: it never runs."""
-    import procq._dispatch
+    import procq._core.dispatch
 
-    monkeypatch.setattr(procq._dispatch, "PIPELINE_WINDOW", 60.0)  # every job counts as short
+    monkeypatch.setattr(procq._core.dispatch, "PIPELINE_WINDOW", 60.0)  # every job counts as short
     log = str(tmp_path / "log")
     first, second = gates("first"), gates("second")
     with open_queue({"one": Lane(workers=1)}) as q:

@@ -22,18 +22,18 @@ def test_a_worker_that_dies_with_jobs_sent_ahead_fails_only_the_one_it_ran(
     """Jobs sent ahead to a worker that then dies were never started: they go
     back to their lane and run once, on its replacement. Only the job the
     worker was running fails."""
-    import procq._dispatch
+    import procq._core.dispatch
 
-    monkeypatch.setattr(procq._dispatch, "PIPELINE_WINDOW", 60.0)  # every job counts as short
+    monkeypatch.setattr(procq._core.dispatch, "PIPELINE_WINDOW", 60.0)  # every job counts as short
     requeued: list[list[str]] = []
-    requeue = procq._dispatch.Dispatch.requeue
+    requeue = procq._core.dispatch.Dispatch.requeue
 
     def spy(self: Any, worker: Any, now: float, wakeups: Any) -> None:
         if worker.queue:  # (every worker's death passes here; most hold nothing ahead)
             requeued.append([e.key for e in worker.queue])
         requeue(self, worker, now, wakeups)
 
-    monkeypatch.setattr(procq._dispatch.Dispatch, "requeue", spy)
+    monkeypatch.setattr(procq._core.dispatch.Dispatch, "requeue", spy)
     log = str(tmp_path / "log")
     gate = gates("first")
     with open_queue({"one": Lane(workers=1)}, start_method=start_method) as q:

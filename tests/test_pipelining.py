@@ -12,8 +12,8 @@ from typing import Any
 import jobs
 
 from procq import Completed, Failed, Failure, Job, Lane, Pending, Processing
-from procq._core import Core
-from procq._entries import Entry, LaneState, WorkerLife, WorkerSlot
+from procq._core.core import Core
+from procq._core.entries import Entry, LaneState, WorkerLife, WorkerSlot
 
 
 class _Channel:

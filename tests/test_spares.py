@@ -20,7 +20,7 @@ from core_support import WAIT, BlockingCall, failure_of, open_queue, wait_until
 
 from procq import Job, Lane, ProcQueue
 from procq._channel_trusted import TrustedChannel
-from procq._entries import LaneState, WorkerLife
+from procq._core.entries import LaneState, WorkerLife
 from procq._model.job import DEFAULT_SPARE_WORKERS
 
 

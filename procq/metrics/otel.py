@@ -41,8 +41,8 @@ from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
 from opentelemetry.trace import Status, StatusCode, TracerProvider
 
 from procq import __version__
-from procq._entries import Entry
-from procq._metrics import QueueMetrics
+from procq._core.entries import Entry
+from procq._core.metrics import QueueMetrics
 from procq._model.values import Completed
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from procq._metrics import HistogramSnapshot, QueueMetrics
+from procq._core.metrics import HistogramSnapshot, QueueMetrics
 from procq._model.values import FailureKind
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from procq._metrics import Tally
+from procq._core.metrics import Tally
 from procq._model.job import Job, Lane
 from procq._model.values import (
     Completed,
@@ -26,8 +26,8 @@ from procq._model.values import (
 from procq._system.sandbox import enforced
 
 if TYPE_CHECKING:
-    from procq._retention import Record
-    from procq._worker_channel import WorkerChannel
+    from procq._core.channel import WorkerChannel
+    from procq._core.retention import Record
 
 __all__ = [
     "ABANDONED",
@@ -169,7 +169,7 @@ class Entry:
         self.due: float | None = None
         # In ``Timers.waiting``, waiting for ``due`` (invariant: timed => due is not None).
         self.timed = False
-        # For the metrics and traces (``_metrics``): when it was claimed or
+        # For the metrics and traces (``_core.metrics``): when it was claimed or
         # last entered its lane, when its attempt started and on which worker
         # process (kept after it ends, unlike ``worker``).
         self.since = 0.0
@@ -259,7 +259,7 @@ class WorkerSlot:
         # leaves a worker unfit): what its death counts as in the metrics.
         self.retire_cause: str | None = None
         # A warm spare (in ``lane.spares``, not ``lane.workers``): it boots and
-        # then waits, taking no job, until it replaces a worker (``_spares``).
+        # then waits, taking no job, until it replaces a worker (``_core.spares``).
         self.spare = False
 
     def doom(self) -> None:
@@ -331,11 +331,11 @@ class LaneState:
         self.failed = 0
         self.retries = 0  # failed attempts that were run again
         # Warm spare workers, booting or READY, none of them holding a job,
-        # none of them counted in ``workers`` (see ``_spares``). The lane keeps
+        # none of them counted in ``workers`` (see ``_core.spares``). The lane keeps
         # ``spec.spares`` of them once ``spares_on``: after its first crash.
         self.spares: list[WorkerSlot] = []
         self.spares_on = False
-        self.tally = Tally()  # what the metrics count (``_metrics``)
+        self.tally = Tally()  # what the metrics count (``_core.metrics``)
         # Counts a cached answer given without Core.lock: ``next()`` of an
         # ``itertools.count``, bound once (one C call, atomic under the GIL).
         self.count_cached = self.tally.cached_unlocked.__next__

@@ -27,12 +27,12 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from procq import _spares
-from procq._decoding import Decoding
-from procq._entries import PENDING, PROCESSING, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
+from procq._core import spares as _spares
+from procq._core.decoding import Decoding
+from procq._core.entries import PENDING, PROCESSING, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
+from procq._core.statemap import StateMap
 from procq._model.job import Job, Lane
 from procq._model.values import Failed, Failure, LaneStats
-from procq._statemap import StateMap
 from procq._wire.protocol import Report, Undecoded
 
 __all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch", "Offer", "Offered", "Reported", "Unblocked"]
@@ -376,7 +376,7 @@ class Dispatch:
         ahead to it go back to their lane (``requeue``). With ``restart``, it
         is replaced (``replace``) in the same step, so that a woken waiter
         finds the lane whole again. A crash turns the lane's spares on
-        (``_spares``). Returns whether the caller must close its pipe now (no
+        (``_core.spares``). Returns whether the caller must close its pipe now (no
         sender holds it)."""
         life = worker.life
         if life is DEAD:

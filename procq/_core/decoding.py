@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from procq._entries import PROCESSING, Entry, LaneState, Wakeup
+from procq._core.entries import PROCESSING, Entry, LaneState, Wakeup
+from procq._core.statemap import StateMap
 from procq._model.values import Completed, Failed, Failure
-from procq._statemap import StateMap
 
 __all__ = ["Decoding"]
 

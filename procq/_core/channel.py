@@ -2,7 +2,7 @@
 
 A channel is one worker as the I/O side sees it: it starts the worker, sends
 it jobs and skips, turns what it sends back into events (``_protocol.Event``),
-kills it and closes it. Its ``WorkerSlot`` (``_entries``) is the core's view of
+kills it and closes it. Its ``WorkerSlot`` (``_core.entries``) is the core's view of
 the same worker (which jobs it holds, whether it is alive) and keeps the
 channel in ``WorkerSlot.channel``; the core never calls it.
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from procq._core import Core
-    from procq._entries import Entry, LaneState, WorkerSlot
+    from procq._core.core import Core
+    from procq._core.entries import Entry, LaneState, WorkerSlot
     from procq._wire.protocol import Event
 
 __all__ = ["Launch", "WorkerChannel"]

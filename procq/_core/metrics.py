@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from procq._core import Core
+    from procq._core.core import Core
     from procq._model.values import QueueStats
 
 __all__ = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import heapq
 
-from procq._entries import PROCESSING, Entry, current_timer
+from procq._core.entries import PROCESSING, Entry, current_timer
 
 __all__ = ["Timers"]
 

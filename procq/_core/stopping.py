@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
-from procq._dispatch import Dispatch
-from procq._entries import PROCESSING, Entry, Wakeup, WorkerLife, WorkerSlot
+from procq._core.dispatch import Dispatch
+from procq._core.entries import PROCESSING, Entry, Wakeup, WorkerLife, WorkerSlot
+from procq._core.statemap import StateMap
+from procq._core.timers import Timers
 from procq._model.values import Failed, Failure
-from procq._statemap import StateMap
-from procq._timers import Timers
 
 __all__ = ["Stopping"]
 

@@ -8,7 +8,7 @@ ended. A claim moves a key from absent or ended to Pending; ``start``,
 through ``_move``, which keeps every count that follows a status in step with
 it: the live map itself, the running jobs (the queue's, and each lane's), the
 running jobs with a memory limit, each lane's completed / failed / retried
-attempts, and what its ``Tally`` counts for the metrics (``_metrics``):
+attempts, and what its ``Tally`` counts for the metrics (``_core.metrics``):
 attempts started, failures by kind, live keys, run and wait times. A claim
 counts its lane's pushes, joins and cached answers. The records store keeps
 the completed and failed counts.
@@ -47,14 +47,25 @@ from collections import deque
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from procq._entries import ABANDONED, DONE, PENDING, PROCESSING, Ended, Entry, LaneState, Status, Wakeup, WorkerSlot
-from procq._metrics import RECENT_FAILURES
+from procq._core.entries import (
+    ABANDONED,
+    DONE,
+    PENDING,
+    PROCESSING,
+    Ended,
+    Entry,
+    LaneState,
+    Status,
+    Wakeup,
+    WorkerSlot,
+)
+from procq._core.metrics import RECENT_FAILURES
+from procq._core.records import KeyRecords
+from procq._core.retention import Done, Record
+from procq._core.timers import Timers
 from procq._model.errors import QueueClosed
 from procq._model.job import Job
 from procq._model.values import Completed, Failed, Failure, LaneStats, QueueStats, State
-from procq._records import KeyRecords
-from procq._retention import Done, Record
-from procq._timers import Timers
 from procq._wire.fingerprint import describe
 
 __all__ = ["Claim", "ClaimKind", "StateMap", "conflict", "new_claim"]

@@ -14,7 +14,7 @@ that follow it; the queue's door; ``records``, the ended keys, a
 deadlines), ``dispatch`` (``_dispatch.Dispatch``: the lanes and their workers,
 jobs handed and sent ahead, a worker's reports, start and death) and
 ``stopping`` (``_stopping.Stopping``: time and memory limits, ``q.cancel``,
-closing without waiting). Their bookkeeping objects are in ``_entries``.
+closing without waiting). Their bookkeeping objects are in ``_core.entries``.
 
 **One lock.** ``Core.lock`` guards all of it: the state map, each lane's queues
 and worker slots, each live entry's waiters, the timers and the records (every
@@ -35,17 +35,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from procq._dispatch import Dispatch, Offer, Offered, Reported, Unblocked
-from procq._entries import ABANDONED, PENDING, Ended, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot, run_wakeups
+from procq._core.dispatch import Dispatch, Offer, Offered, Reported, Unblocked
+from procq._core.entries import ABANDONED, PENDING, Ended, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot, run_wakeups
+from procq._core.records import KeyRecords, MemoryRecords
+from procq._core.retention import Done
+from procq._core.spares import wanted
+from procq._core.statemap import CACHED, Claim, ClaimKind, StateMap, conflict, new_claim
+from procq._core.stopping import Stopping
+from procq._core.timers import Timers
 from procq._model.job import Job, Lane
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed, Failure, QueueStats, State
-from procq._records import KeyRecords, MemoryRecords
-from procq._retention import Done
-from procq._spares import wanted
-from procq._statemap import CACHED, Claim, ClaimKind, StateMap, conflict, new_claim
-from procq._stopping import Stopping
-from procq._timers import Timers
 from procq._wire.fingerprint import job_fingerprint
 from procq._wire.protocol import Report, Undecoded
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from procq._core.retention import Done, Fell, Keeper, Record
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed
-from procq._retention import Done, Fell, Keeper, Record
 
 __all__ = ["KeyRecords", "MemoryRecords"]
 

@@ -33,7 +33,7 @@ The bookkeeping, under ``Core.lock`` (called by ``Dispatch``):
 
 from __future__ import annotations
 
-from procq._entries import LaneState, WorkerLife, WorkerSlot
+from procq._core.entries import LaneState, WorkerLife, WorkerSlot
 
 __all__ = ["arrive", "check", "take", "wanted"]
 
