@@ -70,12 +70,12 @@ imported without a store):
 - ``_stores.base``: the ``Store`` interface, the rows and how a claim is decided on
   them, URLs, ``StoreError`` / ``StoreUnavailable``. ``_stores.sqlite`` and
   ``_stores.postgres``: the two databases.
-- ``_store_core``: ``StoreCore``, the ``Core`` of a queue on a store: claims
+- ``_durable.core``: ``StoreCore``, the ``Core`` of a queue on a store: claims
   in the database's group transaction, ended keys as rows (``StoreRecords``,
-  in ``_store_records``). ``_store_commit``: the queued row writes, the
+  in ``_durable.records``). ``_durable.commit``: the queued row writes, the
   ``Committer`` thread that commits them, and the wake-ups held back until
-  they are durable. ``_store_tx``: ``q.transaction()``. ``_store_read``:
-  ``q.state`` and ``q.keys`` over rows and live keys. ``_store_remote``:
+  they are durable. ``_store_tx``: ``q.transaction()``. ``_durable.read``:
+  ``q.state`` and ``q.keys`` over rows and live keys. ``_durable.remote``:
   keys live in other queues (``RemoteEntry``) and the ``Watcher`` thread (the
   lease, joiners of other queues' keys, wakes from other queues).
 

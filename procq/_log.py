@@ -9,7 +9,7 @@ through logging's last-resort handler either.
   die while they start; a worker that broke procq's protocol.
 - ``procq.job``: a running job killed for its time or memory limit, or
   cancelled.
-- ``procq.store``: the durable key store (``_store_core``).
+- ``procq.store``: the durable key store (``_durable.core``).
 
 Levels: WARNING for what a user must see (a crash, a kill for a limit, a
 protocol violation, a lane that cannot start workers), DEBUG for the rest

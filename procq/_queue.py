@@ -45,8 +45,8 @@ from procq._system.sandbox import check as check_sandboxes
 
 if TYPE_CHECKING:
     from procq._core.metrics import QueueMetrics
+    from procq._durable.core import StoreCore
     from procq._monitor import Monitor
-    from procq._store_core import StoreCore
     from procq._store_tx import StoreTransaction
 
 __all__ = ["ProcQueue"]
@@ -136,7 +136,7 @@ class ProcQueue(MapFace, AsyncFace):
                 strict_payload=on_mismatch == "raise",
             )
         else:  # keys shared through a database (see _store_core)
-            from procq._store_core import StoreCore
+            from procq._durable.core import StoreCore
 
             self._core = self._store = StoreCore(
                 parsed, retention, reuse, on_mismatch != "ignore", on_mismatch == "raise", store

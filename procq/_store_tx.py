@@ -30,8 +30,8 @@ from procq._push import Batch, ThreadRoom
 from procq._stores.base import StoreUnavailable
 
 if TYPE_CHECKING:
+    from procq._durable.core import StoreCore
     from procq._queue import ProcQueue
-    from procq._store_core import StoreCore
 
 __all__ = ["StoreTransaction"]
 

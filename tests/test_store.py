@@ -46,7 +46,7 @@ from procq import (
     StoreError,
     StoreUnavailable,
 )
-from procq._store_records import sweep_rows
+from procq._durable.records import sweep_rows
 from procq._stores.urls import open_store
 
 PROGRAM = str(Path(__file__).with_name("store_program.py"))

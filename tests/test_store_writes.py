@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from procq import Completed, Failed
+from procq._durable.commit import Commits, Fresh, run_writes
 from procq._model.values import Failure
-from procq._store_commit import Commits, Fresh, run_writes
 from procq._stores.base import Conn, Row, encode_outcome
 from procq._stores.urls import open_store
 

@@ -107,7 +107,7 @@ class Core:
 
     def deliver(self, wakeups: list[Wakeup]) -> None:
         """Run wake-ups gathered under the lock, after it: every waiter's goes through here, so a
-        core whose outcomes must first be durable (``_store_core``) holds them back until they are."""
+        core whose outcomes must first be durable (``_durable.core``) holds them back until they are."""
         run_wakeups(wakeups)
 
     # --- claiming -----------------------------------------------------------

@@ -28,7 +28,7 @@ row of a live holder: ``REMOTE``; a failed row under ``reuse="never"``:
 
 The backends (``_stores.sqlite``, ``_stores.postgres``) supply connections
 (``Conn``) with a handful of statements; everything else is here and in
-``_store_core``, ``_store_commit`` and ``_store_remote``.
+``_durable.core``, ``_durable.commit`` and ``_durable.remote``.
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ class Store:
     read_first = True
     #: A push's claim of a key with no row is written with the group
     #: transaction's other writes, not by a statement of its own (see
-    #: ``_store_commit``): where the transaction's lock holds every key.
+    #: ``_durable.commit``): where the transaction's lock holds every key.
     defers_claims = False
     #: A batch's claims are made in one statement (``Conn.claim_held``).
     claims_batches = False

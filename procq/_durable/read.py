@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from procq._core.entries import Ended
+from procq._durable.records import row_expired
+from procq._durable.remote import RemoteEntry
 from procq._model.values import State
-from procq._store_records import row_expired
-from procq._store_remote import RemoteEntry
 from procq._stores.base import Row, StoreUnavailable, holder_gone, interrupted
 
 if TYPE_CHECKING:
-    from procq._store_core import StoreCore
+    from procq._durable.core import StoreCore
 
 __all__ = ["forget_key", "read_snapshot", "read_state"]
 

@@ -64,7 +64,7 @@ from procq._core.metrics import COMMIT_BUCKETS, Histogram, HistogramSnapshot
 from procq._stores.base import Conn, Row, StoreUnavailable
 
 if TYPE_CHECKING:
-    from procq._store_core import StoreCore
+    from procq._durable.core import StoreCore
 
 __all__ = [
     "GROUP_WINDOW",

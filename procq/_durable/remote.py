@@ -30,12 +30,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from procq._core.entries import DONE, PENDING, run_wakeups
+from procq._durable.records import sweep_rows
 from procq._model.values import Completed, Failed, Failure, Processing, State
-from procq._store_records import sweep_rows
 from procq._stores.base import Row, StoreUnavailable, holder_gone, interrupted
 
 if TYPE_CHECKING:
-    from procq._store_core import StoreCore
+    from procq._durable.core import StoreCore
 
 __all__ = ["RemoteEntry", "Watcher"]
 

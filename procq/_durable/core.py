@@ -17,7 +17,7 @@ statement runs under ``Core.lock``. A push, under ``db_lock`` throughout:
 2. a key not held here: its queued writes, if any (a claim given back), are
    made in the transaction first (``_settle_here``); then its row is claimed
    (``Conn.claim``, judged by ``_store.judge``) in the group transaction
-   (``_store_commit``); where that transaction holds every key (SQLite), a
+   (``_durable.commit``); where that transaction holds every key (SQLite), a
    key with no row is claimed by a read, its row queued (``Fresh``);
 3. under ``Core.lock`` again: a fresh claim enters the state map.
 
@@ -45,13 +45,13 @@ from typing import Any
 from procq._core.core import Core, Item
 from procq._core.entries import Entry, LaneState, Wakeup, run_wakeups
 from procq._core.statemap import CACHED, FAILED, INFLIGHT, Claim, conflict, new_claim
+from procq._durable.commit import Commits, Committer, Fresh, commit_claims, commit_writes, run_writes
+from procq._durable.read import forget_key, read_snapshot, read_state
+from procq._durable.records import Held, StoreRecords, as_record, row_expired
+from procq._durable.remote import RemoteEntry, Watcher
 from procq._model.job import Job, Lane
 from procq._model.policies import Retention
 from procq._model.values import State
-from procq._store_commit import Commits, Committer, Fresh, commit_claims, commit_writes, run_writes
-from procq._store_read import forget_key, read_snapshot, read_state
-from procq._store_records import Held, StoreRecords, as_record, row_expired
-from procq._store_remote import RemoteEntry, Watcher
 from procq._stores.base import (
     Conn,
     Found,
@@ -110,7 +110,7 @@ class StoreCore(Core):
     # --- durability: writes, commits, wake-ups ------------------------------------------
 
     def deliver(self, wakeups: list[Wakeup]) -> None:
-        """Wake-ups wait for the writes made before them (see ``_store_commit``),
+        """Wake-ups wait for the writes made before them (see ``_durable.commit``),
         except once the queue is cancelling: then nothing waits for the store."""
         if wakeups and (self.keys.cancelled or not self.commits.hold(wakeups)):
             run_wakeups(wakeups)

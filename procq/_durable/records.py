@@ -1,6 +1,6 @@
 """The ended-key records of a queue on a store (``StoreRecords``, its
 ``KeyRecords``): the state map's record operations become queued row writes
-(``_store_commit``); see ``_store_core`` for how they keep the database and
+(``_durable.commit``); see ``_durable.core`` for how they keep the database and
 the state map in step.
 
 A key this queue claimed is *held* here from its claim until its outcome's
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 
 from procq._core.entries import ABANDONED, Entry
 from procq._core.retention import Done, Fell, Record
+from procq._durable.commit import Write
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed, Failure
-from procq._store_commit import Write
 from procq._stores.base import Conn, Row, encode_outcome
 
 if TYPE_CHECKING:
-    from procq._store_core import StoreCore
+    from procq._durable.core import StoreCore
 
 __all__ = ["Held", "StoreRecords", "as_record", "row_expired", "sweep_rows"]
 
