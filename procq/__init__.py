@@ -81,19 +81,19 @@ imported without a store):
 
 The supervisor's I/O side (its one thread per queue):
 
-- ``_supervisor``: the I/O thread's loop, with a diagram of who owns what and
-  what each pipe carries. ``_supervisor_start``: what it starts, and the
-  starter thread that starts worker processes off it. ``_supervisor_wait``:
-  what it waits on (one selector), its timers and its last wait for workers. ``_supervisor_decode``:
-  the lanes' decode threads. ``_supervisor_failures``: how it words the
-  failures it gives jobs. ``_log``: what it logs as it decides (the
+- ``_supervisor.loop``: the I/O thread's loop, with a diagram of who owns what and
+  what each pipe carries. ``_supervisor.start``: what it starts, and the
+  starter thread that starts worker processes off it. ``_supervisor.wait``:
+  what it waits on (one selector), its timers and its last wait for workers. ``_supervisor.decode``:
+  the lanes' decode threads. ``_supervisor.failures``: how it words the
+  failures it gives jobs. ``_supervisor.log``: what it logs as it decides (the
   ``procq.worker`` and ``procq.job`` loggers, silent by default).
-- ``_channel``: the ``WorkerChannel`` interface through which the supervisor
-  reaches a worker; ``_channel_trusted`` and ``_channel_untrusted`` are its two
+- ``_supervisor.channels``: the ``WorkerChannel`` interface through which the supervisor
+  reaches a worker; ``_supervisor.channel_trusted`` and ``_supervisor.channel_untrusted`` are its two
   local kinds, ``_channel_dask`` a slot of a Dask lane (a job at a time, sent
   as a task through the Dask client's event loop). ``_system.processes``: processes,
   their trees, memory and exits.
-  ``_undertaker``: the small process per queue that kills the workers'
+  ``_supervisor.undertaker``: the small process per queue that kills the workers'
   process groups should the supervisor's process die.
 - ``_wire.protocol``: what travels on a worker's pipe, framed, and the typed events
   it decodes to. ``_wire.plain``: which pickles unpickle without running code.

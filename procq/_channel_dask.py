@@ -14,7 +14,7 @@ How a job travels::
          await the future (its result is fetched by the event loop, never blocking it)
       -> the outcome goes in the slot's inbox, one byte in its messages pipe
     read (I/O thread): inbox -> Report events, decoded as a trusted lane's are
-      (``_channel_trusted``: plain results here, the rest on the lane's decode thread)
+      (``_supervisor.channel_trusted``: plain results here, the rest on the lane's decode thread)
 
 Nothing the event loop runs is user code, and it never waits on the
 supervisor: it appends to a deque and writes one byte to a non-blocking pipe.
@@ -44,14 +44,14 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from procq._channel import KINDS
-from procq._channel_trusted import PickledResult, describe_error, error_report, result_outcome
 from procq._core.channel import Launch, WorkerChannel
 from procq._dask_lane import DaskLane
 from procq._dask_remote import close_pool, kill_job, run_job
 from procq._model.job import format_size
 from procq._model.values import Failed, Failure
-from procq._supervisor_failures import exit_failure
+from procq._supervisor.channel_trusted import PickledResult, describe_error, error_report, result_outcome
+from procq._supervisor.channels import KINDS
+from procq._supervisor.failures import exit_failure
 from procq._wire.protocol import ERROR, OK, OK_OBJECTS, TRAILER, Event, Ready, Report, Violation
 
 if TYPE_CHECKING:

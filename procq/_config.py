@@ -8,9 +8,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from procq._log import main_not_preloaded
 from procq._model.job import REUSE_POLICIES, Lane
 from procq._model.policies import Retention
+from procq._supervisor.log import main_not_preloaded
 from procq._system.privileges import make_untraceable
 
 __all__ = [

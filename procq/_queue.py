@@ -40,7 +40,7 @@ from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
 from procq._queue_async import AsyncFace
 from procq._queue_fork import queues
 from procq._queue_maps import MapFace
-from procq._supervisor import Supervisor
+from procq._supervisor.loop import Supervisor
 from procq._system.sandbox import check as check_sandboxes
 
 if TYPE_CHECKING:

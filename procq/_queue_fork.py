@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["queues"]
 
-#: How a trusted worker's process is named (``_channel_trusted``).
+#: How a trusted worker's process is named (``_supervisor.channel_trusted``).
 _WORKER_NAME = "procq-worker-"
 #: Every queue of this process, for the at-fork hook below.
 queues: weakref.WeakSet[Any] = weakref.WeakSet()

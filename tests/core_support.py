@@ -125,7 +125,7 @@ def run_noting_waits(fn: Callable[[], T], waiting: threading.Event) -> T:
     nothing in the engine.)
     """
     # A thread waiting on a job a worker runs may wait on that worker's pipe
-    # instead (procq/_supervisor_lead.py): procq's FrameReader.wait.
+    # instead (procq/_supervisor/lead.py): procq's FrameReader.wait.
     wait_files = {threading.__file__, procq._wire.protocol.__file__}
 
     def profile(frame: Any, event: str, arg: Any) -> None:

@@ -1,5 +1,5 @@
 """A caller waiting on its own running job reads the worker's answer itself
-(procq/_supervisor_lead.py), and everything the I/O thread would have done
+(procq/_supervisor/lead.py), and everything the I/O thread would have done
 with that answer still happens: crashes, recycling, timeouts and cancels
 while a caller leads end the same way as without one."""
 

@@ -19,9 +19,9 @@ import pytest
 from core_support import WAIT, BlockingCall, failure_of, open_queue, wait_until
 
 from procq import Job, Lane, ProcQueue
-from procq._channel_trusted import TrustedChannel
 from procq._core.entries import LaneState, WorkerLife
 from procq._model.job import DEFAULT_SPARE_WORKERS
+from procq._supervisor.channel_trusted import TrustedChannel
 
 
 def lane_of(q: ProcQueue, name: str = "default") -> LaneState:

@@ -20,7 +20,7 @@ sync and asyncio faces. Imports ``procq._wire``, ``procq._system`` and
   reader takes (``QueueMetrics``, ``LaneMetrics``).
 - ``spares``: a lane's warm spare workers (after its first crash).
 - ``channel``: ``WorkerChannel``, the interface through which the supervisor
-  reaches a worker of any kind (its kinds are ``procq._supervisor``'s and
+  reaches a worker of any kind (its kinds are ``procq._supervisor.loop``'s and
   ``procq._cluster``'s); a ``WorkerSlot`` keeps its worker's channel.
 - ``entries``: the bookkeeping objects: ``Entry`` (one claim of a key),
   ``WorkerSlot`` and its ``WorkerLife``, ``LaneState``.

@@ -6,15 +6,15 @@ kills it and closes it. Its ``WorkerSlot`` (``_core.entries``) is the core's vie
 the same worker (which jobs it holds, whether it is alive) and keeps the
 channel in ``WorkerSlot.channel``; the core never calls it.
 
-Kinds: ``TrustedChannel`` (``_channel_trusted``: a ``multiprocessing`` child,
-pickled answers read in bulk), ``UntrustedChannel`` (``_channel_untrusted``:
+Kinds: ``TrustedChannel`` (``_supervisor.channel_trusted``: a ``multiprocessing`` child,
+pickled answers read in bulk), ``UntrustedChannel`` (``_supervisor.channel_untrusted``:
 a fresh ``python -I`` that forks a process per job, JSON answers checked one
 by one) and ``DaskChannel`` (``_channel_dask``: one slot of a ``DaskLane``,
 whose jobs run as tasks on a Dask cluster). A new kind of worker is a new
 subclass of ``WorkerChannel``, registered in ``_channel.KINDS``.
 
 Sending follows the core's rule of rights to send (``WorkerSlot.sending``, see
-``_supervisor``): the caller of a ``send_*`` method holds rights, and the
+``_supervisor.loop``): the caller of a ``send_*`` method holds rights, and the
 method gives them all back (``Core.sent``), closing the channel itself when it
 was the last sender of a worker that died or was retired meanwhile.
 
@@ -64,7 +64,7 @@ class WorkerChannel(ABC):
     sentinel: Any
     #: May a caller waiting on the worker's job read its pipe (``wait_readable``, ``read``)?
     leadable = False
-    #: Does ``start`` run on the queue's starter thread (``_supervisor_start``)?
+    #: Does ``start`` run on the queue's starter thread (``_supervisor.start``)?
     #: Else on the I/O thread, which owns everything a kind keeps per lane.
     starts_off_thread: ClassVar[bool] = False
 

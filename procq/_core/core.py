@@ -89,7 +89,7 @@ class Core:
         self.default_lane = self.dispatch.default_lane
         self.drained = self.keys.drained  # set while closing and nothing is live
         # Called (no lock held) when a new deadline may be earlier than the I/O thread's. ``lead``:
-        # a caller's wait on a running job, reading its worker's pipe itself (``_supervisor_lead``).
+        # a caller's wait on a running job, reading its worker's pipe itself (``_supervisor.lead``).
         self.on_new_deadline: Wakeup = lambda: None
         self.lead: Callable[[Entry, threading.Event, float | None], bool] | None = None
 

@@ -1,5 +1,5 @@
 """Jobs that ended on their worker and whose outcome a decode thread is still
-decoding (see ``_supervisor_decode``): the core's part that holds them.
+decoding (see ``_supervisor.decode``): the core's part that holds them.
 
 Such a job has left its worker (which takes its next jobs) but stays
 PROCESSING, with no worker and no deadline, counted in its lane's

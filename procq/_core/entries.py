@@ -247,7 +247,7 @@ class WorkerSlot:
         # taken out of the selector, and its number may be reused meanwhile.
         self.unwatched = False
         # Held by whichever thread reads the pipe: the I/O thread, or a caller
-        # waiting on the job the worker runs (``_supervisor_lead``).
+        # waiting on the job the worker runs (``_supervisor.lead``).
         self.reading = threading.Lock()
         self.life = WorkerLife.BOOTING
         self.jobs = 0  # jobs it has been given (0: a fresh worker)

@@ -22,7 +22,7 @@ The bookkeeping, under ``Core.lock`` (called by ``Dispatch``):
   ``lane.workers`` or ``lane.idle``, never holding or sent a job, so it never
   counts towards the lane's ``workers``;
 - ``take``: the spare that replaces a worker, now one of ``lane.workers``;
-- ``arrive``: a process the I/O thread started (``_supervisor_start``) fills
+- ``arrive``: a process the I/O thread started (``_supervisor.start``) fills
   the place of a reserved replacement first (``lane.starting``), else it is
   a spare: processes of a lane are all alike, so whichever start ends first
   serves whatever the lane needs first;

@@ -3,7 +3,7 @@ telling its death, measuring its memory, signalling its tree, waiting for it
 to exit.
 
 Everything here is a plain function of a pid or a process object; the
-process channels (``_channel``) call them when the I/O thread (``_supervisor``)
+process channels (``_supervisor.channels``) call them when the I/O thread (``_supervisor.loop``)
 says. On Linux a worker's death is watched through a pidfd, its tree found
 through ``/proc`` (each process's parent, from ``/proc/<pid>/stat``), its
 resident memory read from ``/proc/<pid>/statm``, and a job's memory measured

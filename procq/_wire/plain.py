@@ -8,7 +8,7 @@ tells from the bytes alone (erring on the safe side); ``DataOnly`` is an
 unpickler that refuses to name anything, so it decodes plain data and gives
 up (``NeedsCode``) on the rest. A trusted worker checks each result it
 pickles (``result_frame``), so the supervisor's I/O thread unpickles results
-tagged plain, and leaves the others to a decode thread (``_channel_trusted``).
+tagged plain, and leaves the others to a decode thread (``_supervisor.channel_trusted``).
 """
 
 from __future__ import annotations

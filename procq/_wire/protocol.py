@@ -40,12 +40,12 @@ a payload is unpickled in place, with its trailer.) Unpickling may run code
 of the result's classes; the I/O thread only unpickles what cannot (no opcode
 that names a class or function: the worker checks the pickle it made, in
 parallel with the supervisor, and says so in the tag; see ``_wire.plain``) and
-leaves the rest ``Undecoded`` for the lane's decode thread (see ``_channel_trusted``).
+leaves the rest ``Undecoded`` for the lane's decode thread (see ``_supervisor.channel_trusted``).
 
 A trusted worker reports its jobs in the order it was sent them, one message
 each, so the supervisor always knows which one it is running: the first it
 has sent and not heard back about. Each becomes ``Ready`` or a ``Report``
-(see ``_channel_trusted``).
+(see ``_supervisor.channel_trusted``).
 
 Worker -> supervisor, untrusted lanes (UTF-8 JSON arrays, never unpickled).
 An untrusted lane's worker runs no job code: it forks a process for each job

@@ -18,10 +18,10 @@ import sys
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from procq._channel import KINDS, ProcessChannel
 from procq._core.channel import Launch
 from procq._model.values import Completed, Failed, Failure
-from procq._supervisor_failures import exit_failure
+from procq._supervisor.channels import KINDS, ProcessChannel
+from procq._supervisor.failures import exit_failure
 from procq._system.processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
 from procq._system.sandbox import sandbox_config
 from procq._wire.protocol import (

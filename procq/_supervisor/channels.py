@@ -3,8 +3,8 @@ registry of channel classes (``channel_kind``), and ``ProcessChannel``, what
 the two kinds of local worker share. The interface every kind implements,
 ``WorkerChannel``, is in ``_core.channel``.
 
-Kinds: ``TrustedChannel`` (``_channel_trusted``: a ``multiprocessing`` child,
-pickled answers read in bulk), ``UntrustedChannel`` (``_channel_untrusted``:
+Kinds: ``TrustedChannel`` (``_supervisor.channel_trusted``: a ``multiprocessing`` child,
+pickled answers read in bulk), ``UntrustedChannel`` (``_supervisor.channel_untrusted``:
 a fresh ``python -I`` that forks a process per job, JSON answers checked one
 by one) and ``DaskChannel`` (``_channel_dask``: one slot of a ``DaskLane``,
 whose jobs run as tasks on a Dask cluster). A new kind of worker is a new
@@ -42,7 +42,7 @@ _starter = threading.local()
 
 
 def mark_starter_thread() -> None:
-    """Said by a queue's starter thread as it begins (``_supervisor_start``):
+    """Said by a queue's starter thread as it begins (``_supervisor.start``):
     what it starts is a replacement or a spare, never one of the queue's
     first workers, and a kind may start those otherwise (a trusted lane's
     template forks them: ``TrustedChannel.start``)."""

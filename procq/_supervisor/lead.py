@@ -40,7 +40,7 @@ from procq._wire.protocol import Event, Report, Undecoded
 if TYPE_CHECKING:
     from procq._core.core import Core
     from procq._core.entries import Wakeup
-    from procq._supervisor_wait import Watcher
+    from procq._supervisor.wait import Watcher
 
 __all__ = ["LEAD_SLICE", "Handoffs", "Leader", "ask_retire_over_rss"]
 

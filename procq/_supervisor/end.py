@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from procq import _log
 from procq._core.core import Core, WorkerLife, WorkerSlot
-from procq._supervisor_failures import crash_failure, protocol_failure, start_failure
-from procq._supervisor_start import Starts
-from procq._supervisor_wait import STOP_GRACE, Timers, Watcher
-from procq._undertaker import Undertaker
+from procq._supervisor import log as _log
+from procq._supervisor.failures import crash_failure, protocol_failure, start_failure
+from procq._supervisor.start import Starts
+from procq._supervisor.undertaker import Undertaker
+from procq._supervisor.wait import STOP_GRACE, Timers, Watcher
 
 __all__ = ["EOF_GRACE", "Endings"]
 

@@ -20,9 +20,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from procq import _log
 from procq._core.entries import WorkerLife, WorkerSlot
-from procq._supervisor_failures import memory_failure, stopped_failure
+from procq._supervisor import log as _log
+from procq._supervisor.failures import memory_failure, stopped_failure
 from procq._system.processes import children_map, wait_for_exits
 
 if TYPE_CHECKING:

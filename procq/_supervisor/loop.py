@@ -42,7 +42,7 @@ Who owns what, and what each pipe carries::
                                        │  │                  once when closing without waiting, which
                                        │  │                  also cuts short every grace running)
                                        v  v    on memory past a limit: SIGKILL the worker's tree
-                       WorkerChannel, one per worker (``_channel``): its pipe, process, sentinel
+                       WorkerChannel, one per worker (``_supervisor.channels``): its pipe, process, sentinel
                          TrustedChannel:   multiprocessing child (``_worker.trusted``), pickled answers
                                            read in bulk, each naming its job in a trailer;
                                            unpickled here only where that runs no code
@@ -63,7 +63,7 @@ Who owns what, and what each pipe carries::
 (``WorkerSlot``), under its lock; this thread owns the channels, the selector
 and its own timers. The I/O thread watches, registers and reaps every
 worker; the processes themselves are started by the queue's starter thread
-(``_supervisor_start``: a ``Process.start()`` takes milliseconds, which would
+(``_supervisor.start``: a ``Process.start()`` takes milliseconds, which would
 stall every death, read and send here), so a worker's parent (or, under
 forkserver, the forkserver's parent) is the supervisor for as long as the
 queue lives. The thread that sends a job on a
@@ -77,7 +77,7 @@ may meet the I/O thread's next jobs there).
 Why not a thread hop for every send: a push that finds an idle worker sending
 itself saves a wake-up of this thread and a context switch per job, which is
 most of a tiny job's latency; nor for an answer: a caller waiting on its job
-may read the worker's pipe itself (``_supervisor_lead``). Why not poll: the selector wakes on exactly the
+may read the worker's pipe itself (``_supervisor.lead``). Why not poll: the selector wakes on exactly the
 events above and sleeps otherwise. Why several jobs in flight to a busy
 worker: with one, the worker waits for the supervisor between every two jobs,
 and the supervisor pays a wake-up, a read and a write for each; with several,
@@ -88,11 +88,11 @@ as the child lived. Why an untrusted worker is never read with
 ``recv_bytes``: it blocks until a frame is whole, so a worker that wrote half
 a frame and stopped would stall this thread and every lane with it.
 
-Beside it: ``_supervisor_start`` (the starter thread, and what to start),
-``_supervisor_end`` (how a worker is ended: EOF, violation, retirement, death, kill),
-``_supervisor_wait`` (selector, wake-ups, timers, the last wait), ``_supervisor_lead``,
-``_supervisor_decode``, ``_supervisor_failures``, ``_log`` (what it logs as
-it decides), ``_channel`` and its kinds, ``_system.processes``. Should this thread
+Beside it: ``_supervisor.start`` (the starter thread, and what to start),
+``_supervisor.end`` (how a worker is ended: EOF, violation, retirement, death, kill),
+``_supervisor.wait`` (selector, wake-ups, timers, the last wait), ``_supervisor.lead``,
+``_supervisor.decode``, ``_supervisor.failures``, ``_supervisor.log`` (what it logs as
+it decides), ``_supervisor.channels`` and its kinds, ``_system.processes``. Should this thread
 die of an exception, the queue closes itself, saying why (``Core.break_down``).
 """
 
@@ -106,21 +106,21 @@ import traceback
 from typing import Any
 
 # Each local kind of worker registers its channel class in KINDS as it is imported.
-import procq._channel_trusted
-import procq._channel_untrusted  # noqa: F401
-from procq import _log
-from procq._channel import channel_kind
+import procq._supervisor.channel_trusted
+import procq._supervisor.channel_untrusted  # noqa: F401
 from procq._core.channel import Launch
 from procq._core.core import Core, Entry, WorkerLife, WorkerSlot
 from procq._core.dispatch import Reported
 from procq._core.entries import Wakeup
-from procq._supervisor_decode import Decoders
-from procq._supervisor_end import Endings
-from procq._supervisor_lead import Handoffs, Leader, ask_retire_over_rss
-from procq._supervisor_start import Starts
-from procq._supervisor_wait import MEMORY_CHECK_INTERVAL, Timers, Watcher, check_memory, stop_workers
+from procq._supervisor import log as _log
+from procq._supervisor.channels import channel_kind
+from procq._supervisor.decode import Decoders
+from procq._supervisor.end import Endings
+from procq._supervisor.lead import Handoffs, Leader, ask_retire_over_rss
+from procq._supervisor.start import Starts
+from procq._supervisor.undertaker import Undertaker
+from procq._supervisor.wait import MEMORY_CHECK_INTERVAL, Timers, Watcher, check_memory, stop_workers
 from procq._system.processes import next_sample
-from procq._undertaker import Undertaker
 from procq._wire.protocol import DecodeLater, Event, Ready, Report, Undecoded, Violation
 
 __all__ = ["Supervisor"]
@@ -145,7 +145,7 @@ class Supervisor:
         # Decode threads, for what this thread must not decode itself (see _supervisor_decode).
         self._decoders = Decoders(core, name, self.wake)
         self._undecoded: list[tuple[Entry, Undecoded]] = []  # (reused: filled by Core.jobs_done)
-        # What waiting callers that read their workers' pipes hand to this thread (``_supervisor_lead``).
+        # What waiting callers that read their workers' pipes hand to this thread (``_supervisor.lead``).
         self._handoffs = Handoffs(self._watcher)
         core.lead = Leader(core, self._watcher, self._handoffs, self).wait
         # Workers whose running job q.cancel() ended, to be killed by the I/O thread.
@@ -153,7 +153,7 @@ class Supervisor:
         self._stop = False
         self._cancel = False
         # When this thread's wait ends at the latest (``Core.clock``), for a leader
-        # whose settle gave a job a deadline or a due time (``_supervisor_lead``).
+        # whose settle gave a job a deadline or a due time (``_supervisor.lead``).
         self.asleep_until = math.inf
         self._started = threading.Event()
         self._start_error: BaseException | None = None
@@ -304,7 +304,7 @@ class Supervisor:
 
     def _read(self, worker: WorkerSlot, wait: bool = False) -> bool:
         """Read and act on what the worker sent, unless a waiting caller is
-        reading it (``_supervisor_lead``; ``wait``: wait for it to let go).
+        reading it (``_supervisor.lead``; ``wait``: wait for it to let go).
         False once nothing more can be read from it (EOF, or it broke the protocol).
 
         Every report that has arrived is settled at once, then the jobs they

@@ -38,15 +38,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from procq import _log
-from procq._channel import channel_kind, mark_starter_thread
 from procq._core.channel import Launch, WorkerChannel
 from procq._core.entries import LaneState, WorkerSlot
+from procq._supervisor import log as _log
+from procq._supervisor.channels import channel_kind, mark_starter_thread
 
 if TYPE_CHECKING:
     from procq._core.core import Core
-    from procq._supervisor_wait import Timers, Watcher
-    from procq._undertaker import Undertaker
+    from procq._supervisor.undertaker import Undertaker
+    from procq._supervisor.wait import Timers, Watcher
 
 __all__ = ["RESTART_BACKOFF", "Started", "Starter", "Starts"]
 

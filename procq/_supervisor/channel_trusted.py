@@ -21,7 +21,7 @@ the I/O thread unpickles only what runs none:
 
 The rest, and any payload larger than ``INLINE_DECODE_BYTES``, is left
 ``Undecoded`` for the lane's decode thread, which unpickles it with plain
-``pickle`` (see ``_supervisor_decode``). The reports decoded here are settled
+``pickle`` (see ``_supervisor.decode``). The reports decoded here are settled
 together in one ``Core.jobs_done``, as before.
 """
 
@@ -32,11 +32,11 @@ import os
 import pickle
 from typing import TYPE_CHECKING, Any
 
-from procq._channel import KINDS, ProcessChannel, on_starter_thread
 from procq._core.channel import Launch
-from procq._log import main_not_preloaded
 from procq._model.errors import _RemoteTraceback
 from procq._model.values import Completed, Failed, Failure, FailureKind
+from procq._supervisor.channels import KINDS, ProcessChannel, on_starter_thread
+from procq._supervisor.log import main_not_preloaded
 from procq._system.processes import pidfd, worker_config
 from procq._wire.plain import BuiltinExceptions, NeedsCode, load_data
 from procq._wire.protocol import (
