@@ -125,8 +125,8 @@ class Bench:
 
     def _run_job_args(self) -> Callable[[int], tuple[Any, ...]]:
         """The arguments a lane gives ``run_job``, for a bare submit of it."""
-        from procq._channel_dask import _remote_config
-        from procq._dask_lane import DaskLane
+        from procq._cluster.channel import _remote_config
+        from procq._cluster.lane import DaskLane
         from procq._wire.protocol import digest, dumps_fn
 
         fn_bytes = dumps_fn(square)
@@ -141,7 +141,7 @@ class Bench:
         return make
 
     def run(self, rounds: int) -> dict[str, dict[str, float]]:
-        from procq._dask_remote import run_job
+        from procq._cluster.remote import run_job
 
         n, lat = self.jobs, max(50, self.jobs // 8)
         run_job_args = self._run_job_args()

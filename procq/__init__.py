@@ -19,7 +19,7 @@ Values and configuration (no state, no threads):
 
 - ``_model.job``: ``Job``, ``Lane``, ``Retry``, ``Retention`` and the checks behind
   their arguments; ``_job_of``: ``Job.of``, a job whose arguments mypy
-  checks. ``_dask_lane``: ``DaskLane``, a lane whose jobs run on a Dask
+  checks. ``_cluster.lane``: ``DaskLane``, a lane whose jobs run on a Dask
   cluster (``procq[dask]``). ``_model.settings``: byte sizes, and a lane's worker settings
   (env, rlimits, cwd, worker counts against the descriptor limit).
 - ``_model.values``: where a key is (``Pending`` ... ``Failed``, ``Failure``,
@@ -90,7 +90,7 @@ The supervisor's I/O side (its one thread per queue):
   ``procq.worker`` and ``procq.job`` loggers, silent by default).
 - ``_supervisor.channels``: the ``WorkerChannel`` interface through which the supervisor
   reaches a worker; ``_supervisor.channel_trusted`` and ``_supervisor.channel_untrusted`` are its two
-  local kinds, ``_channel_dask`` a slot of a Dask lane (a job at a time, sent
+  local kinds, ``_cluster.channel`` a slot of a Dask lane (a job at a time, sent
   as a task through the Dask client's event loop). ``_system.processes``: processes,
   their trees, memory and exits.
   ``_supervisor.undertaker``: the small process per queue that kills the workers'
@@ -114,7 +114,7 @@ forkserver procq starts, to make it untraceable and fork only for its parent;
 ``_worker.forkserver_main``: imported there too, to import the program's main module
 once, in the server, not in every worker. ``_worker.template``: a trusted lane's
 template, the booted process its replacements and spares fork from.
-``_dask_remote``: the far side of a Dask lane, run by the Dask workers: the
+``_cluster.remote``: the far side of a Dask lane, run by the Dask workers: the
 task that hands each job to a procq worker process there and watches it
 (its death, its time and memory limits, a kill).
 
@@ -203,7 +203,7 @@ _SOURCES = {
     "Store": "procq._stores.base",
     "StoreError": "procq._stores.base",
     "StoreUnavailable": "procq._stores.base",
-    "DaskLane": "procq._dask_lane",
+    "DaskLane": "procq._cluster.lane",
     "Executor": "procq._executor",
     "InitializerFailed": "procq._executor_calls",
     "as_completed": "procq._futures",
@@ -230,8 +230,8 @@ _SOURCES = {
 }
 
 if TYPE_CHECKING:
+    from procq._cluster.lane import DaskLane
     from procq._core.metrics import LaneMetrics, QueueMetrics
-    from procq._dask_lane import DaskLane
     from procq._executor import Executor
     from procq._executor_calls import InitializerFailed
     from procq._futures import as_completed

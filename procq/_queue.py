@@ -118,7 +118,7 @@ class ProcQueue(MapFace, AsyncFace):
     ) -> None:
         parsed = parse_lanes(lanes)
         if any(lane.remote for lane in parsed.values()):
-            import procq._channel_dask  # noqa: F401  (registers the Dask lanes' channel)
+            import procq._cluster.channel  # noqa: F401  (registers the Dask lanes' channel)
         check_monitor(name, monitor)
         number = next(_names)
         self.name = f"procq-{number}" if name is None else name

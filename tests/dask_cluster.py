@@ -120,7 +120,7 @@ class Cluster:
         found = []
         for p in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if "procq._dask_remote" in " ".join(p.cmdline()):
+                if "procq._cluster.remote" in " ".join(p.cmdline()):
                     found.append(p)
         return found
 
@@ -145,7 +145,7 @@ class Cluster:
 
 def _is_helper(p: psutil.Process) -> bool:
     with contextlib.suppress(psutil.Error):
-        return "procq._dask_remote" not in " ".join(p.cmdline())
+        return "procq._cluster.remote" not in " ".join(p.cmdline())
     return False
 
 

@@ -9,7 +9,7 @@ channel in ``WorkerSlot.channel``; the core never calls it.
 Kinds: ``TrustedChannel`` (``_supervisor.channel_trusted``: a ``multiprocessing`` child,
 pickled answers read in bulk), ``UntrustedChannel`` (``_supervisor.channel_untrusted``:
 a fresh ``python -I`` that forks a process per job, JSON answers checked one
-by one) and ``DaskChannel`` (``_channel_dask``: one slot of a ``DaskLane``,
+by one) and ``DaskChannel`` (``_cluster.channel``: one slot of a ``DaskLane``,
 whose jobs run as tasks on a Dask cluster). A new kind of worker is a new
 subclass of ``WorkerChannel``, registered in ``_channel.KINDS``.
 

@@ -53,7 +53,7 @@ Who owns what, and what each pipe carries::
                                            Sandboxed: it waits outside the namespaces of the
                                            worker it forks (pid 1 there, ``_system.sandbox_linux``)
                          DaskChannel:      one slot of a Dask lane: a job at a time, a task on
-                                           the cluster (``_channel_dask``, ``_dask_remote``)
+                                           the cluster (``_cluster.channel``, ``_cluster.remote``)
                        worker process (one pipe each; nothing shared)
                          starts -> sets up (cwd, env, rlimits, closes inherited fds) -> READY
                          RUN / RUN_MANY frame -> run each job under its limits, in order;

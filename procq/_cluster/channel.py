@@ -20,7 +20,7 @@ Nothing the event loop runs is user code, and it never waits on the
 supervisor: it appends to a deque and writes one byte to a non-blocking pipe.
 
 Ending a job from outside (timeout and memory limits are enforced on the far
-side, see ``_dask_remote``): ``terminate``/``kill`` (``q.cancel``, closing
+side, see ``_cluster.remote``): ``terminate``/``kill`` (``q.cancel``, closing
 without waiting) dooms the slot, runs ``_dask_remote.kill_job`` on every Dask
 worker (the one running the job ends its process tree), waits a moment for
 the task to end, then cancels its future. The slot "dies" once its task has
@@ -44,9 +44,9 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from procq._cluster.lane import DaskLane
+from procq._cluster.remote import close_pool, kill_job, run_job
 from procq._core.channel import Launch, WorkerChannel
-from procq._dask_lane import DaskLane
-from procq._dask_remote import close_pool, kill_job, run_job
 from procq._model.job import format_size
 from procq._model.values import Failed, Failure
 from procq._supervisor.channel_trusted import PickledResult, describe_error, error_report, result_outcome

@@ -3,9 +3,9 @@
 A value like ``Lane``, and a ``Lane`` itself: the supervisor treats it as any
 other lane (keys, capacity, retries, stats); only its workers differ. Its
 ``workers`` are slots, each holding at most one job on the cluster at a time
-(see ``_channel_dask``), so ``workers`` bounds how many of the lane's jobs are
+(see ``_cluster.channel``), so ``workers`` bounds how many of the lane's jobs are
 on the cluster at once. On the cluster each job runs in a procq worker process
-that the Dask task starts and supervises (see ``_dask_remote``), never in the
+that the Dask task starts and supervises (see ``_cluster.remote``), never in the
 Dask worker's own process.
 
 The settings that act on a worker process (``timeout``, ``memory_limit``,

@@ -70,7 +70,7 @@ KILL_MARKS = 10_000
 
 _CHILD_CODE = (
     "import json, sys; config = json.loads(sys.argv[3]); sys.path[:] = config['path']; "
-    "from procq._dask_remote import child_main; child_main(int(sys.argv[1]), int(sys.argv[2]), config)"
+    "from procq._cluster.remote import child_main; child_main(int(sys.argv[1]), int(sys.argv[2]), config)"
 )
 
 _lock = threading.Lock()  # guards everything below
