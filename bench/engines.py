@@ -353,7 +353,7 @@ def ensure_forkserver(preload_jobs: bool = True) -> None:
     before anything is timed, so the first engine to start does not pay for it.
 
     With the preload procq asks for when it is the one to start it (see
-    ``procq._config.preload_worker``): the server imports procq (and the
+    ``procq._api.config.preload_worker``): the server imports procq (and the
     program's main module, when it is a script: not ``python -m bench``'s)
     once, and every child, of any engine, starts with them.
 
@@ -364,7 +364,7 @@ def ensure_forkserver(preload_jobs: bool = True) -> None:
     which in a forked child costs about 1 ms of CPU however small the module
     (2 ms compiled from source, with no ``.pyc``), in 120-200 copy-on-write
     page faults, paid again by each replacement of a crashed worker."""
-    from procq._config import preload_worker
+    from procq._api.config import preload_worker
 
     if preload_jobs:
         preload_jobs_module(context())

@@ -41,7 +41,7 @@ from procq import Job, Lane, ProcQueue
 #: the socket and one scrape, then "done"; it prints how many it made at EOF.
 _READER = """
 import sys, urllib.request
-from procq._monitor import fetch
+from procq._api.monitor import fetch
 path, url = sys.argv[1], sys.argv[2]
 for line in sys.stdin:
     fetch(path)
@@ -54,7 +54,7 @@ class Reader:
     """The other process that reads the watched queue, one read when asked."""
 
     def __init__(self, q: ProcQueue) -> None:
-        from procq._monitor import find
+        from procq._api.monitor import find
         from procq.metrics import prometheus
 
         self._server, self._thread = prometheus.serve(q, port=0)

@@ -26,23 +26,23 @@ Values and configuration (no state, no threads):
   ``FailureKind``), push outcomes, stats.
 - ``_model.errors``: the exception tree; ``_wire.fingerprint``: what a claim remembers of
   its payload to catch a key reused for other work.
-- ``_config``: ``ProcQueue``'s constructor arguments, checked; the start method.
+- ``_api.config``: ``ProcQueue``'s constructor arguments, checked; the start method.
 
 The faces (caller threads and event loops):
 
-- ``_queue``: ``ProcQueue``, its life (open, closing, closed; foreign in a
+- ``_api.queue``: ``ProcQueue``, its life (open, closing, closed; foreign in a
   child made by fork, where every method raises ``WrongProcess``; the at-fork
-  hook is ``_queue_fork``) and every public method. ``_push``: the one push routine behind ``push``/``apush``,
+  hook is ``_api.queue_fork``) and every public method. ``_api.push``: the one push routine behind ``push``/``apush``,
   ``push_all``/``apush_all`` and ``map``, differing only in how a push waits
-  for room. ``_queue_maps``: ``q.map`` and ``q.amap``, typed; the maps
-  themselves are ``_map`` and ``_map_async``. ``_queue_async``: opening and
+  for room. ``_api.queue_maps``: ``q.map`` and ``q.amap``, typed; the maps
+  themselves are ``_api.map`` and ``_api.map_async``. ``_api.queue_async``: opening and
   closing from an event loop (``ProcQueue.aopen``, ``aclose``, ``async
-  with``) and what cancelling them does. ``_handle``: ``JobHandle``.
-- ``_futures``: ``JobFuture`` (a ``concurrent.futures.Future`` that mirrors a
-  handle) and ``as_completed``. ``_executor``: ``Executor``, the drop-in
-  ``concurrent.futures.Executor`` over a ``ProcQueue``; ``_executor_feed``:
+  with``) and what cancelling them does. ``_api.handle``: ``JobHandle``.
+- ``_api.futures``: ``JobFuture`` (a ``concurrent.futures.Future`` that mirrors a
+  handle) and ``as_completed``. ``_api.executor``: ``Executor``, the drop-in
+  ``concurrent.futures.Executor`` over a ``ProcQueue``; ``_api.executor_feed``:
   its call queue (calls handed to the queue a lane's workers + 1 ahead, and
-  the thread that hands them over); ``_executor_calls``: what it sends to
+  the thread that hands them over); ``_api.executor_calls``: what it sends to
   workers (its initializer's wrapper, ``InitializerFailed``, a map's chunks).
 
 The core (I/O-free; every change under ``Core.lock``):
@@ -74,7 +74,7 @@ imported without a store):
   in the database's group transaction, ended keys as rows (``StoreRecords``,
   in ``_durable.records``). ``_durable.commit``: the queued row writes, the
   ``Committer`` thread that commits them, and the wake-ups held back until
-  they are durable. ``_store_tx``: ``q.transaction()``. ``_durable.read``:
+  they are durable. ``_api.transaction``: ``q.transaction()``. ``_durable.read``:
   ``q.state`` and ``q.keys`` over rows and live keys. ``_durable.remote``:
   keys live in other queues (``RemoteEntry``) and the ``Watcher`` thread (the
   lease, joiners of other queues' keys, wakes from other queues).
@@ -122,7 +122,7 @@ The command line (``procq``, ``python -m procq``; ``__main__`` picks the
 command): ``_demo`` and ``_demo_jobs``: ``procq demo``. ``_cli``: ``procq run
 MODULE:FUNCTION``, a function over the items of a file, resumable through a
 store; ``_cli_report``: its progress bar and summary. ``_top``: ``procq top``,
-a live view of this user's monitored queues, read through ``_monitor``
+a live view of this user's monitored queues, read through ``_api.monitor``
 (a queue's snapshot socket, ``ProcQueue(monitor=True)``, and how it is
 found). ``examples``: a stage and an input for it, shipped with the package.
 
@@ -167,7 +167,7 @@ a child made by fork    nothing of its parent's queue: the fork marks its copy
 an Executor's feed      what a caller's thread may (it pushes the executor's calls
 thread                  as they get room); the feed's own waiting calls, under its lock
 a queue's monitor       its socket and clients alone; ``Core``'s counters only
-thread (``_monitor``)   to copy them, under ``Core.lock``, in ``_metrics.metrics``
+thread (``_api.monitor``)   to copy them, under ``Core.lock``, in ``_metrics.metrics``
 ======================  ==========================================================
 
 With a store, ``StoreCore.db_lock`` serialises the queue's database
@@ -204,38 +204,40 @@ _SOURCES = {
     "StoreError": "procq._stores.base",
     "StoreUnavailable": "procq._stores.base",
     "DaskLane": "procq._cluster.lane",
-    "Executor": "procq._executor",
-    "InitializerFailed": "procq._executor_calls",
-    "as_completed": "procq._futures",
-    "JobHandle": "procq._handle",
-    "ProcQueue": "procq._queue",
+    "Executor": "procq._api.executor",
+    "InitializerFailed": "procq._api.executor_calls",
+    "as_completed": "procq._api.futures",
+    "JobHandle": "procq._api.handle",
+    "ProcQueue": "procq._api.queue",
     "Job": "procq._model.job",
     "Lane": "procq._model.job",
     "Retention": "procq._model.policies",
     "Retry": "procq._model.policies",
     "Sandbox": "procq._model.sandbox",
-    "Cached": "procq._outcomes",
+    "Cached": "procq._api.outcomes",
     "Completed": "procq._model.values",
     "Failed": "procq._model.values",
     "Failure": "procq._model.values",
     "FailureKind": "procq._model.values",
-    "InFlight": "procq._outcomes",
+    "InFlight": "procq._api.outcomes",
     "LaneStats": "procq._model.values",
     "LaneMetrics": "procq._core.metrics",
     "QueueMetrics": "procq._core.metrics",
     "Pending": "procq._model.values",
     "Processing": "procq._model.values",
     "QueueStats": "procq._model.values",
-    "Queued": "procq._outcomes",
+    "Queued": "procq._api.outcomes",
 }
 
 if TYPE_CHECKING:
+    from procq._api.executor import Executor
+    from procq._api.executor_calls import InitializerFailed
+    from procq._api.futures import as_completed
+    from procq._api.handle import JobHandle
+    from procq._api.outcomes import Cached, InFlight, Queued
+    from procq._api.queue import ProcQueue
     from procq._cluster.lane import DaskLane
     from procq._core.metrics import LaneMetrics, QueueMetrics
-    from procq._executor import Executor
-    from procq._executor_calls import InitializerFailed
-    from procq._futures import as_completed
-    from procq._handle import JobHandle
     from procq._model.errors import (
         JobFailed,
         JobPicklingError,
@@ -251,8 +253,6 @@ if TYPE_CHECKING:
     from procq._model.policies import Retention, Retry
     from procq._model.sandbox import Sandbox
     from procq._model.values import Completed, Failed, Failure, FailureKind, LaneStats, Pending, Processing, QueueStats
-    from procq._outcomes import Cached, InFlight, Queued
-    from procq._queue import ProcQueue
     from procq._stores.base import Store, StoreError, StoreUnavailable
     from procq._stores.postgres import PostgresStore
     from procq._stores.sqlite import SqliteStore

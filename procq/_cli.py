@@ -49,13 +49,13 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
+from procq._api.outcomes import Cached, InFlight
 from procq._cli_report import Tally, failure_fields
 from procq._model.errors import SandboxUnavailable
 from procq._model.job import Job, Lane
 from procq._model.policies import Retry
 from procq._model.sandbox import Sandbox
 from procq._model.values import Completed, Failed
-from procq._outcomes import Cached, InFlight
 from procq._stores.sqlite import SqliteStore
 
 __all__ = ["main", "parser"]
@@ -210,7 +210,7 @@ def _sandbox(p: argparse.ArgumentParser, args: argparse.Namespace) -> Sandbox | 
 
 def _run(fn: Callable[[Any], Any], items: Iterator[tuple[Any, str | None]], sink: IO[str], tally: Tally,
          lane: Lane, args: argparse.Namespace) -> int:  # fmt: skip
-    from procq._queue import ProcQueue
+    from procq._api.queue import ProcQueue
 
     name = f"{fn.__module__}:{fn.__qualname__}"
     retry = Retry(attempts=args.retry) if args.retry > 1 else None

@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from procq._monitor import fetch, find, runtime_dir, search_dirs
+from procq._api.monitor import fetch, find, runtime_dir, search_dirs
 
 __all__ = ["main"]
 

@@ -88,14 +88,14 @@ from joblib._parallel_backends import (
     ThreadingBackend,
 )
 
-from procq._config import preload_also
-from procq._executor_calls import Initialized
-from procq._handle import JobHandle
+from procq._api.config import preload_also
+from procq._api.executor_calls import Initialized
+from procq._api.handle import JobHandle
+from procq._api.outcomes import Queued
+from procq._api.queue import ProcQueue
 from procq._model.errors import JobFailed
 from procq._model.job import Job, Lane
 from procq._model.policies import Retry
-from procq._outcomes import Queued
-from procq._queue import ProcQueue
 
 __all__ = ["NAME", "ProcqBackend", "register"]
 

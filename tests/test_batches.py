@@ -14,7 +14,7 @@ import jobs_lifecycle
 import pytest
 from core_support import WAIT, Gates, open_queue
 
-import procq._map
+import procq._api.map
 from procq import (
     Cached,
     InFlight,
@@ -154,7 +154,7 @@ def test_map_pulls_its_input_lazily_and_in_bounded_amounts() -> None:
             yield i
 
     with open_queue(2) as q:
-        window = procq._map.WINDOW
+        window = procq._api.map.WINDOW
         it = q.map(jobs_lifecycle.double, endless())
         assert pulled == 0  # nothing runs before the first next()
         got = list(itertools.islice(it, 50))

@@ -12,7 +12,7 @@ import pytest
 from core_support import WAIT, open_queue
 
 import procq
-import procq._push
+import procq._api.push
 from procq import Job, ProcQueue
 
 
@@ -80,14 +80,14 @@ def test_a_function_runs_with_the_values_it_has_when_pushed(queue: ProcQueue, ch
 
 
 def test_a_module_level_function_is_pickled_once_per_queue(queue: ProcQueue, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = procq._push.dumps_fn
+    real = procq._api.push.dumps_fn
     pickled: list[object] = []
 
     def counting(fn: object) -> bytes:
         pickled.append(fn)
         return real(fn)
 
-    monkeypatch.setattr(procq._push, "dumps_fn", counting)
+    monkeypatch.setattr(procq._api.push, "dumps_fn", counting)
     outputs = [queue.push_and_wait(Job(f"sq:{i}", jobs.square, args=(i,)), timeout=20) for i in range(6)]
     assert outputs == [i * i for i in range(6)]
     assert pickled == [jobs.square]

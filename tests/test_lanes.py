@@ -26,7 +26,7 @@ from core_support import (
     within,
 )
 
-import procq._push
+import procq._api.push
 from procq import (
     Completed,
     Failed,
@@ -386,7 +386,7 @@ def test_a_push_interrupted_while_it_waits_for_room_releases_its_claim(
                 joined.append(q.push(job))
                 raise KeyboardInterrupt
 
-        monkeypatch.setattr(procq._push.threading, "Event", InterruptedEvent)
+        monkeypatch.setattr(procq._api.push.threading, "Event", InterruptedEvent)
         with pytest.raises(KeyboardInterrupt):
             q.push(job)
         monkeypatch.undo()

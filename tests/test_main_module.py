@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from procq._config import main_request
+from procq._api.config import main_request
 
 ROOT = str(Path(__file__).resolve().parent.parent)
 

@@ -188,7 +188,7 @@ def test_a_failed_chunk_names_its_items() -> None:
 
 
 def test_an_items_repr_is_short_and_never_fails() -> None:
-    from procq._map import ITEM_REPR, _short
+    from procq._api.map import ITEM_REPR, _short
 
     class Unprintable:
         def __repr__(self) -> str:

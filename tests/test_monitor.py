@@ -19,9 +19,9 @@ import jobs
 import pytest
 from core_support import WAIT, wait_until
 
-import procq._monitor
+import procq._api.monitor
 from procq import Job, ProcQueue, ProcQueueError
-from procq._monitor import fetch, find, runtime_dir
+from procq._api.monitor import fetch, find, runtime_dir
 
 
 @pytest.fixture
@@ -30,7 +30,7 @@ def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     and a fallback directory of its own (where a queue goes without $XDG_RUNTIME_DIR)."""
     base = tempfile.mkdtemp(prefix="procq-runtime-")
     monkeypatch.setenv("XDG_RUNTIME_DIR", base)
-    monkeypatch.setattr(procq._monitor, "_fallback_dir", lambda: os.path.join(base, "fallback"))
+    monkeypatch.setattr(procq._api.monitor, "_fallback_dir", lambda: os.path.join(base, "fallback"))
     try:
         yield os.path.join(base, "procq")
     finally:
@@ -122,9 +122,9 @@ def test_another_user_cannot_connect(runtime: str) -> None:
 
 def test_a_stalled_client_slows_nothing(runtime: str, monkeypatch: pytest.MonkeyPatch) -> None:
     # A snapshot far larger than a socket's buffer, so a client that reads nothing holds a send open.
-    real = procq._monitor.snapshot
-    monkeypatch.setattr(procq._monitor, "snapshot", lambda *args: {**real(*args), "pad": "x" * 4_000_000})
-    monkeypatch.setattr(procq._monitor, "SEND_TIMEOUT", 1.0)
+    real = procq._api.monitor.snapshot
+    monkeypatch.setattr(procq._api.monitor, "snapshot", lambda *args: {**real(*args), "pad": "x" * 4_000_000})
+    monkeypatch.setattr(procq._api.monitor, "SEND_TIMEOUT", 1.0)
     with ProcQueue(2, monitor=True) as q:
         (path,) = find(os.getpid())
         stalled = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]

@@ -10,7 +10,7 @@ import pytest
 from core_support import WAIT
 
 import procq
-import procq._queue
+import procq._api.queue
 from procq import Job, JobFailed, ProcQueue, ProcQueueError, QueueClosed
 
 

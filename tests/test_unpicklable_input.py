@@ -15,7 +15,7 @@ import pytest
 from core_support import WAIT, OnPickle, read_log
 
 import procq
-import procq._queue
+import procq._api.queue
 from procq import Failed, InFlight, Job, JobFailed, ProcQueue, Queued
 
 

@@ -62,7 +62,7 @@ def _server_pid() -> int:
 def forkserver_starts(n: int, preload: list[str] | None) -> str:
     context = multiprocessing.get_context("forkserver")
     if preload is None:
-        from procq._config import preload_worker
+        from procq._api.config import preload_worker
 
         preload_worker(context)
     else:

@@ -1,6 +1,6 @@
 """The engine's I/O-free core: one lock, one clock, and the parts that change state.
 
-Both faces (the blocking one and the asyncio one: ``_queue``, ``_push``) and the
+Both faces (the blocking one and the asyncio one: ``_api.queue``, ``_api.push``) and the
 supervisor's I/O thread (``_supervisor.py``) change state only through
 ``Core``'s methods. Nothing here touches a pipe or a process: methods that
 decide something another party must act on return it (a worker to send a job

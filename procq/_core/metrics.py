@@ -8,7 +8,7 @@ computed until somebody reads: ``metrics(core)`` copies the counters under
 the lock (a few dict and list copies, no I/O), then, with no lock held,
 reads the workers' memory and CPU time from the kernel and builds the frozen
 ``QueueMetrics`` that the exporters (``procq.metrics.prometheus``,
-``procq.metrics.otel``) and the monitor's socket (``_monitor``) serve.
+``procq.metrics.otel``) and the monitor's socket (``_api.monitor``) serve.
 
 Histograms have fixed buckets (Prometheus' cumulative ``le`` bounds, the
 last one +Inf): an observation is one ``bisect`` and two additions.

@@ -25,7 +25,7 @@ outcome could not cross between the processes and no exception of the job's
 came back. Only the executor's futures raise it: a ``ProcQueue`` handle raises
 plain ``JobFailed``, its contract, and no ``except RuntimeError`` in code
 written for ``ProcQueue`` starts catching job failures. It lives in
-``procq._futures``, with the futures that raise it: importing
+``procq._api.futures``, with the futures that raise it: importing
 ``concurrent.futures`` is left to programs that use them.
 
 ``JobFailed`` is deliberately not a ``ProcQueueError``: the queue is healthy, one

@@ -3,7 +3,7 @@
 All of them are frozen dataclasses: they are handed across threads and event
 loops and never change once made. (What a job is, and the lanes and policies
 it runs under, are in ``_model.job`` and ``_model.policies``; what a push answers, in
-``_outcomes``, beside the handles it carries.)
+``_api.outcomes``, beside the handles it carries.)
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ from procq._core.metrics import QueueMetrics
 from procq._model.values import Completed
 
 if TYPE_CHECKING:
-    from procq._queue import ProcQueue
+    from procq._api.queue import ProcQueue
 
 __all__ = ["Instrumentation", "instrument"]
 

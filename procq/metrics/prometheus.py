@@ -29,7 +29,7 @@ from procq._core.metrics import HistogramSnapshot, QueueMetrics
 from procq._model.values import FailureKind
 
 if TYPE_CHECKING:
-    from procq._queue import ProcQueue
+    from procq._api.queue import ProcQueue
 
 __all__ = ["ProcQueueCollector", "register", "serve"]
 

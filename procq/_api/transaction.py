@@ -23,15 +23,15 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from procq._api.outcomes import PushOutcome
+from procq._api.push import Batch, ThreadRoom
 from procq._model.errors import ProcQueueError
 from procq._model.job import Job
-from procq._outcomes import PushOutcome
-from procq._push import Batch, ThreadRoom
 from procq._stores.base import StoreUnavailable
 
 if TYPE_CHECKING:
+    from procq._api.queue import ProcQueue
     from procq._durable.core import StoreCore
-    from procq._queue import ProcQueue
 
 __all__ = ["StoreTransaction"]
 

@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from procq._futures import JobFuture
+from procq._api.futures import JobFuture
 from procq._model.job import Job
 
 __all__ = ["Call", "Feed"]

@@ -13,9 +13,9 @@ if TYPE_CHECKING:
     import asyncio
     from concurrent.futures import Future
 
+    from procq._api.queue import ProcQueue
     from procq._core.core import Core
     from procq._core.entries import Ended, Entry
-    from procq._queue import ProcQueue
 
 __all__ = ["JobHandle"]
 
@@ -102,7 +102,7 @@ class JobHandle(Generic[T]):
         the work to another thread or loop. What it raises is logged (logger
         ``"procq"``) and otherwise ignored, as ``concurrent.futures`` does.
         """
-        from procq._futures import run_callback
+        from procq._api.futures import run_callback
 
         if not callable(fn):
             raise TypeError(f"add_done_callback(): fn must be callable, got {type(fn).__name__}")
@@ -128,8 +128,8 @@ class JobHandle(Generic[T]):
     def future(self) -> Future[T]:
         """A ``concurrent.futures.Future`` that mirrors this handle: it ends when
         the job does, with its output or its ``JobFailed``; cancelling it
-        cancels the job if procq has not started it (see ``procq._futures``)."""
-        from procq._futures import JobFuture
+        cancels the job if procq has not started it (see ``procq._api.futures``)."""
+        from procq._api.futures import JobFuture
 
         return JobFuture(self, owned=True, unwrap=False)
 

@@ -25,19 +25,19 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+from procq._api.handle import JobHandle
+from procq._api.outcomes import Cached, InFlight, PushOutcome, Queued
 from procq._core.core import BLOCKED, CANCELLED, FULL, STOPPED, Core, Ended, Entry, Item, LaneState, Offer, WorkerSlot
-from procq._handle import JobHandle
 from procq._model.errors import JobPicklingError, KeyConflict, KeyConflictWarning, LaneFull, QueueClosed, WrongProcess
 from procq._model.job import Job
 from procq._model.values import Failed
-from procq._outcomes import Cached, InFlight, PushOutcome, Queued
 from procq._wire.fingerprint import fn_name
 from procq._wire.protocol import digest, dumps, dumps_fn, pickled_by_reference
 
 if TYPE_CHECKING:
     import asyncio
 
-    from procq._queue import ProcQueue
+    from procq._api.queue import ProcQueue
 
 __all__ = ["Batch", "ForeignPusher", "Pusher", "Room", "TaskRoom", "ThreadRoom"]
 

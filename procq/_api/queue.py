@@ -1,14 +1,14 @@
 """ProcQueue: the public face, blocking and asyncio, over one Core and one Supervisor.
 
-Every push goes through one ``Pusher`` (``_push``); the blocking and asyncio
+Every push goes through one ``Pusher`` (``_api.push``); the blocking and asyncio
 methods differ only in the room they wait in when a lane is full (a
 ``ThreadRoom`` or a ``TaskRoom``), and in how they wait for a handle (see
-``_handle``). The constructor's arguments are checked in ``_config``.
+``_api.handle``). The constructor's arguments are checked in ``_api.config``.
 
 A queue belongs to the process that opened it. A child made with ``os.fork()``
 gets a copy of it: copies of the pipes to the parent's workers, a state map no
 thread of its own keeps up to date, locks perhaps held by threads it does not
-have. So the child's at-fork hook (``_queue_fork``) disowns every
+have. So the child's at-fork hook (``_api.queue_fork``) disowns every
 copied queue: its life becomes ``FOREIGN`` (every method that would touch the
 workers or the state map raises ``WrongProcess``), its pusher a
 ``ForeignPusher`` (the push path checks nothing of its own) and its finalizer
@@ -27,27 +27,27 @@ import weakref
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from procq._config import check_monitor, check_policies, parse_lanes, worker_context
+from procq._api.config import check_monitor, check_policies, parse_lanes, worker_context
+from procq._api.handle import JobHandle
+from procq._api.outcomes import Cached, PushOutcome
+from procq._api.push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
+from procq._api.queue_async import AsyncFace
+from procq._api.queue_fork import queues
+from procq._api.queue_maps import MapFace
 from procq._core.core import Core
-from procq._handle import JobHandle
 from procq._model.errors import ProcQueueError, QueueClosed, WrongProcess
 from procq._model.job import Job, Lane, Reuse, check_wait
 from procq._model.policies import Retention
 from procq._model.settings import check_descriptors
 from procq._model.values import Completed, Failed, Pending, Processing, QueueStats, State
-from procq._outcomes import Cached, PushOutcome
-from procq._push import ForeignPusher, Pusher, TaskRoom, ThreadRoom
-from procq._queue_async import AsyncFace
-from procq._queue_fork import queues
-from procq._queue_maps import MapFace
 from procq._supervisor.loop import Supervisor
 from procq._system.sandbox import check as check_sandboxes
 
 if TYPE_CHECKING:
+    from procq._api.monitor import Monitor
+    from procq._api.transaction import StoreTransaction
     from procq._core.metrics import QueueMetrics
     from procq._durable.core import StoreCore
-    from procq._monitor import Monitor
-    from procq._store_tx import StoreTransaction
 
 __all__ = ["ProcQueue"]
 
@@ -149,7 +149,7 @@ class ProcQueue(MapFace, AsyncFace):
         self._supervisor.start()
         self._monitor: Monitor | None = None
         if monitor:
-            from procq._monitor import Monitor
+            from procq._api.monitor import Monitor
 
             try:
                 self._monitor = Monitor(self._core, self.name)
@@ -217,7 +217,7 @@ class ProcQueue(MapFace, AsyncFace):
             raise ProcQueueError("transaction() needs a queue opened with a store: ProcQueue(..., store=...)")
         if self._life is not _Life.OPEN:
             raise QueueClosed("the queue is closed: it takes no transaction")
-        from procq._store_tx import StoreTransaction
+        from procq._api.transaction import StoreTransaction
 
         return StoreTransaction(self, self._store)
 

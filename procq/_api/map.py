@@ -53,14 +53,14 @@ from collections import deque
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from procq._api.outcomes import Cached, PushOutcome, Queued
 from procq._model.errors import JobFailed, LaneFull, WrongProcess
 from procq._model.job import Job, check_wait
-from procq._outcomes import Cached, PushOutcome, Queued
 from procq._wire.fingerprint import content_key, fn_name
 from procq._wire.protocol import blake2b, dumps
 
 if TYPE_CHECKING:
-    from procq._queue import ProcQueue
+    from procq._api.queue import ProcQueue
 
 __all__ = ["map_jobs", "prepare"]
 

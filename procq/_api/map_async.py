@@ -1,6 +1,6 @@
 """``ProcQueue.amap``: ``q.map`` for asyncio, an async iterator over the outputs.
 
-The same map as ``_map`` (its arguments are checked and its jobs made by
+The same map as ``_api.map`` (its arguments are checked and its jobs made by
 ``_map.prepare``): items are pulled only while fewer than the window's are
 out, each push waits for room in its lane (``apush``: without blocking the
 loop), outputs come in input order or as jobs end, and by default a key the
@@ -29,14 +29,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from procq._map import _Out, _Run, prepare
+from procq._api.map import _Out, _Run, prepare
+from procq._api.outcomes import Cached
 from procq._model.errors import JobFailed, LaneFull, WrongProcess
 from procq._model.job import Job
-from procq._outcomes import Cached
 
 if TYPE_CHECKING:
-    from procq._handle import JobHandle
-    from procq._queue import ProcQueue
+    from procq._api.handle import JobHandle
+    from procq._api.queue import ProcQueue
 
 __all__ = ["amap_jobs"]
 

@@ -1,5 +1,5 @@
 """What a child made with ``os.fork()`` does with its parent's queues: the
-at-fork hook that disowns them (see ``_queue``) and forgets the parent's
+at-fork hook that disowns them (see ``_api.queue``) and forgets the parent's
 forkserver."""
 
 from __future__ import annotations

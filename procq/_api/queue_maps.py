@@ -1,6 +1,6 @@
 """``ProcQueue.map`` and ``ProcQueue.amap``: the two faces of a map, typed.
 
-A mixin of ``ProcQueue`` (the map itself is in ``_map`` and ``_map_async``).
+A mixin of ``ProcQueue`` (the map itself is in ``_api.map`` and ``_api.map_async``).
 Their overloads say what a map yields: ``Iterator[T]`` for a function
 returning ``T``, and ``T | JobFailed`` items with ``return_failures=True``.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast, overload
 from procq._model.errors import JobFailed
 
 if TYPE_CHECKING:
-    from procq._queue import ProcQueue
+    from procq._api.queue import ProcQueue
 
 __all__ = ["MapFace"]
 
@@ -93,7 +93,7 @@ class MapFace:
         yielded as the ``JobFailed`` exception itself (once per item of a
         failed chunk).
         """
-        from procq._map import map_jobs
+        from procq._api.map import map_jobs
 
         q = cast("ProcQueue", self)
         q._here()
@@ -156,7 +156,7 @@ class MapFace:
         merely dropped is closed a moment later by the loop. It must be
         consumed on one event loop, the one it was first iterated on.
         """
-        from procq._map_async import amap_jobs
+        from procq._api.map_async import amap_jobs
 
         q = cast("ProcQueue", self)
         q._here()

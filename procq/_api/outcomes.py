@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:
-    from procq._handle import JobHandle
+    from procq._api.handle import JobHandle
 
 __all__ = ["Cached", "InFlight", "PushOutcome", "Queued"]
 

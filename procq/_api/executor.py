@@ -18,10 +18,10 @@ with its output, and it is kept as any pushed key is. The keyword is
 keyword to ``fn``, and ``key=`` is a common argument of the functions people
 submit (``sorted``, ``max``); ``procq_lane`` likewise picks a lane.
 
-Futures are ``procq._futures.JobFuture`` objects (real ``Future`` objects),
+Futures are ``procq._api.futures.JobFuture`` objects (real ``Future`` objects),
 resolved from their handles' done callbacks. Calls reach the queue as they
 reach ``ProcessPoolExecutor``'s call queue, a lane's workers + 1 ahead of
-them (``procq._executor_feed``): a future is PENDING, and ``cancel()`` and
+them (``procq._api.executor_feed``): a future is PENDING, and ``cancel()`` and
 ``shutdown(cancel_futures=True)`` cancel it, until its call is handed over;
 then it is RUNNING and runs to its end.
 
@@ -53,14 +53,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from procq._executor_calls import Initialized, run_chunk
-from procq._executor_feed import Call, Feed
-from procq._futures import JobFuture
+from procq._api.executor_calls import Initialized, run_chunk
+from procq._api.executor_feed import Call, Feed
+from procq._api.futures import JobFuture
+from procq._api.outcomes import Cached, Queued
+from procq._api.queue import ProcQueue
 from procq._model.errors import JobPicklingError, QueueClosed
 from procq._model.job import Job, Lane
 from procq._model.policies import Retry
-from procq._outcomes import Cached, Queued
-from procq._queue import ProcQueue
 
 __all__ = ["Executor"]
 
@@ -80,7 +80,7 @@ class Executor(concurrent.futures.Executor):
     ``multiprocessing`` context or a start method name: ``"forkserver"`` or
     ``"spawn"``; procq does not run workers with ``"fork"``), ``initializer``
     and ``initargs`` (run in each worker before its first job of this
-    executor; see ``procq._executor_calls`` for what a failing one does) and
+    executor; see ``procq._api.executor_calls`` for what a failing one does) and
     ``max_tasks_per_child`` (a worker is replaced after that many jobs) mean
     what they mean for ``ProcessPoolExecutor``.
 

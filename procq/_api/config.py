@@ -183,7 +183,9 @@ def preload_worker(context: Any) -> None:
     drop = {guard, "__main__"}
     modules = [m for m in modules if m not in drop and not m.startswith(_MAIN_REQUEST)]
     main = main_request()
-    wanted = [m for m in (*_CHILD_IMPORTS, "procq._worker.trusted", "procq._queue", "cloudpickle", *_ALSO_PRELOADED)]
+    wanted = [
+        m for m in (*_CHILD_IMPORTS, "procq._worker.trusted", "procq._api.queue", "cloudpickle", *_ALSO_PRELOADED)
+    ]
     wanted = [m for m in wanted if m not in modules]
     context.set_forkserver_preload([guard, *modules, *wanted, *([main] if main else [])])
 

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from typing_extensions import Self
 
-    from procq._queue import ProcQueue
+    from procq._api.queue import ProcQueue
 
 __all__ = ["AsyncFace", "Opening"]
 
@@ -61,7 +61,7 @@ class AsyncFace:
         """The asyncio form of :meth:`close`: the close runs in a thread, and
         the loop carries on meanwhile. A task cancelled while it waits makes
         it a ``close(wait=False)`` and still waits for the workers to be
-        reaped before ``CancelledError`` goes on (see ``_queue_async``)."""
+        reaped before ``CancelledError`` goes on (see ``_api.queue_async``)."""
         q = cast("ProcQueue", self)
         if type(wait) is not bool:
             raise TypeError(f"aclose(): wait must be True or False, got {type(wait).__name__}: {wait!r}")

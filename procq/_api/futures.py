@@ -51,7 +51,7 @@ from procq._model.job import check_wait
 from procq._model.values import Pending
 
 if TYPE_CHECKING:
-    from procq._handle import JobHandle
+    from procq._api.handle import JobHandle
 
 __all__ = ["BrokenJob", "JobFuture", "as_completed", "run_callback"]
 
