@@ -119,9 +119,9 @@ task that hands each job to a procq worker process there and watches it
 (its death, its time and memory limits, a kill).
 
 The command line (``procq``, ``python -m procq``; ``__main__`` picks the
-command): ``_demo`` and ``_demo_jobs``: ``procq demo``. ``_cli``: ``procq run
+command): ``_cli.demo`` and ``_cli.demo_jobs``: ``procq demo``. ``_cli.run``: ``procq run
 MODULE:FUNCTION``, a function over the items of a file, resumable through a
-store; ``_cli_report``: its progress bar and summary. ``_top``: ``procq top``,
+store; ``_cli.report``: its progress bar and summary. ``_cli.top``: ``procq top``,
 a live view of this user's monitored queues, read through ``_api.monitor``
 (a queue's snapshot socket, ``ProcQueue(monitor=True)``, and how it is
 found). ``examples``: a stage and an input for it, shipped with the package.

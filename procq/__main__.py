@@ -1,8 +1,8 @@
 """``procq`` (and ``python -m procq``): the command line.
 
-- ``demo``: procq's demonstration pipeline (``_demo``).
-- ``run``: a pipeline stage, a function over the items of a file (``_cli``).
-- ``top``: a live view of this user's monitored queues (``_top``).
+- ``demo``: procq's demonstration pipeline (``_cli.demo``).
+- ``run``: a pipeline stage, a function over the items of a file (``_cli.run``).
+- ``top``: a live view of this user's monitored queues (``_cli.top``).
 
 Each command parses its own arguments; this only picks the command, so
 ``python -m procq demo ...`` behaves exactly as it always has.
@@ -43,15 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     prog = _prog()
     if args[:1] == ["demo"]:
-        from procq._demo import main as demo
+        from procq._cli.demo import main as demo
 
         return demo(args[1:])
     if args[:1] == ["run"]:
-        from procq._cli import main as run
+        from procq._cli.run import main as run
 
         return run(args[1:], prog=f"{prog} run")
     if args[:1] == ["top"]:
-        from procq._top import main as top
+        from procq._cli.top import main as top
 
         return top(args[1:], prog=f"{prog} top")
     p = _parser(prog)

@@ -8,7 +8,7 @@ a SIGKILL, a hang, a syntax error, a run past its timeout).
 ``plan`` lays out one ``Row`` per key: the job pushed, how its first run should
 end, whether it is pushed again, and a check of its value once completed.
 ``Fifos`` is the demo's end of the named pipes the gate and hung jobs wait on.
-``procq._demo`` runs the plan, checks what it saw and reports it.
+``procq._cli.demo`` runs the plan, checks what it saw and reports it.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ order, so nothing behind a gate can start, let alone finish, before the demo
 opens it. Jobs and demo talk through named pipes; nothing sleeps or polls.
 
 The jobs, the named pipes they wait on and the plan of keys are in
-``procq._demo_jobs``, which is where the workers import the jobs from.
+``procq._cli.demo_jobs``, which is where the workers import the jobs from.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from procq import (
     Queued,
     QueueStats,
 )
-from procq._demo_jobs import HUNG, LANES, DemoFailed, Fifos, Result, Row, plan
+from procq._cli.demo_jobs import HUNG, LANES, DemoFailed, Fifos, Result, Row, plan
 
 __all__ = ["main"]
 

@@ -34,7 +34,7 @@ Decisions, and why:
   usage error, 130 after Ctrl-C (running jobs killed, waiting ones
   cancelled, what completed kept in the store).
 
-The report (progress bar, summary table) is ``_cli_report``.
+The report (progress bar, summary table) is ``_cli.report``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from typing import IO, Any
 
 from procq._api.outcomes import Cached, InFlight
-from procq._cli_report import Tally, failure_fields
+from procq._cli.report import Tally, failure_fields
 from procq._model.errors import SandboxUnavailable
 from procq._model.job import Job, Lane
 from procq._model.policies import Retry
