@@ -13,125 +13,33 @@ job::
 
 A map of the package
 --------------------
-The public names below are re-exported from private modules, one role each.
+The public names below are re-exported from private subpackages, one role
+each, in layers: a module imports only from its own layer and the layers
+below it (checked by the import-linter contract in ``pyproject.toml``). From
+the top:
 
-Values and configuration (no state, no threads):
+- ``__main__``, ``_cli``: the command line (``procq run``, ``procq demo``,
+  ``procq top``); ``joblib``: the joblib backend, and ``metrics``: the
+  Prometheus and OpenTelemetry exporters (public, each imported only by
+  whoever uses it).
+- ``_api``: what callers call: ``ProcQueue``, pushes, maps, handles,
+  futures, the ``Executor``, a store's transactions.
+- ``_cluster``: Dask lanes, a kind of worker behind the supervisor's channels.
+- ``_supervisor``: the I/O thread that starts, watches and reaps workers, and
+  the channels to each kind of local worker. ``_durable``: the core of a
+  queue on a store (claims and outcomes as rows). Neither imports the other.
+- ``_core``: the I/O-free core: every key's life and every lane's jobs, under
+  one lock.
+- ``_stores``: the ``Store`` interface, SQLite and PostgreSQL. ``_worker``:
+  what runs in a worker process (it imports nothing above this line).
+- ``_wire``: what crosses a pipe or a row (framing, events, fingerprints, safe
+  unpickling). ``_system``: processes, their trees, privileges, sandboxes.
+- ``_model``: the values: ``Job``, ``Lane``, ``Sandbox``, ``Retry``,
+  ``Retention``, key states, ``Failure``, errors, settings.
 
-- ``_model.job``: ``Job``, ``Lane``, ``Retry``, ``Retention`` and the checks behind
-  their arguments; ``_job_of``: ``Job.of``, a job whose arguments mypy
-  checks. ``_cluster.lane``: ``DaskLane``, a lane whose jobs run on a Dask
-  cluster (``procq[dask]``). ``_model.settings``: byte sizes, and a lane's worker settings
-  (env, rlimits, cwd, worker counts against the descriptor limit).
-- ``_model.values``: where a key is (``Pending`` ... ``Failed``, ``Failure``,
-  ``FailureKind``), push outcomes, stats.
-- ``_model.errors``: the exception tree; ``_wire.fingerprint``: what a claim remembers of
-  its payload to catch a key reused for other work.
-- ``_api.config``: ``ProcQueue``'s constructor arguments, checked; the start method.
-
-The faces (caller threads and event loops):
-
-- ``_api.queue``: ``ProcQueue``, its life (open, closing, closed; foreign in a
-  child made by fork, where every method raises ``WrongProcess``; the at-fork
-  hook is ``_api.queue_fork``) and every public method. ``_api.push``: the one push routine behind ``push``/``apush``,
-  ``push_all``/``apush_all`` and ``map``, differing only in how a push waits
-  for room. ``_api.queue_maps``: ``q.map`` and ``q.amap``, typed; the maps
-  themselves are ``_api.map`` and ``_api.map_async``. ``_api.queue_async``: opening and
-  closing from an event loop (``ProcQueue.aopen``, ``aclose``, ``async
-  with``) and what cancelling them does. ``_api.handle``: ``JobHandle``.
-- ``_api.futures``: ``JobFuture`` (a ``concurrent.futures.Future`` that mirrors a
-  handle) and ``as_completed``. ``_api.executor``: ``Executor``, the drop-in
-  ``concurrent.futures.Executor`` over a ``ProcQueue``; ``_api.executor_feed``:
-  its call queue (calls handed to the queue a lane's workers + 1 ahead, and
-  the thread that hands them over); ``_api.executor_calls``: what it sends to
-  workers (its initializer's wrapper, ``InitializerFailed``, a map's chunks).
-
-The core (I/O-free; every change under ``Core.lock``):
-
-- ``_core.core``: ``Core``, the lock, the clock and the methods the faces and the
-  supervisor call; each takes the lock and hands the work to one part:
-- ``_core.statemap``: every key's life and the one place its status (and the counts
-  that follow it) changes. ``_core.records``: the ``KeyRecords`` interface for keys
-  that ended, and its in-memory implementation. ``_core.retention``: those records
-  and how long they are kept.
-- ``_core.dispatch``: the lanes: jobs handed to workers, jobs sent ahead, a worker's
-  reports and death. ``_core.stopping``: ending jobs from outside (time and memory
-  limits, cancel, closing without waiting). ``_core.timers``: deadlines and due times.
-  ``_core.decoding``: jobs that ended and whose outcome a decode thread decodes.
-  ``_core.spares``: a lane's warm spare workers (after its first crash).
-- ``_core.entries``: the bookkeeping objects: ``Entry`` (one claim of a key),
-  ``WorkerSlot`` and its ``WorkerLife``, ``LaneState``.
-- ``_core.metrics``: what the parts count as state changes (a lane's ``Tally``,
-  fixed-bucket histograms) and ``metrics()``, the one snapshot of it
-  (``QueueMetrics``, ``LaneMetrics``) behind ``q.metrics()``.
-
-Keys that outlive the program (``ProcQueue(store=...)``; none of it is
-imported without a store):
-
-- ``_stores.base``: the ``Store`` interface, the rows and how a claim is decided on
-  them, URLs, ``StoreError`` / ``StoreUnavailable``. ``_stores.sqlite`` and
-  ``_stores.postgres``: the two databases.
-- ``_durable.core``: ``StoreCore``, the ``Core`` of a queue on a store: claims
-  in the database's group transaction, ended keys as rows (``StoreRecords``,
-  in ``_durable.records``). ``_durable.commit``: the queued row writes, the
-  ``Committer`` thread that commits them, and the wake-ups held back until
-  they are durable. ``_api.transaction``: ``q.transaction()``. ``_durable.read``:
-  ``q.state`` and ``q.keys`` over rows and live keys. ``_durable.remote``:
-  keys live in other queues (``RemoteEntry``) and the ``Watcher`` thread (the
-  lease, joiners of other queues' keys, wakes from other queues).
-
-The supervisor's I/O side (its one thread per queue):
-
-- ``_supervisor.loop``: the I/O thread's loop, with a diagram of who owns what and
-  what each pipe carries. ``_supervisor.start``: what it starts, and the
-  starter thread that starts worker processes off it. ``_supervisor.wait``:
-  what it waits on (one selector), its timers and its last wait for workers. ``_supervisor.decode``:
-  the lanes' decode threads. ``_supervisor.failures``: how it words the
-  failures it gives jobs. ``_supervisor.log``: what it logs as it decides (the
-  ``procq.worker`` and ``procq.job`` loggers, silent by default).
-- ``_supervisor.channels``: the ``WorkerChannel`` interface through which the supervisor
-  reaches a worker; ``_supervisor.channel_trusted`` and ``_supervisor.channel_untrusted`` are its two
-  local kinds, ``_cluster.channel`` a slot of a Dask lane (a job at a time, sent
-  as a task through the Dask client's event loop). ``_system.processes``: processes,
-  their trees, memory and exits.
-  ``_supervisor.undertaker``: the small process per queue that kills the workers'
-  process groups should the supervisor's process die.
-- ``_wire.protocol``: what travels on a worker's pipe, framed, and the typed events
-  it decodes to. ``_wire.plain``: which pickles unpickle without running code.
-
-The worker processes: ``_worker.trusted`` (a trusted worker's loop, and what both
-kinds share; ``_worker.parent``: how a trusted worker follows its
-supervisor's life) and ``_worker.untrusted`` (a clean worker that forks a
-process per job; ``_wire.json_keys``: its results' dict keys, checked).
-``_system.privileges``: what a process lets others do to it (dumpable or
-not) and may do itself (capabilities, ``no_new_privs``, Landlock), and the
-supervisor's "untraceable" latch. ``_model.sandbox``: ``Sandbox`` (what a
-sandboxed lane's jobs may reach), and what this kernel can enforce of it
-(``SandboxUnavailable``); ``_system.sandbox_linux``: its kernel mechanics
-(namespaces and the jobs' view, Landlock rules, the probe);
-``_worker.sandbox``: a sandboxed worker's side of them; ``_system.seccomp``: the
-seccomp filter, assembled by hand. ``_worker.forkserver_guard``: imported only by the
-forkserver procq starts, to make it untraceable and fork only for its parent;
-``_worker.forkserver_main``: imported there too, to import the program's main module
-once, in the server, not in every worker. ``_worker.template``: a trusted lane's
-template, the booted process its replacements and spares fork from.
-``_cluster.remote``: the far side of a Dask lane, run by the Dask workers: the
-task that hands each job to a procq worker process there and watches it
-(its death, its time and memory limits, a kill).
-
-The command line (``procq``, ``python -m procq``; ``__main__`` picks the
-command): ``_cli.demo`` and ``_cli.demo_jobs``: ``procq demo``. ``_cli.run``: ``procq run
-MODULE:FUNCTION``, a function over the items of a file, resumable through a
-store; ``_cli.report``: its progress bar and summary. ``_cli.top``: ``procq top``,
-a live view of this user's monitored queues, read through ``_api.monitor``
-(a queue's snapshot socket, ``ProcQueue(monitor=True)``, and how it is
-found). ``examples``: a stage and an input for it, shipped with the package.
-
-Fitting other tools (imported only by whoever uses them): ``joblib``
-(``procq.joblib``, public): importing it registers the joblib backend
-``"procq"``, each ``Parallel`` batch a procq job (``procq[joblib]``).
-``metrics`` (``procq.metrics``, public): exporters of ``q.metrics()``:
-``metrics.prometheus`` (a collector, an HTTP endpoint; ``procq[prometheus]``)
-and ``metrics.otel`` (observable instruments, a span per job; ``procq[otel]``).
+``_moved`` lets pickles that name a public class's module from before this
+layout (``procq._values.Failure``) still load. ``examples``: a stage and an
+input for it, shipped with the package.
 
 Which thread touches what
 -------------------------
@@ -184,6 +92,10 @@ held across user code, pickling, a pipe send or an await.
 """
 
 from typing import TYPE_CHECKING, Any
+
+from procq import _moved
+
+_moved.install()
 
 # The public names are loaded on first use, not at import: worker processes
 # import this package too (to reach procq._worker.trusted), and should not pay for the
