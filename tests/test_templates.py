@@ -95,6 +95,17 @@ def test_a_dead_template_is_replaced_and_the_lane_keeps_its_workers() -> None:
         os.kill(old.pid, signal.SIGKILL)
         wait_until(lambda: not old.alive(), what="the template's death")
         crash(q, "third")
+
+        # The old template's workers die with it (as a forkserver's children do): a job
+        # sent to one before the supervisor saw it go would fail with it. Wait for that.
+        def from_live_parents() -> bool:
+            live = {t.pid for t in templates(q) if t.alive()} | {forkserver_pid()}
+            try:
+                return all(_running(pid) and psutil.Process(pid).ppid() in live for pid in q._worker_pids())
+            except psutil.NoSuchProcess:
+                return False
+
+        wait_until(from_live_parents, what="the old template's workers gone from the lane")
         assert q.push_and_wait(Job("after", jobs.square, args=(6,))) == 36
 
         def settled() -> bool:
@@ -191,3 +202,10 @@ def test_nothing_outlives_a_killed_supervisor_with_templates_in_place(tmp_path: 
             for stream in (proc.stdin, proc.stdout):
                 if stream is not None:
                     stream.close()
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
