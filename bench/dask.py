@@ -11,7 +11,7 @@ processes=True)`` on this machine, the scheduler with ``allowed-failures`` 0
 - p50 latency: one job at a time, from the push (or submit) to its result.
 
 And the cost of procq's isolation per job, taken apart: ``client.submit`` of
-``_dask_remote.run_job`` (the Dask task a lane submits, which hands the job
+``_cluster.remote.run_job`` (the Dask task a lane submits, which hands the job
 to a procq worker process on the Dask worker and watches it) against
 ``client.submit`` of the function itself is the far side's cost; the lane
 against that bare ``run_job`` is the supervisor's side (keys, the slot, the

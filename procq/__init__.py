@@ -74,8 +74,9 @@ a child made by fork    nothing of its parent's queue: the fork marks its copy
                         foreign (``WrongProcess``), and it closes nothing at exit
 an Executor's feed      what a caller's thread may (it pushes the executor's calls
 thread                  as they get room); the feed's own waiting calls, under its lock
-a queue's monitor       its socket and clients alone; ``Core``'s counters only
-thread (``_api.monitor``)   to copy them, under ``Core.lock``, in ``_metrics.metrics``
+a queue's monitor       its socket and clients alone (``_api.monitor``); ``Core``'s
+thread                  counters only to copy them, under ``Core.lock``
+                        (``_core.metrics.metrics``)
 ======================  ==========================================================
 
 With a store, ``StoreCore.db_lock`` serialises the queue's database

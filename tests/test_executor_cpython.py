@@ -8,7 +8,7 @@ with their assertions unchanged. What changed: where a test holds a job back
 with ``time.sleep``, this holds it on a file (``executor_jobs.wait_for_file``),
 so that no assertion depends on the machine's speed; some timings are
 shortened. Left out, each with its reason: the tests that read
-``ProcessPoolExecutor``'s private attributes (``_processes``,
+``ProcessPoolExecutor``'s private attributes (``_system.processes``,
 ``_executor_manager_thread``, ``_broken``).
 """
 

@@ -104,7 +104,7 @@ def worker_context(start_method: str | None, lanes: Mapping[str, Lane]) -> tuple
     ``"spawn"`` elsewhere by default) and its ``multiprocessing`` context.
 
     A queue with an untrusted lane makes this whole process untraceable first
-    (``_privileges.make_untraceable``): jobs of that lane run as the same
+    (``_system.privileges.make_untraceable``): jobs of that lane run as the same
     user, and must not reach its memory, environment or descriptors, nor
     those of the trusted workers it starts from now on."""
     # forkserver forks workers from a clean single-threaded server, so the

@@ -1,7 +1,7 @@
 """``ProcQueue.amap``: ``q.map`` for asyncio, an async iterator over the outputs.
 
 The same map as ``_api.map`` (its arguments are checked and its jobs made by
-``_map.prepare``): items are pulled only while fewer than the window's are
+``_api.map.prepare``): items are pulled only while fewer than the window's are
 out, each push waits for room in its lane (``apush``: without blocking the
 loop), outputs come in input order or as jobs end, and by default a key the
 map claimed is forgotten once its output has been handed out.
@@ -13,7 +13,7 @@ the job) puts it on an ``asyncio.Queue`` through ``call_soon_threadsafe``.
 
 A map that ends early cancels the jobs it claimed and had not handed out, the
 latest first, awaits their end and, unless ``keep``, forgets their keys, as
-``_map._leave`` does. It runs in the async generator's ``finally``: on
+``_api.map._leave`` does. It runs in the async generator's ``finally``: on
 ``aclose()`` (``contextlib.aclosing``, or ``async with`` on what ``amap``
 returns), when the consumer's task is cancelled while it awaits the next
 output (the cancellation is raised inside the generator, which cleans up and

@@ -5,7 +5,7 @@ own with a listening socket in the user's runtime directory
 (``runtime_dir``: ``$XDG_RUNTIME_DIR/procq``, else
 ``<tempdir>/procq-<uid>``), named ``<pid>.<n>.<name>.sock`` (``n`` counts
 the monitors this process opened: two queues may share a name). Each connection
-gets one snapshot (``_metrics.metrics``, as JSON, one line) and is closed;
+gets one snapshot (``_core.metrics.metrics``, as JSON, one line) and is closed;
 the client sends nothing, and nothing a client could send is read.
 
 Who may connect: the directory is the user's own, mode 0700 (checked, and

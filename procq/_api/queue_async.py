@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 # asyncio is imported where it is used, never at import time: procq's
 # forkserver preloads procq, and every worker forked from it would carry
-# asyncio and the ssl library it loads (see ``_config.preload_worker``).
+# asyncio and the ssl library it loads (see ``_api.config.preload_worker``).
 if TYPE_CHECKING:
     import asyncio
     import concurrent.futures

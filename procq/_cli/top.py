@@ -1,6 +1,6 @@
 """``procq top``: a live view of the monitored queues of this user, in other processes.
 
-It finds the queues' sockets (``_monitor.find``: every queue opened with
+It finds the queues' sockets (``_api.monitor.find``: every queue opened with
 ``monitor=True`` by this user, or those of one process, ``--pid``; or one
 queue, ``--name``), asks each for a snapshot every ``--interval`` seconds,
 and draws them with rich (``procq[top]``): per queue its lanes (workers,

@@ -21,7 +21,7 @@ supervisor: it appends to a deque and writes one byte to a non-blocking pipe.
 
 Ending a job from outside (timeout and memory limits are enforced on the far
 side, see ``_cluster.remote``): ``terminate``/``kill`` (``q.cancel``, closing
-without waiting) dooms the slot, runs ``_dask_remote.kill_job`` on every Dask
+without waiting) dooms the slot, runs ``_cluster.remote.kill_job`` on every Dask
 worker (the one running the job ends its process tree), waits a moment for
 the task to end, then cancels its future. The slot "dies" once its task has
 ended, so the lane's ``workers`` bound holds on the cluster too; the

@@ -1,7 +1,7 @@
 """How the supervisor reaches a worker: the ``WorkerChannel`` interface.
 
 A channel is one worker as the I/O side sees it: it starts the worker, sends
-it jobs and skips, turns what it sends back into events (``_protocol.Event``),
+it jobs and skips, turns what it sends back into events (``_wire.protocol.Event``),
 kills it and closes it. Its ``WorkerSlot`` (``_core.entries``) is the core's view of
 the same worker (which jobs it holds, whether it is alive) and keeps the
 channel in ``WorkerSlot.channel``; the core never calls it.
@@ -11,7 +11,7 @@ pickled answers read in bulk), ``UntrustedChannel`` (``_supervisor.channel_untru
 a fresh ``python -I`` that forks a process per job, JSON answers checked one
 by one) and ``DaskChannel`` (``_cluster.channel``: one slot of a ``DaskLane``,
 whose jobs run as tasks on a Dask cluster). A new kind of worker is a new
-subclass of ``WorkerChannel``, registered in ``_channel.KINDS``.
+subclass of ``WorkerChannel``, registered in ``_supervisor.channels.KINDS``.
 
 Sending follows the core's rule of rights to send (``WorkerSlot.sending``, see
 ``_supervisor.loop``): the caller of a ``send_*`` method holds rights, and the
@@ -20,7 +20,7 @@ was the last sender of a worker that died or was retired meanwhile.
 
 The interface sits beside the core, not with its implementations: a
 ``WorkerSlot`` keeps its worker's channel, and the supervisor's kinds are
-chosen above it (``_channel.channel_kind``).
+chosen above it (``_supervisor.channels.channel_kind``).
 """
 
 from __future__ import annotations

@@ -8,12 +8,12 @@ to, a list of wake-ups to run) and the caller acts once the lock is released.
 
 ``Core`` is thin: each method takes the lock, reads the clock, asks its parts
 and runs the wake-ups after. The parts, each with its own state: ``keys``
-(``_statemap.StateMap``: the live keys and every status change, with the counts
+(``_core.statemap.StateMap``: the live keys and every status change, with the counts
 that follow it; the queue's door; ``records``, the ended keys, a
-``_records.KeyRecords``), ``timers`` (``_timers.Timers``: due times and
-deadlines), ``dispatch`` (``_dispatch.Dispatch``: the lanes and their workers,
+``_core.records.KeyRecords``), ``timers`` (``_core.timers.Timers``: due times and
+deadlines), ``dispatch`` (``_core.dispatch.Dispatch``: the lanes and their workers,
 jobs handed and sent ahead, a worker's reports, start and death) and
-``stopping`` (``_stopping.Stopping``: time and memory limits, ``q.cancel``,
+``stopping`` (``_core.stopping.Stopping``: time and memory limits, ``q.cancel``,
 closing without waiting). Their bookkeeping objects are in ``_core.entries``.
 
 **One lock.** ``Core.lock`` guards all of it: the state map, each lane's queues
@@ -290,7 +290,7 @@ class Core:
         self.deliver(wakeups)
 
     def starts_wanted(self, lane: LaneState, spares: bool) -> int:
-        """How many processes ``lane`` wants started (``_spares.wanted``)."""
+        """How many processes ``lane`` wants started (``_core.spares.wanted``)."""
         with self.lock:
             return wanted(lane, spares)
 

@@ -1,10 +1,10 @@
 """The lanes: handing jobs to workers, and what a worker's reports and death do.
 
-``Dispatch`` owns the lanes (``_entries.LaneState``) and their workers' bookkeeping
-(``_entries.WorkerSlot``): which worker runs which job, which jobs are sent ahead to a
+``Dispatch`` owns the lanes (``_core.entries.LaneState``) and their workers' bookkeeping
+(``_core.entries.WorkerSlot``): which worker runs which job, which jobs are sent ahead to a
 busy worker and what becomes of them, a lane's room for waiting pushes, and a worker's
 start, retirement and death (its ``WorkerLife``). A key's own status changes go through
-the state map (``_statemap.StateMap``). Everything here runs with ``Core.lock`` held;
+the state map (``_core.statemap.StateMap``). Everything here runs with ``Core.lock`` held;
 like the rest of the core it never touches a pipe or a process: it returns the jobs to
 send, and the caller sends them.
 
@@ -340,7 +340,7 @@ class Dispatch:
     def add_worker(self, worker: WorkerSlot | None, lane: LaneState, reserved: bool) -> bool:
         """A new worker process joined ``lane`` (``None``: starting it
         failed). ``reserved``: started after the lane's first workers, it
-        fills a reserved place or is a spare (``_spares.arrive``). True: a spare."""
+        fills a reserved place or is a spare (``_core.spares.arrive``). True: a spare."""
         lane.tally.starts += worker is not None
         if worker is not None and reserved:
             return _spares.arrive(worker, lane)

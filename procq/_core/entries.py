@@ -48,7 +48,7 @@ Wakeup = Callable[[], None]
 
 
 class Status(enum.IntEnum):
-    """An entry's status. Only ``_statemap.StateMap._move`` changes it."""
+    """An entry's status. Only ``_core.statemap.StateMap._move`` changes it."""
 
     PENDING = 0  # claimed, not yet given to a worker: waiting for room, for its time, or in its lane
     PROCESSING = 1  # a worker holds it
@@ -204,7 +204,7 @@ class WorkerSlot:
     """The core's view of one worker process: its life, which job it holds,
     which jobs it was sent ahead.
 
-    ``channel`` (a ``_channel.WorkerChannel``: the worker's pipe and process)
+    ``channel`` (a ``_supervisor.channels.WorkerChannel``: the worker's pipe and process)
     is owned by the supervisor's I/O thread; the core only keeps it beside
     the slot's bookkeeping.
     """

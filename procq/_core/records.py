@@ -2,7 +2,7 @@
 and its in-memory implementation.
 
 A live key (Pending or Processing) is an ``Entry`` in ``StateMap.live``; once
-it ends, its record (``_retention.Done`` / ``Fell``) goes to a ``KeyRecords``
+it ends, its record (``_core.retention.Done`` / ``Fell``) goes to a ``KeyRecords``
 store, which answers later pushes of the key (``Job.reuse``), ``q.state``,
 ``q.keys`` / ``q.handles`` and the completed / failed counts of ``q.stats``.
 The store also applies the queue's ``Retention``: a record whose time is up,
@@ -11,7 +11,7 @@ or beyond ``max_completed``, is never answered.
 ``KeyRecords`` is the seam for a durable store (SQLite, PostgreSQL): its
 methods are the operations such a store needs (look up a key's record, record
 an outcome, drop one, enumerate by prefix and state), never dict access.
-``MemoryRecords`` is today's store: a dict beside ``_retention.Keeper``.
+``MemoryRecords`` is today's store: a dict beside ``_core.retention.Keeper``.
 
 Every method runs under ``Core.lock``, except ``peek`` on a store whose
 ``expires`` is false. Times are given (read from ``Core.clock``).

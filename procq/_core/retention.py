@@ -7,7 +7,7 @@ with a million kept keys every object per key counts (``bench/memory.py``
 measures it).
 
 ``Keeper`` is the retention bookkeeping of the in-memory record store
-(``_records.MemoryRecords``). It owns no key: it tells the store which records
+(``_core.records.MemoryRecords``). It owns no key: it tells the store which records
 are due to go, and the store drops them (every method runs under
 ``Core.lock``; times are given, read from ``Core.clock``). Three orders are
 kept, each only when its limit is set:

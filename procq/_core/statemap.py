@@ -1,7 +1,7 @@
 """The state map: every key's life, and the one place its status changes.
 
 ``StateMap.live`` holds the live keys (Pending or Processing), each as its
-``Entry``; ``StateMap.records`` (a ``_records.KeyRecords``) holds the keys that
+``Entry``; ``StateMap.records`` (a ``_core.records.KeyRecords``) holds the keys that
 ended. A claim moves a key from absent or ended to Pending; ``start``,
 ``finish`` (an attempt's end: settled, or back to Pending for a retry),
 ``settle`` and ``abandon`` move it on. Each of them changes the entry's status

@@ -16,7 +16,7 @@ statement runs under ``Core.lock``. A push, under ``db_lock`` throughout:
    ends when its row is durable, and the handle resolves at that commit;
 2. a key not held here: its queued writes, if any (a claim given back), are
    made in the transaction first (``_settle_here``); then its row is claimed
-   (``Conn.claim``, judged by ``_store.judge``) in the group transaction
+   (``Conn.claim``, judged by ``_stores.base.judge``) in the group transaction
    (``_durable.commit``); where that transaction holds every key (SQLite), a
    key with no row is claimed by a read, its row queued (``Fresh``);
 3. under ``Core.lock`` again: a fresh claim enters the state map.

@@ -10,7 +10,7 @@ costs nothing: an entry is watched from its first wait.
 
 The ``Watcher`` is one thread per queue with its own connection. It renews
 the queue's lease every third of it, deletes rows past the queue's retention
-(``_store_records.sweep_rows``), and, while entries are watched, reads their rows
+(``_durable.records.sweep_rows``), and, while entries are watched, reads their rows
 every ``Store.poll`` seconds (SQLite) or when PostgreSQL notifies that a row
 ended. While this queue holds keys waiting for their ``not_before``, it reads
 their rows' times too (SQLite: every poll; PostgreSQL: when notified of a

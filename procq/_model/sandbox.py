@@ -19,7 +19,7 @@ worker's side in ``_worker.sandbox``):
 - ``privileges``: a seccomp filter that refuses new namespaces, mounts,
   ``ptrace`` and the kernel's rarely needed, often exploited calls.
 
-Never silently weaker: ``_sandbox_kernel.check`` runs when a queue is made, and a part the
+Never silently weaker: ``_system.sandbox.check`` runs when a queue is made, and a part the
 kernel cannot enforce raises ``SandboxUnavailable``, naming it and why,
 unless the ``Sandbox`` relaxed it (``relax=("namespaces",)``).
 """

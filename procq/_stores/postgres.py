@@ -152,7 +152,7 @@ def _psycopg() -> Any:
 
 
 class PostgresConn:
-    """One connection to a PostgreSQL store (see ``_store.Conn``). A
+    """One connection to a PostgreSQL store (see ``_stores.base.Conn``). A
     connection the server dropped (a restart, a network cut) is opened again
     at its next use; until then every use raises ``StoreUnavailable``."""
 

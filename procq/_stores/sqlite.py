@@ -161,7 +161,7 @@ def _unavailable(path: str, exc: Exception) -> StoreUnavailable:
 
 
 class SqliteConn:
-    """One connection to a SQLite store (see ``_store.Conn``)."""
+    """One connection to a SQLite store (see ``_stores.base.Conn``)."""
 
     def __init__(self, path: str, busy: float = 30.0) -> None:
         self.path = path

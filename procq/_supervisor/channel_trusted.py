@@ -8,14 +8,14 @@ job alone. Unpickling a payload may run code of the job's classes
 (``__reduce__``, ``__setstate__``: it may raise ``SystemExit``, hang, ...), so
 the I/O thread unpickles only what runs none:
 
-- a result whose pickle names no class or function (``_plain.names_nothing``: no
+- a result whose pickle names no class or function (``_wire.plain.names_nothing``: no
   ``GLOBAL``, ``STACK_GLOBAL``, ``INST`` or ``EXT1/2/4`` opcode, without
   which no opcode that calls something can run). The worker that made the
   pickle scans it (at C speed, in parallel with the supervisor, on the
   pickle alone) and tags the result ``OK``; ``pickle.loads`` then runs as
   before. A result tagged ``OK_OBJECTS`` is never unpickled here;
 - an error's fields (plain data) and a built-in exception type, decoded by
-  ``_plain.DataOnly``, an unpickler that refuses to name any class or function
+  ``_wire.plain.DataOnly``, an unpickler that refuses to name any class or function
   (``BuiltinExceptions``: only the built-in exception types, made and set up
   by C code alone), after the same scan.
 
@@ -271,7 +271,7 @@ def _dead_sentinel() -> int:
 
 def result_outcome(frame: bytes | bytearray, end: int, pid: int | None) -> Completed[Any] | Failed | Undecoded:
     """An OK message's result, which names no class or function (the
-    worker checked the pickle it made: ``_plain.result_frame``): decoded here,
+    worker checked the pickle it made: ``_wire.plain.result_frame``): decoded here,
     unless it is large."""
     if end > INLINE_DECODE_BYTES:
         return PickledResult(frame, pid)

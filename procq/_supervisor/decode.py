@@ -1,6 +1,6 @@
 """A lane's decode thread: where what the I/O thread must not decode itself
-is decoded: trusted jobs' outcomes (``_protocol.Undecoded``) and untrusted
-jobs' large messages (``_protocol.DecodeLater``).
+is decoded: trusted jobs' outcomes (``_wire.protocol.Undecoded``) and untrusted
+jobs' large messages (``_wire.protocol.DecodeLater``).
 
 Unpickling a trusted lane's result or exception may run code of the job's
 classes (``__reduce__``, ``__setstate__``), which may raise anything

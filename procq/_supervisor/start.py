@@ -15,7 +15,7 @@ workers. It takes what the starter handed back (``take``) and registers it
 core files it: ``Starts._register``) before it can read the worker's
 READY, so before the worker can run a job; a start that failed comes back as
 its exception. A process started for a lane takes the place of whatever the
-lane needs first (``_spares.arrive``): a replacement, else a spare.
+lane needs first (``_core.spares.arrive``): a replacement, else a spare.
 
 Stopping: ``stop`` drops the starts not begun, waits for the one under way
 and hands back what it made, which the I/O thread registers like any other

@@ -1,7 +1,7 @@
 """What this kernel can enforce of a ``Sandbox``, asked once per process, and
 the check that refuses a part it cannot enforce (``SandboxUnavailable``)
 when a queue is made. The probe runs in a process of its own that does what a
-sandboxed worker does (``_sandbox_linux.probe_main``).
+sandboxed worker does (``_system.sandbox_linux.probe_main``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ _USERNS_HELP = (
 
 def kernel() -> dict[str, Any]:
     """What this kernel gives an unprivileged sandbox, probed once per
-    process in a process of its own (``_sandbox_linux.probe_main``)."""
+    process in a process of its own (``_system.sandbox_linux.probe_main``)."""
     global _kernel
     if _kernel is None:
         _kernel = _probe()

@@ -22,7 +22,7 @@ temporary directory), no TCP (ABI 4), no signal or abstract UNIX socket
 outside the domain (ABI 6); then the seccomp filter (``_system.seccomp``).
 
 Everything is plain system calls through ``ctypes``. ``probe_main`` is the
-probe the supervisor runs (``_sandbox.kernel``): the same calls, in a
+probe the supervisor runs (``_model.sandbox.kernel``): the same calls, in a
 process of their own, so the queue knows before it starts a worker what
 this kernel refuses.
 """

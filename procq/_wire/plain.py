@@ -35,7 +35,7 @@ __all__ = [
 ]
 
 #: Results larger than this are not checked in the worker: the supervisor
-#: leaves them to a decode thread anyway (``_channel_trusted.INLINE_DECODE_BYTES``).
+#: leaves them to a decode thread anyway (``_supervisor.channel_trusted.INLINE_DECODE_BYTES``).
 CHECKED_BYTES = 1 << 24
 
 #: Pickle opcodes that name a class or function: EXT1, EXT2, EXT4 and

@@ -12,7 +12,7 @@ caller never sets). procq does it on every Python.
 
 How the server learns what to import: the forkserver's only input is its
 list of modules to preload, each imported by name, in order, and any
-``ImportError`` ignored. The supervisor (``_config.main_request``) puts on that list one name under this module
+``ImportError`` ignored. The supervisor (``_api.config.main_request``) puts on that list one name under this module
 that carries, hex-encoded, what ``multiprocessing.spawn`` would tell a child
 of the main module (its path or module name, ``sys.argv``, ``sys.path``).
 Importing that name imports this module first, which makes itself a package
