@@ -98,12 +98,12 @@ def steps(samples: int) -> dict[str, float]:
     import tempfile
 
     from procq._system import seccomp as _seccomp
-    from procq._system.privileges import confine_job, landlock_abi
-    from procq._system.sandbox_linux import _lib, _probe_namespaces, confine, default_reads
+    from procq._system.privileges import confine_job, landlock_abi, libc
+    from procq._system.sandbox_linux import _probe_namespaces, confine, default_reads
     from procq._worker.sandbox import WorkerSandbox
 
     abi = landlock_abi()  # (and libc loaded here, as a worker has it before it forks)
-    _lib()
+    libc()
     reads = default_reads(import_path())
     filt = _seccomp.program(False)
     # The jobs' temporary directories live on a tmpfs (the view's /tmp): time them on one.

@@ -33,6 +33,7 @@ __all__ = [
     "confine_job",
     "drop_privileges",
     "landlock_abi",
+    "libc",
     "make_untraceable",
     "set_dumpable",
     "set_pdeathsig",
@@ -69,7 +70,8 @@ _LANDLOCK_SCOPE_SIGNAL = 1 << 1
 _libc: Any = None
 
 
-def _lib() -> Any:
+def libc() -> Any:
+    """The C library, loaded once, with errno kept (``ctypes.get_errno``)."""
     global _libc
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
@@ -77,7 +79,7 @@ def _lib() -> Any:
 
 
 def _prctl(option: int, arg2: int = 0) -> int:
-    result: int = _lib().prctl(option, ctypes.c_ulong(arg2), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
+    result: int = libc().prctl(option, ctypes.c_ulong(arg2), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0))
     return result
 
 
@@ -124,7 +126,7 @@ class _CapData(ctypes.Structure):
 def _capabilities() -> tuple[Any, Any]:
     header = _CapHeader(_CAP_VERSION_3, 0)
     data = (_CapData * 2)()
-    if _lib().capget(ctypes.byref(header), data) != 0:
+    if libc().capget(ctypes.byref(header), data) != 0:
         raise OSError(ctypes.get_errno(), "capget failed")
     return header, data
 
@@ -149,7 +151,7 @@ def drop_privileges() -> None:
             _prctl(_PR_CAPBSET_DROP, cap)
         _prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL)
         empty = (_CapData * 2)()
-        if _lib().capset(ctypes.byref(header), empty) != 0:
+        if libc().capset(ctypes.byref(header), empty) != 0:
             raise OSError(ctypes.get_errno(), "capset could not drop this process's capabilities")
         _, data = _capabilities()
         if any(d.permitted or d.effective or d.inheritable for d in data):  # pragma: no cover
@@ -167,7 +169,7 @@ def landlock_abi() -> int:
     """The kernel's Landlock ABI version, 0 if it has none (or it is disabled)."""
     if not _LINUX:
         return 0
-    version: int = _lib().syscall(
+    version: int = libc().syscall(
         _SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(_LANDLOCK_CREATE_RULESET_VERSION)
     )
     return max(version, 0)
@@ -187,8 +189,8 @@ def confine_job(abi: int) -> bool:
         fs |= _LANDLOCK_ACCESS_FS_REFER
     # The ruleset's size tells the kernel which fields it has: ABI 6 added "scoped".
     attr = (ctypes.c_uint64 * 3)(fs, 0, _LANDLOCK_SCOPE_SIGNAL) if abi >= 6 else (ctypes.c_uint64 * 1)(fs)
-    libc = _lib()
-    fd = libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0)
+    lib = libc()
+    fd = lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0)
     if fd < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
     try:
@@ -198,11 +200,11 @@ def confine_job(abi: int) -> bool:
                 rule = ctypes.create_string_buffer(
                     _LANDLOCK_ACCESS_FS_REFER.to_bytes(8, sys.byteorder) + root.to_bytes(4, sys.byteorder), 12
                 )
-                if libc.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _LANDLOCK_RULE_PATH_BENEATH, rule, 0) != 0:
+                if lib.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _LANDLOCK_RULE_PATH_BENEATH, rule, 0) != 0:
                     raise OSError(ctypes.get_errno(), "landlock_add_rule failed")
             finally:
                 os.close(root)
-        if libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0) != 0:
+        if lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0) != 0:
             raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
     finally:
         os.close(fd)

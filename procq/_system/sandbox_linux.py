@@ -40,7 +40,7 @@ import sys
 from typing import Any, NamedTuple, NoReturn
 
 from procq._system import seccomp as _seccomp
-from procq._system.privileges import landlock_abi, set_dumpable
+from procq._system.privileges import landlock_abi, libc, set_dumpable
 
 __all__ = ["SHM", "TMP_SIZE", "confine", "default_reads", "isolate", "probe_main", "reap_leftovers"]
 
@@ -91,15 +91,6 @@ TMP_SIZE = "1g"
 #: Where a job's POSIX shared memory lives: a tmpfs of its worker's in the view.
 SHM = "/dev/shm"
 
-_libc: Any = None
-
-
-def _lib() -> Any:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
 
 def _check(result: int, what: str) -> int:
     if result < 0:
@@ -142,7 +133,7 @@ def isolate(reads: list[str], writes: list[str], network: bool, cwd: str | None,
     flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS
     flags |= 0 if network else _CLONE_NEWNET
     uid, gid = os.geteuid(), os.getegid()
-    _check(_lib().unshare(flags), "unshare (new user, mount, PID, IPC, UTS and network namespaces)")
+    _check(libc().unshare(flags), "unshare (new user, mount, PID, IPC, UTS and network namespaces)")
     _map_ids(uid, gid)
     pid = os.fork()
     if pid:
@@ -232,12 +223,12 @@ def _depth(step: _Step) -> tuple[int, str]:
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     enc = [s.encode() if s is not None else None for s in (source, target, fstype, data)]
-    _check(_lib().mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]), f"mount {source or ''} on {target}")
+    _check(libc().mount(enc[0], enc[1], enc[2], ctypes.c_ulong(flags), enc[3]), f"mount {source or ''} on {target}")
 
 
 def _setattr(path: str, attrs: int, recursive: bool) -> None:
     attr = (ctypes.c_uint64 * 4)(attrs, 0, 0, 0)
-    result = _lib().syscall(
+    result = libc().syscall(
         _SYS_MOUNT_SETATTR, -100, path.encode(), ctypes.c_uint(_AT_RECURSIVE if recursive else 0),
         ctypes.byref(attr), ctypes.c_size_t(32),
     )  # fmt: skip
@@ -279,8 +270,8 @@ def _build(plan: list[_Step]) -> None:
         _setattr(target, attrs.get(kind, _MOUNT_ATTR_NOSUID) | (0 if kind == "dev" else _MOUNT_ATTR_NODEV), True)
     _setattr(root, _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV, False)
     os.chdir(root)
-    _check(_lib().syscall(_SYS_PIVOT_ROOT[platform.machine()], b".", b"."), "pivot_root")
-    _check(_lib().umount2(b".", _MNT_DETACH), "umount2 of the old root")
+    _check(libc().syscall(_SYS_PIVOT_ROOT[platform.machine()], b".", b"."), "pivot_root")
+    _check(libc().umount2(b".", _MNT_DETACH), "umount2 of the old root")
     os.chdir("/")
 
 
@@ -318,8 +309,8 @@ def _landlock(abi: int, reads: list[str], writes: list[str], network: bool) -> N
     scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
     attr = (ctypes.c_uint64 * 3)(fs, net, scoped)
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
-    libc = _lib()
-    fd = _check(libc.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0), "landlock")
+    lib = libc()
+    fd = _check(lib.syscall(_SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0), "landlock")
     try:
         read = _EXECUTE | _READ_FILE | _READ_DIR
         rules = [(p, read) for p in reads] + [(p, fs) for p in writes]
@@ -335,11 +326,11 @@ def _landlock(abi: int, reads: list[str], writes: list[str], network: bool) -> N
                 rule = ctypes.create_string_buffer(
                     rights.to_bytes(8, sys.byteorder) + parent.to_bytes(4, sys.byteorder, signed=True), 12
                 )
-                _check(libc.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _RULE_PATH_BENEATH, rule, 0), f"landlock rule {path}")
+                _check(lib.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _RULE_PATH_BENEATH, rule, 0), f"landlock rule {path}")
             finally:
                 os.close(parent)
-        _check(libc.prctl(38, 1, 0, 0, 0), "no_new_privs")
-        _check(libc.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0), "landlock_restrict_self")
+        _check(lib.prctl(38, 1, 0, 0, 0), "no_new_privs")
+        _check(lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0), "landlock_restrict_self")
     finally:
         os.close(fd)
 
@@ -358,7 +349,7 @@ def probe_main() -> None:
     report["namespaces"] = _probe_namespaces()
     if report["seccomp"] is None:
         try:
-            _lib().prctl(38, 1, 0, 0, 0)
+            libc().prctl(38, 1, 0, 0, 0)
             _seccomp.install(_seccomp.program(False))
         except OSError as exc:
             report["seccomp"] = [exc.errno or 0, str(exc)]
