@@ -1,10 +1,11 @@
-"""Process helpers for test_crashes and test_processes (not job code)."""
+"""Process helpers for the tests of crashes, processes and supervisor deaths (not job code)."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 
@@ -58,3 +59,32 @@ def kill_and_reap(procs: list[psutil.Process]) -> None:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
     psutil.wait_procs(procs, timeout=10)
+
+
+@contextlib.contextmanager
+def tagged_program(argv: list[str], tag: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``argv`` (a supervisor program a test wrote) with ``PROCQ_TEST_TAG=tag``,
+    which everything it starts inherits, under ``subreaper()``. On the way out, it
+    and every tagged process still running are SIGKILLed and reaped, and its pipes
+    closed."""
+    with subreaper():
+        env = dict(os.environ, PROCQ_TEST_TAG=tag)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        try:
+            yield proc
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            kill_and_reap(descendants_tagged(tag))
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+
+
+def assert_all_gone(procs: list[psutil.Process], tag: str, what: str) -> None:
+    """``procs``, and every process tagged ``tag``, exit within 5 s of their supervisor."""
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    assert [p.pid for p in alive] == [], f"{what} outlived its supervisor"
+    _, alive = psutil.wait_procs(descendants_tagged(tag), timeout=5)
+    assert [p.pid for p in alive] == [], "a process outlived its supervisor"

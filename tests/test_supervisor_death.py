@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
-from process_support import children, descendants_tagged, kill_and_reap, linux_only, subreaper
+from process_support import assert_all_gone, children, descendants_tagged, linux_only, tagged_program
 
 from procq import Job
 
@@ -88,33 +87,14 @@ def test_a_jobs_children_die_with_the_supervisor(start_method: str, tmp_path: Pa
     script = tmp_path / "supervisor.py"
     script.write_text(program.format(tests=TESTS_DIR))
     tag = uuid.uuid4().hex
-    env = dict(os.environ, PROCQ_TEST_TAG=tag)
-    with subreaper():
-        proc = subprocess.Popen(
-            [sys.executable, str(script), start_method, str(tmp_path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
-        try:
-            sleepers = json.loads(_read_line(proc.stdout))
-            procs = [psutil.Process(pid) for pid in sleepers]
-            everything = descendants_tagged(tag)
-            assert set(sleepers) <= {p.pid for p in everything}
-            proc.send_signal(how)
-            assert proc.wait(timeout=10) == -how
-            _, alive = psutil.wait_procs(procs, timeout=5)
-            assert [p.pid for p in alive] == [], "a job's child outlived its supervisor"
-            _, alive = psutil.wait_procs(descendants_tagged(tag), timeout=5)
-            assert [p.pid for p in alive] == [], "a process outlived its supervisor"
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-            kill_and_reap(descendants_tagged(tag))
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    stream.close()
+    with tagged_program([sys.executable, str(script), start_method, str(tmp_path)], tag) as proc:
+        sleepers = json.loads(_read_line(proc.stdout))
+        procs = [psutil.Process(pid) for pid in sleepers]
+        everything = descendants_tagged(tag)
+        assert set(sleepers) <= {p.pid for p in everything}
+        proc.send_signal(how)
+        assert proc.wait(timeout=10) == -how
+        assert_all_gone(procs, tag, "a job's child")
 
 
 def test_the_undertaker_is_gone_after_close(start_method: str) -> None:

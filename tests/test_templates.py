@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -19,7 +18,7 @@ import jobs
 import psutil
 import pytest
 from core_support import failure_of, open_queue, wait_until
-from process_support import descendants_tagged, kill_and_reap, linux_only, subreaper
+from process_support import assert_all_gone, descendants_tagged, linux_only, tagged_program
 
 from procq import Job, Lane, ProcQueue
 from procq._worker.template import Template
@@ -178,30 +177,14 @@ def test_nothing_outlives_a_killed_supervisor_with_templates_in_place(tmp_path: 
     script = tmp_path / "supervisor.py"
     script.write_text(_SUPERVISOR.format(tests=TESTS_DIR))
     tag = uuid.uuid4().hex
-    env = dict(os.environ, PROCQ_TEST_TAG=tag)
-    with subreaper():
-        proc = subprocess.Popen(
-            [sys.executable, str(script), str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
-        )
-        try:
-            assert proc.stdout is not None
-            template, sleeper = json.loads(proc.stdout.readline())
-            everything = descendants_tagged(tag)
-            assert {template, sleeper} <= {p.pid for p in everything}
-            proc.send_signal(signal.SIGKILL)
-            assert proc.wait(timeout=10) == -signal.SIGKILL
-            _, alive = psutil.wait_procs(everything, timeout=5)
-            assert [p.pid for p in alive] == [], "a process outlived its supervisor"
-            _, alive = psutil.wait_procs(descendants_tagged(tag), timeout=5)
-            assert [p.pid for p in alive] == [], "a process outlived its supervisor"
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-            kill_and_reap(descendants_tagged(tag))
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    stream.close()
+    with tagged_program([sys.executable, str(script), str(tmp_path)], tag) as proc:
+        assert proc.stdout is not None
+        template, sleeper = json.loads(proc.stdout.readline())
+        everything = descendants_tagged(tag)
+        assert {template, sleeper} <= {p.pid for p in everything}
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        assert_all_gone(everything, tag, "a process")
 
 
 def _running(pid: int) -> bool:
