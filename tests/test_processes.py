@@ -7,7 +7,6 @@ import multiprocessing.forkserver
 import os
 import select
 import signal
-import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import jobs_crashes
 import psutil
 import pytest
 from core_support import open_queue, wait_started
-from process_support import descendants_tagged, kill_and_reap, linux_only, subreaper
+from process_support import descendants_tagged, linux_only, tagged_program
 
 from procq import Failed, Job, JobFailed, ProcQueue, Queued
 
@@ -271,41 +270,26 @@ def test_workers_exit_when_the_supervisor_is_sigkilled(start_method: str, tmp_pa
     script.write_text(_SUPERVISOR.format(tests=TESTS_DIR))
     started, go = jobs.fifo(tmp_path, "started"), jobs.fifo(tmp_path, "go")  # go is never released
     tag = uuid.uuid4().hex
-    env = dict(os.environ, PROCQ_TEST_TAG=tag)
-    # While we are a subreaper, the supervisor's orphans become our children, so
-    # that we see them exit (and reap them) instead of PID 1 keeping them as zombies.
-    with subreaper():
-        proc = subprocess.Popen(
-            [sys.executable, str(script), start_method, started, go, mode],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-        )
-        try:
-            long_pid = int(jobs.wait_signal(started, timeout=30))
-            workers = json.loads(_read_line(proc.stdout, timeout=30))
-            # ("restarting": the crash lane's worker may be between two lives: a
-            # crash's waiter is woken before its replacement process is started.)
-            assert long_pid in workers and len(workers) in ((2,) if mode == "steady" else (2, 3))
-            tree = psutil.Process(proc.pid).children(recursive=True)
-            tree_pids = {p.pid for p in tree}
-            assert long_pid in tree_pids
-            if mode == "steady":
-                assert set(workers) <= tree_pids  # the busy worker and the idle one
+    # Run under a subreaper: the supervisor's orphans become our children, so that
+    # we see them exit (and reap them) instead of PID 1 keeping them as zombies.
+    argv = [sys.executable, str(script), start_method, started, go, mode]
+    with tagged_program(argv, tag) as proc:
+        long_pid = int(jobs.wait_signal(started, timeout=30))
+        workers = json.loads(_read_line(proc.stdout, timeout=30))
+        # ("restarting": the crash lane's worker may be between two lives: a
+        # crash's waiter is woken before its replacement process is started.)
+        assert long_pid in workers and len(workers) in ((2,) if mode == "steady" else (2, 3))
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        tree_pids = {p.pid for p in tree}
+        assert long_pid in tree_pids
+        if mode == "steady":
+            assert set(workers) <= tree_pids  # the busy worker and the idle one
 
-            proc.kill()
-            assert proc.wait(timeout=10) == -signal.SIGKILL
-            _, alive = psutil.wait_procs(tree, timeout=10)
-            assert [p.pid for p in alive] == [], "processes outlived their SIGKILLed supervisor"
-            # Anything started after the snapshot (a worker mid-start) went with it too.
-            late = descendants_tagged(tag)
-            _, alive = psutil.wait_procs(late, timeout=10)
-            assert [p.pid for p in alive] == []
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-            kill_and_reap(descendants_tagged(tag))
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    stream.close()
+        proc.kill()
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        _, alive = psutil.wait_procs(tree, timeout=10)
+        assert [p.pid for p in alive] == [], "processes outlived their SIGKILLed supervisor"
+        # Anything started after the snapshot (a worker mid-start) went with it too.
+        late = descendants_tagged(tag)
+        _, alive = psutil.wait_procs(late, timeout=10)
+        assert [p.pid for p in alive] == []
