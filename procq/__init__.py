@@ -111,6 +111,7 @@ _SOURCES = {
     "QueueClosed": "procq._model.errors",
     "SandboxUnavailable": "procq._model.errors",
     "WrongProcess": "procq._model.errors",
+    "InitializerFailed": "procq._worker.initializer",
     "PostgresStore": "procq._stores.postgres",
     "SqliteStore": "procq._stores.sqlite",
     "Store": "procq._stores.base",
@@ -118,7 +119,6 @@ _SOURCES = {
     "StoreUnavailable": "procq._stores.base",
     "DaskLane": "procq._cluster.lane",
     "Executor": "procq._api.executor",
-    "InitializerFailed": "procq._api.executor_calls",
     "as_completed": "procq._api.futures",
     "JobHandle": "procq._api.handle",
     "ProcQueue": "procq._api.queue",
@@ -144,7 +144,6 @@ _SOURCES = {
 
 if TYPE_CHECKING:
     from procq._api.executor import Executor
-    from procq._api.executor_calls import InitializerFailed
     from procq._api.futures import as_completed
     from procq._api.handle import JobHandle
     from procq._api.outcomes import Cached, InFlight, Queued
@@ -169,6 +168,7 @@ if TYPE_CHECKING:
     from procq._stores.base import Store, StoreError, StoreUnavailable
     from procq._stores.postgres import PostgresStore
     from procq._stores.sqlite import SqliteStore
+    from procq._worker.initializer import InitializerFailed
 
 
 def __getattr__(name: str) -> Any:

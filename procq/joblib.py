@@ -46,7 +46,10 @@ Options, as ``parallel_config(backend="procq", ...)`` keywords:
   unless the variable is already set.
 - ``initializer``, ``initargs``: run once in each worker before its first
   batch (``Parallel(initializer=..., initargs=...)`` takes their place for
-  its call). They travel pickled with each batch.
+  its call). They are the lane's (``Lane(initializer=...)``): they travel
+  with each worker's start, so ``initargs`` may hold a ``multiprocessing``
+  ``Queue`` or ``Lock``, and a failing one fails the next batch of its
+  worker with ``procq.InitializerFailed``.
 
 A task's own exception is raised as itself, ``KeyboardInterrupt`` and
 ``SystemExit`` included. Where procq cannot start workers, a call runs in the
@@ -89,7 +92,7 @@ from joblib._parallel_backends import (
 )
 
 from procq._api.config import preload_also
-from procq._api.executor_calls import Initialized
+from procq._api.executor_calls import LoggedInitializer
 from procq._api.handle import JobHandle
 from procq._api.outcomes import Queued
 from procq._api.queue import ProcQueue
@@ -176,8 +179,8 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         self._counter = itertools.count(1)
         self._queue: ProcQueue | None = None
         self._n_workers = 0
-        # The initializer the open queue's batches run (a Parallel's own, else the config's), and its token.
-        self._init: tuple[Callable[..., object], tuple[Any, ...], str] | None = None
+        # The initializer the open queue's workers run (a Parallel's own, else the config's), and its arguments.
+        self._init: tuple[Callable[..., object], tuple[Any, ...]] | None = None
         self._callbacks: _Callbacks | None = None
         self._lock = threading.Lock()
         self._live: dict[str, JobHandle[Any]] = {}  # batches pushed and not ended (what an abort cancels)
@@ -233,10 +236,12 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
                 timeout=self._timeout,
                 memory_limit=self._memory_limit,
                 env=self._prepare_worker_env(n_jobs=workers),
+                initializer=None if init is None else LoggedInitializer(init[0]),
+                initargs=() if init is None else init[1],
             )
             self._queue = ProcQueue({"joblib": lane}, start_method=self._start_method)
             self._n_workers = workers
-            self._init = None if init is None else (*init, secrets.token_hex(6))
+            self._init = init
             self._callbacks = _Callbacks()
         return workers
 
@@ -246,10 +251,7 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         if q is None or callbacks is None:
             raise RuntimeError("the procq joblib backend is not configured (or was terminated)")
         key = f"joblib:{self._token}:{next(self._counter)}"
-        call: Callable[[], Any] = func
-        if self._init is not None:
-            call = Initialized(func, *self._init)
-        outcome = q.push(Job(key, _Batch(call), lane="joblib", retry=self._retry))
+        outcome = q.push(Job(key, _Batch(func), lane="joblib", retry=self._retry))
         assert isinstance(outcome, Queued)  # (a fresh key)
         handle = outcome.handle
         with self._lock:
@@ -353,7 +355,7 @@ def _check_initializer(initializer: Any, initargs: Any) -> None:
 
 
 def _same(old: tuple[Any, ...] | None, new: tuple[Any, ...] | None) -> bool:
-    """Whether the open queue's initializer (with its token) is ``new``'s: the
+    """Whether the open queue's initializer is ``new``'s: the
     same objects (never compared by value: arguments may be arrays)."""
     if old is None or new is None:
         return old is new

@@ -179,6 +179,18 @@ def test_a_failing_initializer_fails_the_job_and_names_it() -> None:
             ex.submit(int).result(timeout=30)
 
 
+def test_an_untrusted_lanes_jobs_carry_the_initializer() -> None:
+    """An untrusted lane runs each job in a fresh process: the executor's
+    initializer travels with each job there and runs before it."""
+    with Executor(lanes={"u": Lane(trusted=False)}, initializer=ej.remember, initargs=("untrusted",)) as ex:
+        assert ex.submit(ej.initialized).result(timeout=30) == ["untrusted"]
+
+
+def test_a_lane_with_an_initializer_of_its_own_is_refused() -> None:
+    with pytest.raises(ValueError, match="lane 'a' has an initializer of its own"):
+        Executor(lanes={"a": Lane(initializer=ej.remember, initargs=(1,))}, initializer=ej.remember)
+
+
 def test_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="max_workers must be greater than 0"):
         Executor(0)

@@ -513,24 +513,25 @@ def _assert_logged(log_queue: Any, msg: str) -> Iterator[None]:
 def test_failing_initializer(ctx: str) -> None:
     """FailingInitializerMixin.test_initializer up to its wait on the private
     ``executor._broken`` (left out: procq's executor is never broken, so the
-    submit CPython then expects to fail works). CPython hands the initializer
-    a ``multiprocessing.Queue`` for the workers' log; procq sends initargs
-    pickled with each job, where such a queue cannot go, so a ``Manager``'s
-    queue carries the log here."""
-    with multiprocessing.get_context(ctx).Manager() as manager:
-        log_queue = manager.Queue()
-        executor = Executor(max_workers=2, mp_context=ctx, initializer=ej.init_fail, initargs=(log_queue,))
-        try:
-            with _assert_logged(log_queue, "ValueError: error in initializer"):
-                try:
-                    future = executor.submit(ej.initialized)
-                except BrokenExecutor:
-                    pass  # Perhaps the executor is already broken
-                else:
-                    with pytest.raises(BrokenExecutor):
-                        future.result()
-        finally:
-            executor.shutdown(wait=True)
+    submit CPython then expects to fail works). Its setUp as CPython's: a
+    ``multiprocessing.Queue`` of the context in ``initargs`` carries the
+    workers' log."""
+    mp_context = multiprocessing.get_context(ctx)
+    log_queue = mp_context.Queue()
+    executor = Executor(max_workers=2, mp_context=mp_context, initializer=ej.init_fail, initargs=(log_queue,))
+    try:
+        with _assert_logged(log_queue, "ValueError: error in initializer"):
+            try:
+                future = executor.submit(ej.initialized)
+            except BrokenExecutor:
+                pass  # Perhaps the executor is already broken
+            else:
+                with pytest.raises(BrokenExecutor):
+                    future.result()
+    finally:
+        executor.shutdown(wait=True)
+        log_queue.close()
+        log_queue.join_thread()
 
 
 # --- test_deadlock.py: ExecutorDeadlockTest ----------------------------------------

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import itertools
 import os
 import secrets
@@ -53,7 +54,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from procq._api.executor_calls import Initialized, run_chunk
+from procq._api.config import parse_lanes
+from procq._api.executor_calls import Initialized, LoggedInitializer, run_chunk
 from procq._api.executor_feed import Call, Feed
 from procq._api.futures import JobFuture
 from procq._api.outcomes import Cached, Queued
@@ -132,6 +134,10 @@ class Executor(concurrent.futures.Executor):
         self._token = secrets.token_hex(6)
         self._initializer = initializer
         self._initargs = initargs
+        # Lanes whose jobs carry the initializer (``Initialized``): those that are not local trusted processes.
+        self._init_per_job: set[str] = set()
+        if initializer is not None:
+            lanes = self._with_initializer(parse_lanes(lanes), initializer, initargs)
         # Checked by a Job now, not at the first submit:
         Job("check", int, timeout=timeout, memory_limit=memory_limit, retry=retry)
         self._timeout, self._memory_limit, self._retry = timeout, memory_limit, retry
@@ -166,19 +172,36 @@ class Executor(concurrent.futures.Executor):
         mine = key is None
         if key is None:
             key = f"executor:{self._token}:{next(self._counter)}"
+        lane_name = self._lane_name(lane)
         call: Callable[..., Any] = fn
-        if self._initializer is not None:
+        if self._initializer is not None and lane_name in self._init_per_job:
             call = Initialized(fn, self._initializer, self._initargs, self._token)
         job = Job(
             key, call, args, kwargs or None, lane=lane, timeout=self._timeout, memory_limit=self._memory_limit,
             retry=self._retry,
         )  # fmt: skip
-        lane_name = self._lane_name(lane)
         future: JobFuture[T] = JobFuture(None, owned=False, unwrap=True)
         item = Call(job, lane_name, future, mine)
         if self._feed.submit(item):
             self._hand_over(item, raising=True)
         return future
+
+    def _with_initializer(
+        self, lanes: dict[str, Lane], initializer: Callable[..., object], initargs: tuple[Any, ...]
+    ) -> dict[str, Lane]:
+        """The lanes, each local trusted one given the initializer: its workers
+        run it as they start (initargs pass as ``ProcessPoolExecutor``'s do).
+        The others' jobs carry it (``Initialized``)."""
+        out = {}
+        for name, spec in lanes.items():
+            if spec.initializer is not None:
+                raise ValueError(f"Executor: lane {name!r} has an initializer of its own; give one or the other")
+            if spec.trusted and not spec.remote:
+                spec = dataclasses.replace(spec, initializer=LoggedInitializer(initializer), initargs=initargs)
+            else:
+                self._init_per_job.add(name)
+            out[name] = spec
+        return out
 
     def _lane_name(self, lane: str | None) -> str:
         if lane is None:

@@ -1,32 +1,30 @@
-"""What ``procq.Executor`` sends to its workers: its initializer's wrapper and a map's chunks.
+"""What ``procq.Executor`` sends to its workers: its initializer and a map's chunks.
 
-This module is imported in the worker processes (to unpickle the wrapper),
-so it imports nothing of the supervisor's side.
+This module is imported in the worker processes (to unpickle what it
+defines), so it imports nothing of the supervisor's side.
 
-An executor's ``initializer`` runs in each worker before the first of that
-executor's jobs the worker runs: every job's function travels wrapped in an
-``Initialized``, which runs the initializer once per process (remembered by
-the executor's token) and then the function. Why a wrapper rather than a
-lane setting: it needs nothing from the engine, it holds for any lane the
-executor's jobs run in, and a worker that procq replaces (a crash,
-``max_tasks_per_child``) runs the initializer again before its next job, as
-a fresh ``ProcessPoolExecutor`` worker would.
+An executor's ``initializer`` runs in each worker before the first of the
+executor's jobs it runs, a replacement's too (after a crash,
+``max_tasks_per_child``), as a fresh ``ProcessPoolExecutor`` worker would:
 
-A failing initializer is not fatal to anything but the job it ran for: that
-job fails with ``InitializerFailed`` (naming the initializer, with its
-exception as the cause) and the worker stays up; the worker's next job of
-the executor runs the initializer again. (``ProcessPoolExecutor`` instead
-breaks the whole pool, failing every pending future with
+- in a local trusted lane (the executor's own lanes), it is the lane's
+  initializer (``Lane(initializer=...)``): each worker runs it as it starts,
+  and ``initargs`` travel with the worker's start, as ``ProcessPoolExecutor``
+  passes them, so a ``multiprocessing.Queue`` or ``Lock`` may be one. It is
+  wrapped in ``LoggedInitializer``, which logs its exception as
+  ``ProcessPoolExecutor``'s workers do (logger ``concurrent.futures``,
+  CRITICAL, "Exception in initializer:");
+- in any other lane (untrusted, Dask), every job's function travels wrapped
+  in an ``Initialized``, with the initializer and its arguments pickled with
+  it (so only what pickles goes there), and runs the initializer once per
+  process (remembered by the executor's token).
+
+A failing initializer is not fatal to anything but a job: the job fails with
+``InitializerFailed`` (a ``BrokenProcessPool``, naming the initializer, with
+its exception in the traceback) without running, the worker stays up, and
+its next job runs the initializer again first. (``ProcessPoolExecutor``
+instead breaks the whole pool, failing every pending future with
 ``BrokenProcessPool``; procq keeps a failure to the job it happened in.)
-``InitializerFailed`` is a ``BrokenProcessPool``, so code written for
-``ProcessPoolExecutor`` catches it where it caught that, and the worker logs
-the initializer's exception as ``ProcessPoolExecutor``'s workers do (logger
-``concurrent.futures``, CRITICAL, "Exception in initializer:").
-
-The initializer and its arguments travel pickled with each job (cloudpickle),
-not at the worker's start: what only ``multiprocessing``'s process start
-may pass (a ``multiprocessing.Queue``, a ``Lock``) cannot be an ``initargs``
-here; a ``Manager()``'s queue can.
 """
 
 from __future__ import annotations
@@ -34,23 +32,17 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-__all__ = ["Initialized", "InitializerFailed", "run_chunk"]
+from procq._wire.main_ref import dumps_shared
+from procq._worker.initializer import InitializerFailed
+
+__all__ = ["Initialized", "InitializerFailed", "LoggedInitializer", "run_chunk"]
+
+_LOG = logging.getLogger("concurrent.futures")
 
 #: The tokens of the executors whose initializer has run in this process.
 _initialized: set[str] = set()
-
-
-class InitializerFailed(BrokenProcessPool):
-    """An ``Executor``'s ``initializer`` raised in a worker, so the job did not run.
-
-    The initializer's own exception is the ``__cause__``. The worker is kept;
-    its next job of the same executor runs the initializer again. A
-    ``BrokenProcessPool`` (and so a ``RuntimeError``), as the stdlib raises for
-    a failing initializer, though only this job failed.
-    """
 
 
 class Initialized:
@@ -75,7 +67,7 @@ class Initialized:
             try:
                 self.initializer(*self.initargs)
             except Exception as exc:
-                logging.getLogger("concurrent.futures").critical("Exception in initializer:", exc_info=True)
+                _LOG.critical("Exception in initializer:", exc_info=True)
                 name = getattr(self.initializer, "__qualname__", repr(self.initializer))
                 raise InitializerFailed(
                     f"the executor's initializer {name}() failed in worker process {os.getpid()}, so the job did "
@@ -86,6 +78,44 @@ class Initialized:
 
     def __repr__(self) -> str:
         return f"<Initialized {self.fn!r}>"
+
+
+class LoggedInitializer:
+    """An executor's initializer as its lanes run it: what it raises is
+    logged as ``ProcessPoolExecutor``'s workers log it, then raised on (the
+    worker fails its next job with it)."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[..., object]) -> None:
+        self.fn = fn
+
+    def __call__(self, *args: Any) -> None:
+        try:
+            self.fn(*args)
+        except BaseException:
+            _LOG.critical("Exception in initializer:", exc_info=True)
+            raise
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The function as the lane's jobs travel (a main script's by name: see _wire.main_ref).
+        return (_logged, (dumps_shared(self.fn),))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LoggedInitializer) and other.fn is self.fn
+
+    def __hash__(self) -> int:
+        return hash(self.fn)
+
+    @property
+    def __wrapped__(self) -> Callable[..., object]:  # (how a failure names it: see WorkerInit.check)
+        return self.fn
+
+
+def _logged(fn: bytes) -> LoggedInitializer:
+    import pickle
+
+    return LoggedInitializer(pickle.loads(fn))
 
 
 def run_chunk(fn: Callable[..., Any], chunk: list[tuple[Any, ...]]) -> list[Any]:

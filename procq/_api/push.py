@@ -32,6 +32,7 @@ from procq._model.errors import JobPicklingError, KeyConflict, KeyConflictWarnin
 from procq._model.job import Job
 from procq._model.values import Failed
 from procq._wire.fingerprint import fn_name
+from procq._wire.main_ref import dumps_shared
 from procq._wire.protocol import digest, dumps, dumps_fn, pickled_by_reference
 
 if TYPE_CHECKING:
@@ -271,7 +272,8 @@ class Pusher:
             # it has now; its digest still spares the pipe and the worker.
             cached = self._fns.get(fn) if type(fn) is types.FunctionType else None
             if cached is None:
-                data = dumps_fn(fn)
+                # (A lane with an initializer: a main script's function runs as the worker's main module has it.)
+                data = dumps_fn(fn) if entry.lane.spec.initializer is None else dumps_shared(fn)
                 cached = (digest(data), data)
                 if type(fn) is types.FunctionType and pickled_by_reference(fn):
                     self._fns[fn] = cached

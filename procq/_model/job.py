@@ -13,7 +13,7 @@ import math
 import os
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, ParamSpec, TypeVar
 
 from procq._model.policies import Retry
@@ -330,6 +330,25 @@ class Lane:
     - ``sandbox`` (untrusted lanes): a ``procq.Sandbox`` (``True``: its
       defaults) of what each job may reach: files, network, processes,
       privileges (see docs/untrusted.md). Checked against the kernel by ``ProcQueue()``.
+
+    Set-up (trusted lanes):
+
+    - ``initializer``, ``initargs``: ``initializer(*initargs)`` runs in each
+      worker of the lane as it starts, before it takes a job (a replacement
+      too), as ``ProcessPoolExecutor``'s ``initializer`` does. They travel
+      with the worker's start, not with each job: ``initargs`` may hold what
+      ``multiprocessing`` passes only to a process it starts (a ``Queue``,
+      ``Lock``, ``Event`` or ``Value`` of the queue's start method's
+      context). The initializer and the lane's job functions that are
+      defined at the top level of the main script run as the worker's own
+      main module defines them, so they share its globals: what the
+      initializer sets, the jobs read (elsewhere procq sends a main script's
+      function by value). One that raises does not stop the worker: the
+      worker's next job fails with ``procq.InitializerFailed`` (naming its
+      exception) without running, and the job after it runs the initializer
+      again first. One that kills its process is a worker that died as it
+      started. ``ProcQueue()`` raises ``JobPicklingError`` if they cannot be
+      pickled.
     """
 
     workers: int = 1
@@ -348,6 +367,9 @@ class Lane:
     max_result_values: int = DEFAULT_RESULT_VALUES
     spare_workers: int | None = None
     sandbox: Sandbox | bool | None = None
+    initializer: Callable[..., object] | None = None
+    # (Neither compared nor hashed: the arguments may be lists or arrays.)
+    initargs: tuple[Any, ...] = field(default=(), compare=False)
 
     #: Are its workers elsewhere than on this machine (``DaskLane``)? Then the
     #: limits that act on a job's process (time, memory) are enforced where it
@@ -397,6 +419,20 @@ class Lane:
         _set(self, "kill_grace", check_kill_grace(self.kill_grace))
         _set(self, "spare_workers", self._check_spares(self.spare_workers))
         _set(self, "sandbox", check_lane_sandbox(self.sandbox, self.trusted))
+        self._check_initializer()
+
+    def _check_initializer(self) -> None:
+        if self.initializer is not None and not callable(self.initializer):
+            raise TypeError(f"lane initializer must be a callable or None, got {type(self.initializer).__name__}")
+        if not isinstance(self.initargs, tuple):
+            raise TypeError(f"lane initargs must be a tuple, got {type(self.initargs).__name__}")
+        if self.initargs and self.initializer is None:
+            raise ValueError("lane initargs were given without an initializer")
+        if self.initializer is not None and not self.trusted:
+            raise ValueError(
+                "an untrusted lane has no initializer: each of its jobs runs in a fresh process of its own, "
+                "so call the set-up at the start of the job"
+            )
 
     def _check_spares(self, n: int | None) -> int:
         """``spare_workers`` resolved: None is the default, none for a lane that cannot have spares."""

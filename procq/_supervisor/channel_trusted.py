@@ -27,13 +27,15 @@ together in one ``Core.jobs_done``, as before.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.process
 import os
 import pickle
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from procq._core.channel import Launch
-from procq._model.errors import _RemoteTraceback
+from procq._model.errors import JobPicklingError, _RemoteTraceback
 from procq._model.values import Completed, Failed, Failure, FailureKind
 from procq._supervisor.channels import KINDS, ProcessChannel, on_starter_thread
 from procq._supervisor.log import main_not_preloaded
@@ -168,14 +170,16 @@ class TrustedChannel(ProcessChannel):
                 # they start sees it.
                 pass
         parent_conn, child_conn = launch.context.Pipe(duplex=True)
+        init = _initializer(lane)
         try:
             process = launch.context.Process(
                 target=worker_main,
-                args=(child_conn, lane.name, worker_config(lane.spec)),
+                args=(child_conn, lane.name, worker_config(lane.spec), init),
                 name=f"procq-worker-{launch.name}-{lane.name}",
                 daemon=False,
             )
-            process.start()
+            with _initializer_pickled(lane):
+                process.start()
         except BaseException:
             parent_conn.close()
             raise
@@ -199,7 +203,8 @@ class TrustedChannel(ProcessChannel):
         the lane's template (``_worker.template``)."""
         config = worker_config(lane.spec)
         name = f"procq-template-{launch.name}-{lane.name}"
-        template = template_for(launch.lanes, lane.name, launch.context, name, config)
+        with _initializer_pickled(lane):
+            template = template_for(launch.lanes, lane.name, launch.context, name, config, _initializer(lane))
         parent_conn, child_conn = launch.context.Pipe(duplex=True)
         try:
             process = template.fork(child_conn, config)
@@ -254,6 +259,33 @@ class TrustedChannel(ProcessChannel):
                 events.append(Violation(f"a message with an unknown tag {tag}"))
                 break
         return events
+
+
+def _initializer(lane: LaneState) -> Any:
+    """The lane's initializer, as its workers' starts carry it (a
+    ``_worker.initializer.WorkerInit``), or None."""
+    spec = lane.spec
+    if spec.initializer is None:
+        return None
+    from procq._worker.initializer import WorkerInit  # (it loads concurrent.futures: only for lanes that need it)
+
+    return WorkerInit(spec.initializer, spec.initargs)
+
+
+@contextlib.contextmanager
+def _initializer_pickled(lane: LaneState) -> Iterator[None]:
+    """A worker's start that fails to pickle its arguments: the lane's
+    initializer or initargs are the only ones that can fail, so say so."""
+    try:
+        yield
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        if lane.spec.initializer is None:
+            raise
+        raise JobPicklingError(
+            f"lane {lane.name!r}: its initializer and initargs must be picklable to start its workers "
+            f"(the initializer with cloudpickle, initargs by multiprocessing as it starts a process, so a "
+            f"multiprocessing Queue or Lock of the queue's start method may be among them), but: {exc}"
+        ) from exc
 
 
 def _templates_work(launch: Launch) -> bool:

@@ -65,7 +65,8 @@ def start_failure(lane: LaneState, failures: int, how: str) -> Callable[[Entry],
             "crashed",
             f"job {entry.key!r} could not run: the workers of lane {lane.name!r} keep dying while "
             f"they start ({failures} in a row; the last {how}). Their stderr says why; often the "
-            "main module fails when a worker imports it (guard it with if __name__ == '__main__')",
+            "main module fails when a worker imports it (guard it with if __name__ == '__main__')"
+            + (", or the lane's initializer ends the process" if lane.spec.initializer is not None else ""),
         )
 
     return failure

@@ -5,6 +5,8 @@ Shared by the supervisor's side and the workers' side; imports only
 
 - ``protocol``: what travels on a worker's pipe, framed, and the typed events
   it decodes to.
+- ``main_ref``: a main script's function sent to a lane with an
+  initializer, by name, so that it shares the worker's main module.
 - ``plain``: which pickles unpickle without running code.
 - ``json_keys``: an untrusted job's result, checked for non-``str`` dict keys.
 - ``fingerprint``: what a claim remembers of its payload, to catch a key

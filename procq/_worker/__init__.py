@@ -12,6 +12,8 @@ as it can.
 - ``forkserver_guard``: imported only by the forkserver procq starts, to make
   it untraceable and fork only for its parent; ``forkserver_main``: imported
   there too, to import the program's main module once, in the server.
+- ``initializer``: a lane's initializer as a worker's start carries it, and
+  ``InitializerFailed``; loaded in a worker only when its lane has one.
 - ``template``: a trusted lane's template, the booted process its
   replacements and spares fork from, which reaps them and reports their exits.
 """

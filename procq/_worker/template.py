@@ -49,9 +49,12 @@ import sys
 import time
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from procq._system.processes import pidfd
+
+if TYPE_CHECKING:
+    from procq._worker.initializer import WorkerInit
 
 __all__ = ["Template", "TemplateChild", "template_main"]
 
@@ -71,12 +74,12 @@ class Template:
     ``close`` on the I/O thread once the queue has stopped and every worker
     it forked is reaped."""
 
-    def __init__(self, context: Any, name: str, config: dict[str, Any]) -> None:
+    def __init__(self, context: Any, name: str, config: dict[str, Any], init: WorkerInit | None = None) -> None:
         self.requests, their_requests = context.Pipe(duplex=True)
         self._exits, their_exits = context.Pipe(duplex=False)
         try:
             process = context.Process(
-                target=template_main, args=(their_requests, their_exits, config), name=name, daemon=False
+                target=template_main, args=(their_requests, their_exits, config, init), name=name, daemon=False
             )
             process.start()
         except BaseException:
@@ -172,14 +175,16 @@ class TemplateChild:
         pass
 
 
-def template_for(templates: dict[str, Any], lane: str, context: Any, name: str, config: dict[str, Any]) -> Template:
+def template_for(
+    templates: dict[str, Any], lane: str, context: Any, name: str, config: dict[str, Any], init: WorkerInit | None
+) -> Template:
     """The lane's live template (starter thread): made on first use, and made
     again when the last one died. A dead one is kept in the list until the
     queue stops: the I/O thread may still read the exit codes it reported."""
     kept: list[Template] = templates.setdefault(lane, [])
     if kept and kept[-1].alive():
         return kept[-1]
-    template = Template(context, name, config)
+    template = Template(context, name, config, init)
     kept.append(template)
     return template
 
@@ -187,8 +192,12 @@ def template_for(templates: dict[str, Any], lane: str, context: Any, name: str, 
 # --- the template process ------------------------------------------------------
 
 
-def template_main(requests: Connection, exits: Connection, config: dict[str, Any]) -> None:
-    """The template's loop (see the module docstring)."""
+def template_main(
+    requests: Connection, exits: Connection, config: dict[str, Any], init: WorkerInit | None = None
+) -> None:
+    """The template's loop (see the module docstring). ``init``: the lane's
+    initializer, which the template keeps (with the descriptors its arguments
+    hold) and each worker it forks runs."""
     from procq._system.privileges import set_dumpable, set_pdeathsig
     from procq._worker.parent import drop_forkserver_alive_fd, parent_process
     from procq._worker.trusted import _boot, setup
@@ -202,7 +211,12 @@ def template_main(requests: Connection, exits: Connection, config: dict[str, Any
     sentinel = parent.sentinel
     # Only what the template needs; a worker's own settings are applied in
     # each worker, from the request (they may have changed since).
-    setup({}, {requests.fileno(), exits.fileno(), sentinel})
+    keep = {requests.fileno(), exits.fileno(), sentinel}
+    if init is not None:
+        from procq._worker.initializer import init_fds
+
+        keep |= init_fds()
+    setup({}, keep)
     drop_forkserver_alive_fd()
     with contextlib.suppress(Exception):
         set_pdeathsig()  # dies with the forkserver, its parent
@@ -232,7 +246,7 @@ def template_main(requests: Connection, exits: Connection, config: dict[str, Any
                 me = os.getpid()
                 pid = os.fork()
                 if pid == 0:
-                    _child(conn_fd, worker_config, sentinel, me, (requests, exits), (wake_r, wake_w))
+                    _child(conn_fd, worker_config, sentinel, me, (requests, exits), (wake_r, wake_w), init)
                 os.close(conn_fd)
                 requests.send(pid)
 
@@ -256,6 +270,7 @@ def _child(
     template: int,
     conns: tuple[Connection, ...],
     fds: tuple[int, ...],
+    init: WorkerInit | None,
 ) -> None:
     """A forked worker: it never returns."""
     code = 1
@@ -268,7 +283,7 @@ def _child(
             os.close(fd)
         from procq._worker.trusted import forked_worker
 
-        forked_worker(Connection(conn_fd), config, sentinel, template)
+        forked_worker(Connection(conn_fd), config, sentinel, template, init)
         code = 0
         from multiprocessing import util
 

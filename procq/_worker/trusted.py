@@ -27,13 +27,16 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from procq._model.job import format_size
 from procq._system.privileges import set_dumpable
 from procq._wire.plain import Parts, result_frame, send_frame
 from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 from procq._worker.parent import die_with_parent, parent_process
+
+if TYPE_CHECKING:
+    from procq._worker.initializer import WorkerInit
 
 __all__ = ["worker_main"]
 
@@ -206,22 +209,35 @@ def _address_space() -> int:
 # --- running -------------------------------------------------------------
 
 
-def worker_main(conn: Connection, lane: str, config: dict[str, Any] | None = None) -> None:
+def worker_main(
+    conn: Connection, lane: str, config: dict[str, Any] | None = None, init: WorkerInit | None = None
+) -> None:
     """Run jobs from ``conn`` until EOF. A trusted lane's child's entry point."""
     parent = parent_process()
-    forked_worker(conn, config or {}, None if parent is None else parent.sentinel)
+    forked_worker(conn, config or {}, None if parent is None else parent.sentinel, None, init)
 
 
-def forked_worker(conn: Connection, config: dict[str, Any], sentinel: int | None, parent: int | None = None) -> None:
+def forked_worker(
+    conn: Connection,
+    config: dict[str, Any],
+    sentinel: int | None,
+    parent: int | None = None,
+    init: WorkerInit | None = None,
+) -> None:
     """Run jobs from ``conn`` until EOF, in a process whose supervisor's death
     ``sentinel`` (a pipe) tells: a ``multiprocessing`` child's (``worker_main``),
-    or a child of a lane's template (``_worker.template``), whose pid is ``parent``."""
+    or a child of a lane's template (``_worker.template``), whose pid is
+    ``parent``. ``init``: the lane's initializer, run before READY."""
     # First: a worker forked from procq's forkserver starts untraceable, one
     # started otherwise (spawn, or a forkserver procq did not start) is
     # traceable until here.
     set_dumpable(not config.get("untraceable"))
     _boot()
     keep = {conn.fileno()}
+    if init is not None:  # (its module is loaded: init was unpickled from it)
+        from procq._worker.initializer import init_fds
+
+        keep |= init_fds()
     if sentinel is not None:
         keep.add(sentinel)
     setup(config, keep)
@@ -231,7 +247,9 @@ def forked_worker(conn: Connection, config: dict[str, Any], sentinel: int | None
         # took effect: no one would report this worker's exit. It ends
         # before READY, as a worker that dies while it starts.
         return
-    run_until_eof(lambda: _serve(conn, config, _Pickled(_main_fallback())))
+    if init is not None:
+        init.run()  # (still booting: one that kills the process is a worker that died as it started)
+    run_until_eof(lambda: _serve(conn, config, _Pickled(_main_fallback()), init))
 
 
 def _main_fallback() -> str:
@@ -310,7 +328,7 @@ class _Json(_Codec):
         return json_dumps(["error", job_id, kind, exc_type, message, tb])
 
 
-def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
+def _serve(conn: Connection, config: dict[str, Any], codec: _Codec, init: WorkerInit | None = None) -> None:
     recv, send_bytes, fd = conn.recv_bytes, conn.send_bytes, conn.fileno()
 
     def send(frame: bytes | Parts) -> None:
@@ -321,7 +339,7 @@ def _serve(conn: Connection, config: dict[str, Any], codec: _Codec) -> None:
 
     waiting = select.poll()  # (Connection.poll builds a selector per call)
     waiting.register(conn.fileno(), select.POLLIN)
-    run = _Runner(config, codec, send)
+    run = _Runner(config, codec, send, init)
     todo: deque[tuple[Any, ...]] = deque()  # jobs received, not started, in order
     skip: set[int] = set()  # ids q.cancel() asked us to skip
     send(codec.ready())  # until now a signal could still kill us: no job was at risk
@@ -380,7 +398,8 @@ def _load_fn(data: bytes) -> Any:
 class _Runner:
     """Runs one job and sends its outcome: the worker's whole job, per job."""
 
-    def __init__(self, config: dict[str, Any], codec: _Codec, send: Any) -> None:
+    def __init__(self, config: dict[str, Any], codec: _Codec, send: Any, init: WorkerInit | None = None) -> None:
+        self.init = init
         self.fns = FnMirror()
         self.limits = _Limits((config.get("rlimits") or {}).get("cpu"))
         self.max_result: int | None = config.get("max_result_bytes")
@@ -413,6 +432,11 @@ class _Runner:
             note = "(the job's function or arguments could not be unpickled in the worker)"
             send(codec.error(job_id, "error", exc, note))
             return
+        if self.init is not None:
+            failed = self.init.check()
+            if failed is not None:
+                send(codec.error(job_id, "error", failed, pickle_it=True))
+                return
         limits = self.limits
 
         def call() -> Any:

@@ -1,0 +1,47 @@
+"""Initializers and jobs for tests/test_lane_initializer.py (importable by workers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+#: What this worker's initializer set up (the jobs read it).
+STATE: dict[str, Any] = {}
+
+
+def announce(log: Any, starts: Any, tag: str) -> None:
+    """Count this start in a shared ``Value`` and say so on a ``multiprocessing.Queue``."""
+    with starts.get_lock():
+        starts.value += 1
+    STATE["tag"] = tag
+    STATE["log"] = log
+    log.put(("started", os.getpid()))
+
+
+def where() -> tuple[int, str | None]:
+    """This worker's pid and the tag its initializer set."""
+    STATE["log"].put(("job", os.getpid()))
+    return os.getpid(), STATE.get("tag")
+
+
+def die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fails_first(attempts: Any) -> None:
+    """Fail this process's first attempt, succeed at its second."""
+    with attempts.get_lock():
+        attempts.value += 1
+    STATE["tries"] = STATE.get("tries", 0) + 1
+    if STATE["tries"] == 1:
+        raise ConnectionError("the database is not up yet")
+    STATE["tag"] = "ready"
+
+
+def exit_now() -> None:
+    os._exit(7)
+
+
+def where_tag() -> str | None:
+    return STATE.get("tag")
