@@ -93,6 +93,17 @@ def test_initargs_that_cannot_travel_refuse_the_queue_and_name_the_lane() -> Non
         ProcQueue({"setup": Lane(initializer=ji.announce, initargs=(threading.Lock(), None, "x"))})
 
 
+def test_a_lock_of_another_start_method_refuses_the_queue() -> None:
+    """A ``multiprocessing.Queue()`` of the default (fork) context cannot go
+    to a forkserver worker: said at ``ProcQueue()``, naming the lane."""
+    log = multiprocessing.get_context("fork").Queue()
+    try:
+        with pytest.raises(JobPicklingError, match=r"lane 'a': .*made from the queue's start method's context"):
+            ProcQueue({"a": Lane(initializer=ji.announce, initargs=(log, None, "x"))}, start_method="forkserver")
+    finally:
+        log.close()
+
+
 def test_a_lambda_is_an_initializer() -> None:
     with ProcQueue({"a": Lane(initializer=lambda: ji.STATE.update(tag="lambda"))}) as q:
         assert q.push_and_wait(Job("tag", ji.where_tag), 30) == "lambda"

@@ -278,13 +278,14 @@ def _initializer_pickled(lane: LaneState) -> Iterator[None]:
     initializer or initargs are the only ones that can fail, so say so."""
     try:
         yield
-    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+    # (RuntimeError: a Lock or Queue made from another start method's context.)
+    except (pickle.PicklingError, TypeError, AttributeError, RuntimeError) as exc:
         if lane.spec.initializer is None:
             raise
         raise JobPicklingError(
-            f"lane {lane.name!r}: its initializer and initargs must be picklable to start its workers "
-            f"(the initializer with cloudpickle, initargs by multiprocessing as it starts a process, so a "
-            f"multiprocessing Queue or Lock of the queue's start method may be among them), but: {exc}"
+            f"lane {lane.name!r}: its initializer and initargs must be picklable to start its workers (the "
+            f"initializer as a job's function is; initargs by multiprocessing as it starts a process, so a "
+            f"multiprocessing Queue or Lock made from the queue's start method's context may be one), but: {exc}"
         ) from exc
 
 
