@@ -64,9 +64,14 @@ class KeyRecords(Protocol):
     def release(self, rec: Record) -> None:
         """The claim that took ``rec`` went ahead: ``rec`` is gone for good."""
 
-    def record(self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float) -> None:
+    def record(
+        self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Done | None = None
+    ) -> None:
         """Record how a key ended, at ``now``, with its job's fingerprint (no
-        record answers for the key now)."""
+        record answers for the key now). ``face``: what the job's handles
+        hold (``Entry.face``); a store whose outcomes are given out at once
+        completes it when the job completed (``MemoryRecords.record``), and
+        may keep it as the record."""
 
     def drop(self, rec: Record) -> None:
         """Forget ``rec``'s key: as if it had never been pushed."""
@@ -137,11 +142,21 @@ class MemoryRecords:
     def release(self, rec: Record) -> None:
         self._keeper.dropped(rec)
 
-    def record(self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float) -> None:
+    def record(
+        self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Done | None = None
+    ) -> None:
         at = now if self.timed else _NO_TIME
         rec: Record
         if type(outcome) is Completed:
-            rec = Done(key, outcome.output, fp, at)
+            output = outcome.output
+            if face is None:
+                rec = Done(key, output, fp, at)
+            else:
+                face.output, face.fp, face.at = output, fp, at
+                # Retention may drop a record's output (``Keeper.dropped``): the
+                # handles' own stand-in is the record only where nothing changes it.
+                rec = face if not self.expires else Done(key, output, fp, at)
+                face.entry = None  # last (see Done): the handles let go of the entry
             self.completed += 1
         else:
             rec = Fell(key, outcome.failure, fp, at)  # type: ignore[union-attr]

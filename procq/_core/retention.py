@@ -6,6 +6,15 @@ Records hold the output itself, not a ``Completed`` value, and have slots:
 with a million kept keys every object per key counts (``bench/memory.py``
 measures it).
 
+A ``Done`` is also what the handles on a job hold (``_api.handle``): made
+with the job's first handle, it stands for the live entry until the job
+completes, then holds its output, and the in-memory store keeps that same
+object as the key's record when no retention may change it. A program that
+keeps its handles then keeps two objects per completed job (the handle and
+this record), not the handle, the entry, its ``Completed`` and a record:
+fewer objects for the garbage collector to walk at every collection, which
+is most of what a push loop of short jobs pays beyond its own work.
+
 ``Keeper`` is the retention bookkeeping of the in-memory record store
 (``_core.records.MemoryRecords``). It owns no key: it tells the store which records
 are due to go, and the store drops them (every method runs under
@@ -33,24 +42,45 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from procq._core.entries import DONE
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed, Failure
+
+if TYPE_CHECKING:
+    from procq._core.entries import Entry
 
 __all__ = ["Done", "Fell", "Keeper", "Record"]
 
 
 class Done:
-    """A completed key's record."""
+    """A completed key's record; the stand-in its job's handles hold (see the module docstring).
 
-    __slots__ = ("at", "fp", "key", "output")
+    ``entry`` is the live entry the handles read through, until the job
+    completes and the store fills ``output``, ``fp`` and ``at`` and sets
+    ``entry`` to None, in that order: a handle that finds no entry finds the
+    output. A job that fails or is abandoned keeps its entry here (handles
+    read the failure from the entry), and so does every job of a store whose
+    outcomes wait for a commit before they are given out.
+    """
 
-    def __init__(self, key: str, output: Any, fp: bytes | None, at: float) -> None:
+    __slots__ = ("at", "entry", "fp", "key", "output")
+
+    #: Read like an ended entry's (``Entry.status``) by whoever a handle gives it to.
+    status = DONE
+
+    def __init__(self, key: str, output: Any, fp: bytes | None, at: float, entry: Entry | None = None) -> None:
         self.key = key
         self.output = output
         self.fp = fp
         self.at = at
+        self.entry = entry
+
+    @property
+    def outcome(self) -> Completed[Any]:
+        """As an ended entry's ``outcome`` (a handle gives a completed ``Done`` where it gave the entry)."""
+        return Completed(self.output)
 
     def state(self) -> Completed[Any]:
         return Completed(self.output)
