@@ -52,7 +52,7 @@ class JobHandle(Generic[T]):
             # reads the entry through it for good, which is as correct.
             face = entry.face
             if face is None:
-                face = entry.face = Done(entry.key, None, None, 0.0, entry)
+                face = entry.face = Done.standing_for(entry)
             held = face
         self._held = held
         # The queue, kept alive while a handle on one of its jobs exists.
@@ -63,8 +63,8 @@ class JobHandle(Generic[T]):
         """The live entry, or what stands for it once the job ended (read by the Core's waits)."""
         held = self._held
         if type(held) is Done:
-            entry = held.entry
-            return held if entry is None else entry
+            output = held.output  # (Done.entry, inlined: read at every wait)
+            return output if type(output) is Entry else held
         return held
 
     @property

@@ -21,13 +21,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from procq._core.retention import Done, Fell, Keeper, Record
+from procq._core.retention import NO_TIME, Done, Fell, Keeper, Record
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed
 
 __all__ = ["KeyRecords", "MemoryRecords"]
-
-_NO_TIME = 0.0  # one shared float: records of a store without time limits keep no time of their own
 
 
 class KeyRecords(Protocol):
@@ -145,18 +143,18 @@ class MemoryRecords:
     def record(
         self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Done | None = None
     ) -> None:
-        at = now if self.timed else _NO_TIME
+        at = now if self.timed else NO_TIME
         rec: Record
         if type(outcome) is Completed:
             output = outcome.output
             if face is None:
                 rec = Done(key, output, fp, at)
             else:
-                face.output, face.fp, face.at = output, fp, at
+                face.fp, face.at = fp, at
+                face.output = output  # last (see Done): from now on the handles read this, not the entry
                 # Retention may drop a record's output (``Keeper.dropped``): the
                 # handles' own stand-in is the record only where nothing changes it.
                 rec = face if not self.expires else Done(key, output, fp, at)
-                face.entry = None  # last (see Done): the handles let go of the entry
             self.completed += 1
         else:
             rec = Fell(key, outcome.failure, fp, at)  # type: ignore[union-attr]

@@ -45,37 +45,52 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from procq._core.entries import DONE
+from procq._core.entries import Entry as _Entry
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed, Failure
 
 if TYPE_CHECKING:
     from procq._core.entries import Entry
 
-__all__ = ["Done", "Fell", "Keeper", "Record"]
+#: The time of a record kept by a store without time limits (one shared float).
+NO_TIME = 0.0
+
+__all__ = ["NO_TIME", "Done", "Fell", "Keeper", "Record"]
 
 
 class Done:
     """A completed key's record; the stand-in its job's handles hold (see the module docstring).
 
-    ``entry`` is the live entry the handles read through, until the job
-    completes and the store fills ``output``, ``fp`` and ``at`` and sets
-    ``entry`` to None, in that order: a handle that finds no entry finds the
-    output. A job that fails or is abandoned keeps its entry here (handles
-    read the failure from the entry), and so does every job of a store whose
-    outcomes wait for a commit before they are given out.
+    While it stands for a live entry, ``output`` holds the entry itself
+    (``entry`` reads it): the store's one write of the job's output at its
+    completion is the switch, so a handle reading without the lock sees the
+    entry or the output, never neither, and a record keeps its four slots
+    (``bench/memory.py``). A job that fails or is abandoned leaves the entry
+    there (handles read the failure from the entry), and so does every job
+    of a store whose outcomes wait for a commit before they are given out.
     """
 
-    __slots__ = ("at", "entry", "fp", "key", "output")
+    __slots__ = ("at", "fp", "key", "output")
 
     #: Read like an ended entry's (``Entry.status``) by whoever a handle gives it to.
     status = DONE
 
-    def __init__(self, key: str, output: Any, fp: bytes | None, at: float, entry: Entry | None = None) -> None:
+    def __init__(self, key: str, output: Any, fp: bytes | None, at: float) -> None:
         self.key = key
         self.output = output
         self.fp = fp
         self.at = at
-        self.entry = entry
+
+    @classmethod
+    def standing_for(cls, entry: Entry) -> Done:
+        """The stand-in of a live entry, for its handles."""
+        return cls(entry.key, entry, None, NO_TIME)
+
+    @property
+    def entry(self) -> Entry | None:
+        """The live (or failed) entry this stands for; None once its job completed."""
+        output = self.output
+        return output if type(output) is _Entry else None
 
     @property
     def outcome(self) -> Completed[Any]:
