@@ -63,7 +63,7 @@ class JobHandle(Generic[T]):
         """The live entry, or what stands for it once the job ended (read by the Core's waits)."""
         held = self._held
         if type(held) is Done:
-            output = held.output  # (Done.entry, inlined: read at every wait)
+            output = held.output  # the live entry, until the job's output replaces it
             return output if type(output) is Entry else held
         return held
 

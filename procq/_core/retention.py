@@ -12,8 +12,8 @@ completes, then holds its output, and the in-memory store keeps that same
 object as the key's record when no retention may change it. A program that
 keeps its handles then keeps two objects per completed job (the handle and
 this record), not the handle, the entry, its ``Completed`` and a record:
-fewer objects for the garbage collector to walk at every collection, which
-is most of what a push loop of short jobs pays beyond its own work.
+fewer objects for the garbage collector to walk at every collection (in a
+push loop of short jobs, the collector took a fifth of the supervisor's time).
 
 ``Keeper`` is the retention bookkeeping of the in-memory record store
 (``_core.records.MemoryRecords``). It owns no key: it tells the store which records
@@ -45,7 +45,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from procq._core.entries import DONE
-from procq._core.entries import Entry as _Entry
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed, Failure
 
@@ -62,10 +61,10 @@ class Done:
     """A completed key's record; the stand-in its job's handles hold (see the module docstring).
 
     While it stands for a live entry, ``output`` holds the entry itself
-    (``entry`` reads it): the store's one write of the job's output at its
-    completion is the switch, so a handle reading without the lock sees the
-    entry or the output, never neither, and a record keeps its four slots
-    (``bench/memory.py``). A job that fails or is abandoned leaves the entry
+    (``JobHandle._entry`` tells them apart): the store's one write of the
+    job's output at its completion is the switch, so a handle reading without
+    the lock sees the entry or the output, never neither, and a record keeps
+    its four slots (``bench/memory.py``). A job that fails or is abandoned leaves the entry
     there (handles read the failure from the entry), and so does every job
     of a store whose outcomes wait for a commit before they are given out.
     """
@@ -85,12 +84,6 @@ class Done:
     def standing_for(cls, entry: Entry) -> Done:
         """The stand-in of a live entry, for its handles."""
         return cls(entry.key, entry, None, NO_TIME)
-
-    @property
-    def entry(self) -> Entry | None:
-        """The live (or failed) entry this stands for; None once its job completed."""
-        output = self.output
-        return output if type(output) is _Entry else None
 
     @property
     def outcome(self) -> Completed[Any]:
