@@ -49,12 +49,15 @@ thread                  may touch
 a caller's thread, or   ``Core``'s parts and every ``Entry`` and ``LaneState``, only
 an event loop           under ``Core.lock``; a worker's pipe, to send a job it was
                         given the right to send (``WorkerSlot.sending``); a handle's
-                        event or future, with no lock held
+                        event or future, with no lock held; an entry's ``face``,
+                        set once, with no lock, by the first handle made on it
 the I/O thread          the same under ``Core.lock``; alone: the selector, every
                         channel's read side, starting, signalling and reaping
                         processes, closing a pipe once no thread may send on it
 any thread, no lock     a completed key's record, when no retention is set (a dict
-                        read is atomic and records never change in place)
+                        read is atomic and records never change in place); a
+                        handle's stand-in (``Done``: its one change, the output
+                        written in place of the live entry, is a single store)
 a lane's decode thread  what its lane's reports left undecoded, with no lock held (it
                         may run the job's classes' code); then ``Core.decoded``, or
                         the I/O thread's inbox of decoded messages

@@ -4,6 +4,7 @@ enumeration of keys. Time is a test clock set on the queue's core
 
 from __future__ import annotations
 
+import gc
 import weakref
 from typing import Any
 
@@ -16,6 +17,7 @@ from procq import (
     Cached,
     Completed,
     Failed,
+    InFlight,
     Job,
     JobFailed,
     Pending,
@@ -24,6 +26,7 @@ from procq import (
     Queued,
     Retention,
 )
+from procq._core.entries import Entry
 
 
 class Clock:
@@ -146,6 +149,50 @@ def test_a_kept_handle_does_not_keep_its_job_once_it_ended() -> None:
         assert job_ref() is None
         assert handle.key == "k" and handle.state == Completed([1, 2, 3]) and q.keys() == ["k"]
         assert q.push(Job("k", jobs.identity, args=([1, 2, 3],))) == Cached([1, 2, 3])
+
+
+def test_kept_handles_of_completed_jobs_keep_no_entry_only_the_keys_records(gates: Gates) -> None:
+    # What a push loop that keeps its handles leaves per completed job: the
+    # handle and the key's record, which the handle reads its output from
+    # (fewer objects for every garbage collection to walk). The entries are
+    # freed as their jobs end; a joiner's handle shares the record.
+    gate = gates("joined")
+    with open_queue(2) as q:
+        handles = [q.push(Job(f"k{i}", jobs.identity, args=(i,))).handle for i in range(50)]
+        first = q.push(Job("j", jobs.signal_and_wait, args=(gate.started, gate.go)))
+        gate.wait_started()
+        joined = q.push(Job("j", jobs.signal_and_wait, args=(gate.started, gate.go)))
+        gate.open()
+        assert type(first) is Queued and type(joined) is InFlight
+        assert [h.result(timeout=WAIT) for h in handles] == list(range(50))
+        assert first.handle.result(timeout=WAIT) == joined.handle.result(timeout=WAIT) > 0
+        keys = {f"k{i}" for i in range(50)} | {"j"}
+        assert [o for o in gc.get_objects() if type(o) is Entry and o.key in keys] == []
+        records = q._core.records
+        assert all(records.peek(h.key) is h._held for h in handles)
+        assert records.peek("j") is first.handle._held is joined.handle._held
+        assert [h.state for h in handles[:2]] == [Completed(0), Completed(1)] and all(h.done() for h in handles)
+        assert handles[3].exception(timeout=0) is None and handles[3].cancel() is False
+
+
+@pytest.mark.parametrize("retention", [None, Retention(ttl=3600), Retention(max_completed=1)])
+def test_a_handle_keeps_its_output_after_its_key_is_forgotten_evicted_or_run_again(
+    retention: Retention | None,
+) -> None:
+    # A handle answers for the job it was given for, whatever its key's record
+    # becomes: forgotten, evicted (a dropped record under a ttl lets go of its
+    # output), or replaced by a later job of the key.
+    with open_queue(1, retention=retention) as q:
+        old = q.push(Job("k", jobs.identity, args=("first",))).handle
+        assert old.result(timeout=WAIT) == "first"
+        complete_key(q, "other")  # evicts "k" under max_completed=1
+        q.forget("k")
+        assert old.result(timeout=0) == "first" and old.state == Completed("first")
+        new = q.push(Job("k", jobs.identity, args=("second",))).handle
+        assert new.result(timeout=WAIT) == "second"
+        q.forget("k")
+        assert (old.result(timeout=0), new.result(timeout=0)) == ("first", "second")
+        assert repr(old) == "<JobHandle key='k' state=Completed(output='first')>"
 
 
 def test_a_failed_record_is_kept_for_failed_ttl_and_stays_retryable() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from procq._core.entries import Entry
+from procq._core.retention import Done
 from procq._model.errors import JobFailed
 from procq._model.job import check_wait
 from procq._model.values import Completed, State
@@ -15,7 +17,7 @@ if TYPE_CHECKING:
 
     from procq._api.queue import ProcQueue
     from procq._core.core import Core
-    from procq._core.entries import Ended, Entry
+    from procq._core.entries import Ended
 
 __all__ = ["JobHandle"]
 
@@ -36,17 +38,38 @@ class JobHandle(Generic[T]):
     takes handles directly.
     """
 
-    __slots__ = ("_core", "_entry", "_owner")
+    __slots__ = ("_core", "_held", "_owner")
 
     def __init__(self, core: Core, entry: Entry | Ended, owner: ProcQueue | None = None) -> None:
         self._core = core
-        self._entry = entry
+        held: Entry | Ended | Done = entry
+        if type(entry) is Entry:
+            # Not the entry itself but its stand-in, shared by every handle on
+            # the claim: once the job completes, a kept handle holds one small
+            # record, and the entry is freed (see _core.retention.Done). Made
+            # without the lock: a handle made as its job ends, or beside
+            # another thread's, may find its stand-in never completed, and
+            # reads the entry through it for good, which is as correct.
+            face = entry.face
+            if face is None:
+                face = entry.face = Done.standing_for(entry)
+            held = face
+        self._held = held
         # The queue, kept alive while a handle on one of its jobs exists.
         self._owner = owner
 
     @property
+    def _entry(self) -> Entry | Ended | Done:
+        """The live entry, or what stands for it once the job ended (read by the Core's waits)."""
+        held = self._held
+        if type(held) is Done:
+            output = held.output  # the live entry, until the job's output replaces it
+            return output if type(output) is Entry else held
+        return held
+
+    @property
     def key(self) -> str:
-        return self._entry.key
+        return self._held.key
 
     @property
     def state(self) -> State:
@@ -64,7 +87,7 @@ class JobHandle(Generic[T]):
         not ended within ``timeout`` (the job keeps running).
         """
         entry = self._entry
-        if not self._wait(timeout):
+        if not self._core.settled(entry) and not self._wait(timeout):
             raise TimeoutError(f"job {entry.key!r} has not finished after {timeout}s; it keeps running")
         output: T = _unwrap(entry)
         return output
@@ -159,7 +182,9 @@ class JobHandle(Generic[T]):
         return f"<JobHandle key={self.key!r} state={self.state!r}>"
 
 
-def _unwrap(entry: Entry | Ended) -> Any:  # the T of the handle it serves
+def _unwrap(entry: Entry | Ended | Done) -> Any:  # the T of the handle it serves
+    if type(entry) is Done:  # a completed job's stand-in (see JobHandle.__init__)
+        return entry.output
     outcome = entry.outcome
     if type(outcome) is Completed:
         return outcome.output

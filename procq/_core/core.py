@@ -445,7 +445,7 @@ class Core:
 
     # --- waiting on an entry ----------------------------------------------------
 
-    def settled(self, entry: Entry | Ended) -> bool:
+    def settled(self, entry: Entry | Ended | Done) -> bool:
         """May ``entry``'s outcome be given out? (A store's waits for it to be durable.)"""
         return entry.outcome is not None
 

@@ -27,7 +27,7 @@ from procq._system.sandbox import enforced
 
 if TYPE_CHECKING:
     from procq._core.channel import WorkerChannel
-    from procq._core.retention import Record
+    from procq._core.retention import Done, Record
 
 __all__ = [
     "ABANDONED",
@@ -102,6 +102,7 @@ class Entry:
         "deadline",
         "due",
         "event",
+        "face",
         "fn_bytes",
         "fn_id",
         "fp",
@@ -175,6 +176,11 @@ class Entry:
         self.since = 0.0
         self.started = 0.0
         self.pid: int | None = None
+        # What this claim's handles hold (made with the first): it stands for
+        # the entry, so that once the job completes the entry can be freed
+        # (see ``_core.retention.Done``). Written without the lock by the
+        # thread making the handle, read under it when the job ends.
+        self.face: Done | None = None
 
     def state(self) -> State:
         if self.outcome is not None:

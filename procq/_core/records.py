@@ -21,13 +21,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from procq._core.retention import Done, Fell, Keeper, Record
+from procq._core.retention import NO_TIME, Done, Fell, Keeper, Record
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed
 
 __all__ = ["KeyRecords", "MemoryRecords"]
-
-_NO_TIME = 0.0  # one shared float: records of a store without time limits keep no time of their own
 
 
 class KeyRecords(Protocol):
@@ -64,9 +62,14 @@ class KeyRecords(Protocol):
     def release(self, rec: Record) -> None:
         """The claim that took ``rec`` went ahead: ``rec`` is gone for good."""
 
-    def record(self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float) -> None:
+    def record(
+        self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Done | None = None
+    ) -> None:
         """Record how a key ended, at ``now``, with its job's fingerprint (no
-        record answers for the key now)."""
+        record answers for the key now). ``face``: what the job's handles
+        hold (``Entry.face``); a store whose outcomes are given out at once
+        completes it when the job completed (``MemoryRecords.record``), and
+        may keep it as the record."""
 
     def drop(self, rec: Record) -> None:
         """Forget ``rec``'s key: as if it had never been pushed."""
@@ -137,11 +140,21 @@ class MemoryRecords:
     def release(self, rec: Record) -> None:
         self._keeper.dropped(rec)
 
-    def record(self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float) -> None:
-        at = now if self.timed else _NO_TIME
+    def record(
+        self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Done | None = None
+    ) -> None:
+        at = now if self.timed else NO_TIME
         rec: Record
         if type(outcome) is Completed:
-            rec = Done(key, outcome.output, fp, at)
+            output = outcome.output
+            if face is None:
+                rec = Done(key, output, fp, at)
+            else:
+                face.fp, face.at = fp, at
+                face.output = output  # last (see Done): from now on the handles read this, not the entry
+                # Retention may drop a record's output (``Keeper.dropped``): the
+                # handles' own stand-in is the record only where nothing changes it.
+                rec = face if not self.expires else Done(key, output, fp, at)
             self.completed += 1
         else:
             rec = Fell(key, outcome.failure, fp, at)  # type: ignore[union-attr]

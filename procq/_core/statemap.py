@@ -306,7 +306,7 @@ class StateMap:
         if entry.prev is not None:  # ended before it ever ran (cancelled, lane failed)
             records.release(entry.prev)
             entry.prev = None
-        records.record(entry.key, outcome, entry.fp, now)
+        records.record(entry.key, outcome, entry.fp, now, entry.face)
         return self._ended(entry)
 
     def abandon(self, entry: Entry, why: str, now: float) -> list[Wakeup]:

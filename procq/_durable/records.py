@@ -113,7 +113,11 @@ class StoreRecords:
         if held is not None:
             held.prev = None
 
-    def record(self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float) -> None:
+    def record(
+        self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Done | None = None
+    ) -> None:
+        # ``face`` is left as it is: an outcome is given out once its row is committed
+        # (``StoreCore.settled`` knows the entry, not its stand-in), so handles keep the entry.
         held = self.held.get(key)
         if held is None:
             return
