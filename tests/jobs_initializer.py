@@ -11,17 +11,21 @@ STATE: dict[str, Any] = {}
 
 
 def announce(log: Any, starts: Any, tag: str) -> None:
-    """Count this start in a shared ``Value`` and say so on a ``multiprocessing.Queue``."""
+    """Count this start in a shared ``Value`` and say so on a ``multiprocessing.Queue``.
+
+    The queue is closed and its feeder thread joined here, so the message is
+    written before the worker takes a job (one that SIGKILLs the worker would
+    otherwise lose what the feeder still held)."""
     with starts.get_lock():
         starts.value += 1
     STATE["tag"] = tag
-    STATE["log"] = log
     log.put(("started", os.getpid()))
+    log.close()
+    log.join_thread()
 
 
 def where() -> tuple[int, str | None]:
     """This worker's pid and the tag its initializer set."""
-    STATE["log"].put(("job", os.getpid()))
     return os.getpid(), STATE.get("tag")
 
 
