@@ -333,3 +333,14 @@ def test_the_call_queues_thread_ends_once_nothing_waits_and_keeps_no_executor_al
         assert ref() is None
     finally:
         queue.close()
+
+
+def test_a_failing_initializer_on_an_untrusted_lane_fails_its_job_and_names_it() -> None:
+    """There the initializer travels with each job (``Initialized``) and runs
+    in the job's own process: the job fails, naming it, and the next job of
+    the lane (a fresh process) runs it again."""
+    named = r"InitializerFailed: the initializer fail_init\(\) failed .* no database"
+    with Executor(lanes={"u": Lane(trusted=False)}, initializer=ej.fail_init) as ex:
+        for _ in range(2):
+            with pytest.raises(JobFailed, match=named):
+                ex.submit(int).result(timeout=30)

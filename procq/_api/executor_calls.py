@@ -30,19 +30,19 @@ instead breaks the whole pool, failing every pending future with
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
 from procq._wire.main_ref import dumps_shared
-from procq._worker.initializer import InitializerFailed
+from procq._worker.initializer import InitializerFailed, WorkerInit
 
 __all__ = ["Initialized", "InitializerFailed", "LoggedInitializer", "run_chunk"]
 
 _LOG = logging.getLogger("concurrent.futures")
 
-#: The tokens of the executors whose initializer has run in this process.
-_initialized: set[str] = set()
+#: Per executor (its token), its initializer as this process runs it: run
+#: before the executor's first job here, again before the next after a failure.
+_inits: dict[str, WorkerInit] = {}
 
 
 class Initialized:
@@ -63,17 +63,12 @@ class Initialized:
         self.fn, self.initializer, self.initargs, self.token = state
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.token not in _initialized:
-            try:
-                self.initializer(*self.initargs)
-            except Exception as exc:
-                _LOG.critical("Exception in initializer:", exc_info=True)
-                name = getattr(self.initializer, "__qualname__", repr(self.initializer))
-                raise InitializerFailed(
-                    f"the executor's initializer {name}() failed in worker process {os.getpid()}, so the job did "
-                    f"not run ({type(exc).__name__}: {exc}); the worker's next job runs the initializer again"
-                ) from exc
-            _initialized.add(self.token)
+        init = _inits.get(self.token)
+        if init is None:
+            init = _inits[self.token] = WorkerInit(LoggedInitializer(self.initializer), self.initargs)
+        failed = init.check()  # (as a lane's worker checks before each job: see _worker.initializer)
+        if failed is not None:
+            raise failed
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -100,12 +95,6 @@ class LoggedInitializer:
     def __reduce__(self) -> tuple[Any, ...]:
         # The function as the lane's jobs travel (a main script's by name: see _wire.main_ref).
         return (_logged, (dumps_shared(self.fn),))
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, LoggedInitializer) and other.fn is self.fn
-
-    def __hash__(self) -> int:
-        return hash(self.fn)
 
     @property
     def __wrapped__(self) -> Callable[..., object]:  # (how a failure names it: see WorkerInit.check)

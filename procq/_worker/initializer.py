@@ -89,7 +89,7 @@ class WorkerInit:
         target = getattr(self.initializer, "__wrapped__", self.initializer)  # (a wrapper names what it wraps)
         name = getattr(target, "__qualname__", None) or repr(target)
         failed = InitializerFailed(
-            f"the lane's initializer {name}() failed in worker process {os.getpid()}, so the job did not run "
+            f"the initializer {name}() failed in worker process {os.getpid()}, so the job did not run "
             f"({type(exc).__name__}: {exc}); the worker's next job runs the initializer again"
         )
         failed.__cause__ = exc
