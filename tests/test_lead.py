@@ -9,6 +9,7 @@ import datetime
 import os
 import signal
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -73,6 +74,31 @@ def test_a_waiters_timeout_leaves_the_job_running(gates: Gates) -> None:
         assert not _leading(q)
         gate.open()
         assert isinstance(handle.result(timeout=WAIT), int)
+
+
+def test_a_caller_polling_with_a_zero_timeout_gets_its_output(gates: Gates) -> None:
+    """``result(timeout=0)`` in a tight loop holds the worker's pipe whenever
+    the I/O thread looks at it: each poll must read what has arrived, or the
+    answer sits in the pipe for ever. Many jobs, one at a time, so that the
+    two threads meet."""
+    with open_queue(2) as q:
+        handle, _, gate = _hold(q, gates, "held")
+        for _ in range(100):  # a running job: every poll times out, and leaves it running
+            with pytest.raises(TimeoutError):
+                handle.result(timeout=0)
+        gate.open()
+        outputs = []
+        for i in range(-1, 300):
+            one = handle if i < 0 else q.push(Job(f"k{i}", jobs.square, args=(i,))).handle
+            deadline = time.monotonic() + WAIT
+            while True:
+                try:
+                    outputs.append(one.result(timeout=0))
+                    break
+                except TimeoutError:
+                    assert time.monotonic() < deadline, f"{one.key} never seen done by result(timeout=0)"
+        assert outputs[1:] == [i * i for i in range(300)]
+        assert not _leading(q)
 
 
 @pytest.mark.parametrize("how", ["sigkill", "cancel"])

@@ -102,9 +102,10 @@ class Leader:
             if not self._watcher.pause(worker):
                 return False
             try:
-                wait = LEAD_SLICE if deadline is None else min(LEAD_SLICE, deadline - time.monotonic())
-                if wait <= 0:
-                    return False
+                # Past the deadline, still a look without waiting: a caller
+                # that polls with result(timeout=0) holds this lock whenever
+                # the I/O thread looks, so it must read the answer itself.
+                wait = LEAD_SLICE if deadline is None else min(LEAD_SLICE, max(0.0, deadline - time.monotonic()))
                 if not worker.channel.wait_readable(wait):
                     return deadline is None or time.monotonic() < deadline
                 try:
