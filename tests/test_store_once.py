@@ -24,7 +24,7 @@ import pytest
 import store_jobs
 from core_support import WAIT, Gates, wait_until
 
-from procq import Cached, Completed, InFlight, Job, JobFailed, JobHandle, ProcQueue, Queued
+from procq import Cached, Completed, InFlight, Job, JobFailed, JobHandle, Processing, ProcQueue, Queued
 
 KEYS = int(os.environ.get("PROCQ_ONCE_KEYS", "3000"))
 #: Keys in flight at once: the loop goes round them, so that many ends race pushes at a time.
@@ -128,7 +128,8 @@ def test_a_key_pushed_while_it_ends_runs_once(url: str, tmp_path: Path, repeats:
 def test_an_ended_key_is_joined_until_its_row_is_committed(url: str, tmp_path: Path, gates: Gates) -> None:
     """A job ended, its row not yet committed (a transaction of the caller's
     has the queue's connection): a push of its key joins it, its handles are
-    not done, and an older claim's handle, committed, stays done."""
+    not done and its state is still the one it ended from, and an older
+    claim's handle, committed, stays done."""
     log, gate = str(tmp_path / "runs"), gates("g")
     with ProcQueue(1, store=url, on_mismatch="ignore") as q:
         first = q.push(Job("k", store_jobs.fails, args=(log,)))
@@ -139,8 +140,10 @@ def test_an_ended_key_is_joined_until_its_row_is_committed(url: str, tmp_path: P
         pid = gate.wait_started()
         with q.transaction() as tx:
             gate.open()
-            wait_until(lambda: type(again.handle.state) is Completed, what="the job's end")
+            wait_until(lambda: q.metrics().lanes["default"].completed == 1, what="the job's end")
             assert not again.handle.done()
+            assert again.handle.state == Processing()  # as done() says: its outcome is not committed
+            assert q.state("k") == Processing()
             with pytest.raises(TimeoutError):
                 again.handle.result(timeout=0)
             assert first.handle.done()  # its own claim's row is committed: the later claim changes nothing
@@ -150,6 +153,7 @@ def test_an_ended_key_is_joined_until_its_row_is_committed(url: str, tmp_path: P
             assert type(joined) is InFlight
             assert not joined.handle.done()
         assert again.handle.result(timeout=WAIT) == pid
+        assert again.handle.state == q.state("k") == Completed(pid)
         assert joined.handle.result(timeout=WAIT) == pid
         assert q.push(Job("k", jobs.signal_and_wait, args=(gate.started, gate.go))) == Cached(pid)
     assert list(_runs(log).values()) == [1]  # the failed run, once

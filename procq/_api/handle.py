@@ -73,8 +73,15 @@ class JobHandle(Generic[T]):
 
     @property
     def state(self) -> State:
-        """``Pending()``, ``Processing()``, ``Completed(output)`` or ``Failed(failure)``."""
-        return self._entry.state()
+        """``Pending()``, ``Processing()``, ``Completed(output)`` or ``Failed(failure)``.
+
+        It agrees with ``done()``: on a queue with a store, a job that has
+        ended shows its outcome once that is committed, and until then the
+        state it ended from (``Processing()``, or ``Pending()`` if it never ran)."""
+        entry = self._entry
+        if entry.outcome is not None and not self._core.settled(entry):
+            return entry.state_before_outcome()  # type: ignore[union-attr]  # (only an Entry is unsettled)
+        return entry.state()
 
     def done(self) -> bool:
         """True once the job has ended, in any way."""

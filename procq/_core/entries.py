@@ -189,6 +189,11 @@ class Entry:
             return _PROCESSING
         return _PENDING if self.attempt == 1 else Pending(attempt=self.attempt)
 
+    def state_before_outcome(self) -> State:
+        """The state of an ended job whose outcome may not be given out yet (a
+        store's, until its row is committed): the one it ended from."""
+        return _PROCESSING if self.started else _PENDING if self.attempt == 1 else Pending(attempt=self.attempt)
+
 
 class Ended:
     """Stands in for an entry that ended long ago, so a handle can be made on a

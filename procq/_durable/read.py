@@ -35,6 +35,9 @@ def read_state(core: StoreCore, key: str) -> State | None:
         entry = core.keys.live.get(key)
         if entry is not None:
             return entry.state()
+        ending = core.records_.ending.get(key)
+        if ending is not None and ending.entry is not None:  # ended, its row not committed: a push joins it
+            return ending.entry.state_before_outcome()
     row = core._read(lambda: core.conn.read(key), [key])
     if row is None:
         return None
