@@ -65,16 +65,26 @@ SCRIPT = textwrap.dedent(
 
 
 def _interpreters() -> list[str]:
-    """This Python, and every other CPython 3.10-3.13 on PATH that can import procq's dependencies."""
+    """This Python, every interpreter named in ``PROCQ_TEST_PYTHONS`` (paths,
+    separated by ``os.pathsep``: ``.ci/run`` makes a venv with procq's
+    dependencies for each other CPython 3.10-3.13 it finds), and every other
+    ``python3.10``-``python3.13`` on PATH that can import those dependencies."""
     found = [sys.executable]
-    for minor in (10, 11, 12, 13):
-        exe = shutil.which(f"python3.{minor}")
-        if exe is None or os.path.realpath(exe) == os.path.realpath(sys.executable):
+    seen = {os.path.realpath(sys.executable)}
+    named = [p for p in os.environ.get("PROCQ_TEST_PYTHONS", "").split(os.pathsep) if p]
+    on_path = [exe for minor in (10, 11, 12, 13) if (exe := shutil.which(f"python3.{minor}")) is not None]
+    for exe in named + on_path:
+        if os.path.realpath(exe) in seen:
             continue
         probe = subprocess.run([exe, "-c", "import cloudpickle, psutil"], capture_output=True, timeout=30)
-        if probe.returncode == 0:
+        if probe.returncode == 0 or exe in named:  # (a named one that cannot import them fails its test)
             found.append(exe)
+            seen.add(os.path.realpath(exe))
     return found
+
+
+#: The interpreters the programs below run under (this one first).
+PYTHONS = _interpreters()
 
 
 def _run(args: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
@@ -87,7 +97,7 @@ def _imports(tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("python", _interpreters())
+@pytest.mark.parametrize("python", PYTHONS)
 def test_the_main_script_runs_once_for_every_worker_start(tmp_path: Path, python: str) -> None:
     """Six crashes: eight worker starts (two first, six replacements), and the
     script's top level ran twice: as the program, and once in the forkserver,
@@ -100,13 +110,14 @@ def test_the_main_script_runs_once_for_every_worker_start(tmp_path: Path, python
     assert _imports(tmp_path) == ["__main__ 6 --flag", "__mp_main__ 6 --flag"]
 
 
-def test_a_main_module_run_with_dash_m_runs_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("python", PYTHONS)
+def test_a_main_module_run_with_dash_m_runs_once(tmp_path: Path, python: str) -> None:
     """``python -m package.module``: imported once in the server, by name."""
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "counted.py").write_text(SCRIPT)
-    proc = _run([sys.executable, "-m", "pkg.counted", "3"], tmp_path)
+    proc = _run([python, "-m", "pkg.counted", "3"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "RESULT 42 __mp_main__ __mp_main__ 3 True 3" in proc.stdout, proc.stdout
     assert _imports(tmp_path) == ["__main__ 3", "__mp_main__ 3"]
@@ -131,8 +142,9 @@ DASH_C = textwrap.dedent(
 )
 
 
-def test_a_program_run_with_dash_c_runs_its_jobs(tmp_path: Path) -> None:
-    proc = _run([sys.executable, "-c", DASH_C], tmp_path)
+@pytest.mark.parametrize("python", PYTHONS)
+def test_a_program_run_with_dash_c_runs_its_jobs(tmp_path: Path, python: str) -> None:
+    proc = _run([python, "-c", DASH_C], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["CRASHED crashed", "RESULT 42"]
     assert (
@@ -176,10 +188,11 @@ FAILS_ONCE = textwrap.dedent(
 )
 
 
-def test_a_main_module_that_fails_in_the_forkserver_is_imported_by_each_worker(tmp_path: Path) -> None:
+@pytest.mark.parametrize("python", PYTHONS)
+def test_a_main_module_that_fails_in_the_forkserver_is_imported_by_each_worker(tmp_path: Path, python: str) -> None:
     script = tmp_path / "fails_once.py"
     script.write_text(FAILS_ONCE)
-    proc = _run([sys.executable, str(script)], tmp_path)
+    proc = _run([python, str(script)], tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["CRASHED crashed", "RESULT 42"]
     # The program, the server's failed try, then each of the two workers (the first and its replacement).
