@@ -1,4 +1,4 @@
-"""``python -m bench.tiny_ceiling [--rounds N]``: how far the tiny workload is from 2x ``mp.Pool``, collector on and off.
+"""``python -m bench.tiny_ceiling [--rounds N]``: tiny against 2x ``mp.Pool``, the collector on and off.
 
 Runs the benchmark's tiny workload (``bench.workloads.run_tiny``: 20,000
 no-op jobs pushed one by one, then awaited) round by round, alternating three
