@@ -14,11 +14,14 @@ __all__ = ["Cached", "InFlight", "PushOutcome", "Queued"]
 T = TypeVar("T")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Queued(Generic[T]):
     """The key was free (new, or failed before): this push claimed it and queued the job."""
 
     handle: JobHandle[T]
+
+    def __init__(self, handle: JobHandle[T]) -> None:
+        self.__dict__["handle"] = handle  # (made at every fresh push: kept cheap)
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,26 @@ import threading
 import time
 import types
 import warnings
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from procq._api.handle import JobHandle
 from procq._api.outcomes import Cached, InFlight, PushOutcome, Queued
-from procq._core.core import BLOCKED, CANCELLED, FULL, STOPPED, Core, Ended, Entry, Item, LaneState, Offer, WorkerSlot
+from procq._core.core import (
+    BLOCKED,
+    CANCELLED,
+    FULL,
+    QUEUED,
+    STOPPED,
+    Core,
+    Ended,
+    Entry,
+    Item,
+    LaneState,
+    Offer,
+    WorkerSlot,
+)
 from procq._model.errors import JobPicklingError, KeyConflict, KeyConflictWarning, LaneFull, QueueClosed, WrongProcess
 from procq._model.job import Job
 from procq._model.values import Failed
@@ -43,6 +55,10 @@ if TYPE_CHECKING:
 __all__ = ["Batch", "ForeignPusher", "Pusher", "Room", "TaskRoom", "ThreadRoom"]
 
 R = TypeVar("R", bound="Room")
+#: The pickled arguments of a job that takes none.
+NO_ARGS = dumps(((), None))
+#: At most this many functions' pickles are kept per queue (``Pusher._serialize``).
+MAX_FNS = 4096
 #: What a push is given to make its room, should its lane be full: ``ThreadRoom`` or ``TaskRoom``.
 MakeRoom = Callable[[Core, Entry, "float | None"], R]
 
@@ -140,7 +156,10 @@ class Pusher:
         # (no lock held): ``procq.metrics.otel`` opens a job's span there.
         self.on_fresh: Callable[[Entry], None] | None = None
         # Pickles of module-level functions, made once per queue (see _serialize).
-        self._fns: weakref.WeakKeyDictionary[Callable[..., Any], tuple[bytes, bytes]] = weakref.WeakKeyDictionary()
+        # A plain dict, whose lookup costs a fraction of a weak one's (this runs
+        # at every push): a function pickled by reference lives as long as its
+        # module anyway. Bounded, for a program that makes such functions anew.
+        self._fns: dict[Callable[..., Any], tuple[bytes, bytes]] = {}
 
     def push(
         self, job: Job[Any], timeout: float | None, wake: bool, room: MakeRoom[R], owner: ProcQueue
@@ -149,7 +168,11 @@ class Pusher:
         claim if that fails) and offer it to its lane. Returns the outcome and
         the room to wait in, if the lane was full. ``wake``: see ``ProcQueue.push``."""
         core = self._core
-        kind, value, conflict = core.claim(*self._item(job, None))
+        if type(job) is not Job and not isinstance(job, Job):  # (_item's check, inlined: this runs at every push)
+            raise TypeError(f"push() takes a procq.Job, got {type(job).__name__}")
+        kind, value, conflict = core.claim(
+            job, core.lane_for(job), None if job.not_before is None else job.due(time.monotonic())
+        )
         if conflict is not None:
             self._mismatch(job, conflict)
         if kind == "queued":
@@ -210,6 +233,8 @@ class Pusher:
         if self.on_fresh is not None:
             self.on_fresh(entry)
         offered = core.offer(entry)
+        if offered is QUEUED:  # (the common case, before _hand_over's)
+            return None
         if offered is FULL and (timeout is None or timeout > 0):
             waiting = room(core, entry, timeout)
             offered = core.offer(entry, waiting.wakeup)
@@ -275,13 +300,14 @@ class Pusher:
                 # (A lane with an initializer: a main script's function runs as the worker's main module has it.)
                 data = dumps_fn(fn) if entry.lane.spec.initializer is None else dumps_shared(fn)
                 cached = (digest(data), data)
-                if type(fn) is types.FunctionType and pickled_by_reference(fn):
+                if type(fn) is types.FunctionType and len(self._fns) < MAX_FNS and pickled_by_reference(fn):
                     self._fns[fn] = cached
             entry.fn_id, entry.fn_bytes = cached
         except Exception as exc:
             raise JobPicklingError(f"job {job.key!r}: its function {fn!r} could not be pickled: {exc}") from exc
         try:
-            entry.args_bytes = dumps((job.args, job.kwargs))
+            args, kwargs = job.args, job.kwargs
+            entry.args_bytes = NO_ARGS if not args and kwargs is None else dumps((args, kwargs))
         except Exception as exc:
             raise JobPicklingError(f"job {job.key!r}: its arguments could not be pickled: {exc}") from exc
 

@@ -115,11 +115,23 @@ def job_fingerprint(job: Any) -> bytes:
     same ``Job`` again costs a dict read."""
     fields = job.__dict__
     fp: bytes | None = fields.get("_fp")
-    if fp is None:
-        fp = fingerprint(job.fn, job.args, job.kwargs)
-        args = job.args
-        if not job.kwargs and not isinstance(job.fn, functools.partial) and _FLAT.issuperset(map(type, args)):
-            fields["_fp"] = fp
+    if fp is not None:
+        return fp
+    fn, args = fields["fn"], fields["args"]
+    head = _module_heads.get(fn) if type(fn) is _FunctionType and fields["kwargs"] is None else None
+    if head is not None and (not args or _FLAT.issuperset(map(type, args))):
+        # ``fingerprint``'s common case, inlined (this runs at every push): a
+        # module-level function already named, and a few flat arguments.
+        if not args:
+            fp = head + _NO_ARGS
+        else:
+            data = _marshal(args, 0)
+            fp = head if len(data) > MAX_BYTES else head + hash(data).to_bytes(8, "little", signed=True)
+        fields["_fp"] = fp
+        return fp
+    fp = fingerprint(fn, args, job.kwargs)
+    if not job.kwargs and not isinstance(fn, functools.partial) and _FLAT.issuperset(map(type, args)):
+        fields["_fp"] = fp
     return fp
 
 
