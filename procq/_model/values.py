@@ -54,11 +54,14 @@ class Processing:
     """A worker process is executing the job."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Completed(Generic[T]):
     """The job returned ``output``. Pushing the key again answers ``Cached(output)``."""
 
     output: T
+
+    def __init__(self, output: T) -> None:
+        self.__dict__["output"] = output  # (made for every job that completes: kept cheap)
 
 
 @dataclass(frozen=True)

@@ -109,11 +109,16 @@ class ProcessChannel(WorkerChannel):
             self.send_job(core, worker, entries[0])
             return
         try:
-            fns = self.fns
+            touch = self.fns.touch
             runs = []
+            last = None
             for entry in entries:  # (none has a memory limit: see Dispatch._top_up)
-                fn_bytes: bytes | None = None if fns.touch(entry.fn_id) else entry.fn_bytes
-                runs.append((entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes, entry.memory_limit))
+                fn_id = entry.fn_id
+                # A touch of the id touched last changes nothing in the LRU (it
+                # is its newest already), and finds it held: skipped.
+                fn_bytes: bytes | None = None if fn_id is last or touch(fn_id) else entry.fn_bytes
+                last = fn_id
+                runs.append((entry.job_id, fn_id, fn_bytes, entry.args_bytes, entry.memory_limit))
             frame = pickle.dumps((RUN_MANY, runs), -1)
         except BaseException:
             if core.sent(worker, rights):
