@@ -93,6 +93,11 @@ class JobHandle(Generic[T]):
         Raises ``JobFailed`` if the job failed, and ``TimeoutError`` if it has
         not ended within ``timeout`` (the job keeps running).
         """
+        held = self._held
+        if type(held) is Done:
+            done: T = held.output
+            if type(done) is not Entry:  # completed, and given out: its output, read without a call
+                return done
         entry = self._entry
         if not self._core.settled(entry) and not self._wait(timeout):
             raise TimeoutError(f"job {entry.key!r} has not finished after {timeout}s; it keeps running")

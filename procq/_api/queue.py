@@ -179,7 +179,9 @@ class ProcQueue(MapFace, AsyncFace):
         while it is failing); repeated wakes change nothing more. A holder
         that is now due starts at once, without waiting for a timer.
         """
-        outcome, room = self._pusher.push(job, check_wait(timeout), wake, ThreadRoom, self)
+        outcome, room = self._pusher.push(
+            job, None if timeout is None else check_wait(timeout), wake, ThreadRoom, self
+        )  # (the check's common case, inlined: this runs at every push)
         if room is not None:
             room.wait()
         return outcome
