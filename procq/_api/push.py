@@ -170,9 +170,8 @@ class Pusher:
         core = self._core
         if type(job) is not Job and not isinstance(job, Job):  # (_item's check, inlined: this runs at every push)
             raise TypeError(f"push() takes a procq.Job, got {type(job).__name__}")
-        kind, value, conflict = core.claim(
-            job, core.lane_for(job), None if job.not_before is None else job.due(time.monotonic())
-        )
+        lane = core.default_lane if job.lane is None else core.lane_for(job)
+        kind, value, conflict = core.claim(job, lane, None if job.not_before is None else job.due(time.monotonic()))
         if conflict is not None:
             self._mismatch(job, conflict)
         if kind == "queued":

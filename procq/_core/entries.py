@@ -154,7 +154,7 @@ class Entry:
         # The job's memory limit, or its lane's (bytes), and the worker's
         # resident memory when the job was sent (what the limit is on top of).
         limit = job.memory_limit
-        self.memory_limit: int | None = limit if limit is not None else lane.spec.memory_limit_bytes
+        self.memory_limit: int | None = limit if limit is not None else lane.memory_limit
         self.rss_base = 0
         # Set when the attempt's end was decided from outside (timeout, memory,
         # q.cancel, close without waiting): the failure it ends with, whatever
@@ -293,6 +293,7 @@ class LaneState:
         "crashes",
         "failed",
         "idle",
+        "memory_limit",
         "name",
         "overdue",
         "prefetched",
@@ -312,6 +313,7 @@ class LaneState:
     def __init__(self, name: str, spec: Lane) -> None:
         self.name = name
         self.spec = spec
+        self.memory_limit = spec.memory_limit_bytes  # (read for every entry: see Entry)
         # Jobs accepted into the lane, waiting for a worker: len(ready) <= capacity.
         self.ready: deque[Entry] = deque()
         # Scheduled jobs and retries that fell due while ready was full. They
