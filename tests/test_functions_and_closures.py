@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import Any
 
 import jobs
 import jobs_core
@@ -55,6 +56,23 @@ def test_many_distinct_closures_in_one_worker_each_run_their_own_code() -> None:
         handles += [q.push(Job(f"again-{n}", fn, args=(2000,))).handle for n, fn in enumerate(adders)]
         results = [h.result(timeout=WAIT) for h in handles]
     assert results == [1000 + n for n in range(150)] + [2000 + n for n in range(150)]
+
+
+def test_runs_of_one_function_between_many_others_each_run_their_own_code() -> None:
+    # Jobs sent ahead in frames of several: runs of one module-level function
+    # (its id touched once per run in the supervisor's copy of the worker's
+    # function cache) between more distinct closures than the cache holds. The
+    # two copies must stay alike, or a job runs another's function or none.
+    adders = [make_adder(n) for n in range(200)]
+    work: list[tuple[Any, int, int]] = []
+    for n, add in enumerate(adders):
+        work += [(jobs.square, n, n * n)] * (1 + n % 4)
+        work.append((add, 1000, 1000 + n))
+        work += [(jobs.identity, n, n)] * (n % 3)
+    with open_queue(1) as q:
+        handles = [q.push(Job(f"job-{i}", fn, args=(arg,))).handle for i, (fn, arg, _) in enumerate(work)]
+        results = [h.result(timeout=WAIT) for h in handles]
+    assert results == [want for _, _, want in work]
 
 
 @pytest.mark.parametrize("change", ["rebound", "mutated"])

@@ -229,7 +229,6 @@ class Supervisor:
             return
         self._started.set()
         try:
-            self._undertaker.start()  # before the loop takes the workers' READY: before any job runs
             self._loop()
         except BaseException as exc:
             # A bug, or what the loop cannot survive: the queue says so at once (closed,
@@ -387,6 +386,10 @@ class Supervisor:
         if not worker.life.booting:
             self._ends.violation(worker, "a second READY message")
             return False
+        # Before the first job can run (every job runs on a worker that said
+        # READY), and not sooner: its interpreter's start would compete for
+        # the CPU with the queue's first workers as they boot.
+        self._undertaker.start()
         ready = self.core.worker_ready(worker)
         if ready is not None:
             worker.channel.send_job(self.core, worker, ready)

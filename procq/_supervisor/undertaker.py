@@ -26,10 +26,11 @@ code, or killed first. So one process per queue that is neither stands by:
 It is ``python -I -S`` running ``_PROGRAM`` (a few lines: no import of procq,
 no site), in a session of its own (a signal to the supervisor's process group,
 Ctrl-C in a terminal say, does not reach it), with ``/`` as its directory. It
-is started by the I/O thread once the queue's first workers are on their way
-and before it takes their READY (so before any job can run), in one
-``fork``/``exec`` (about half a millisecond), after ``ProcQueue()`` has
-returned; what it is told before it runs waits in its pipe.
+is started by the I/O thread as it takes the first READY of a worker, before
+that worker is sent a job (so before any job can run), in one ``fork``/``exec``
+(about half a millisecond). Not sooner: its interpreter's start would compete
+for the CPU with the queue's first workers as they boot. What it is told
+before it runs waits in its pipe.
 
 Messages are lines: ``+<pgid>`` (watch) and ``-<pgid>`` (forget).
 Each is written whole in one ``write`` to a non-blocking pipe (under
@@ -104,8 +105,11 @@ class Undertaker:
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        """Start the undertaker. A failure to start it is no reason to refuse
-        the queue: it then works without one, as before it existed."""
+        """Start the undertaker, unless it was started (or stopped) before. A
+        failure to start it is no reason to refuse the queue: it then works
+        without one, as before it existed."""
+        if self._read_fd < 0:
+            return
         try:
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _PROGRAM, str(os.getpid()), str(self._read_fd)],
