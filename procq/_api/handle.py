@@ -6,7 +6,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from procq._core.entries import Entry
-from procq._core.retention import NO_TIME, Done
+from procq._core.retention import Done
 from procq._model.errors import JobFailed
 from procq._model.job import check_wait
 from procq._model.values import Completed, State
@@ -52,7 +52,7 @@ class JobHandle(Generic[T]):
             # reads the entry through it for good, which is as correct.
             face = entry.face
             if face is None:
-                face = entry.face = Done(entry.key, entry, None, NO_TIME)  # (Done.standing_for, inlined)
+                face = entry.face = Done.standing_for(entry)
             held = face
         self._held = held
         # The queue, kept alive while a handle on one of its jobs exists.

@@ -179,9 +179,7 @@ class ProcQueue(MapFace, AsyncFace):
         while it is failing); repeated wakes change nothing more. A holder
         that is now due starts at once, without waiting for a timer.
         """
-        outcome, room = self._pusher.push(
-            job, None if timeout is None else check_wait(timeout), wake, ThreadRoom, self
-        )  # (the check's common case, inlined: this runs at every push)
+        outcome, room = self._pusher.push(job, check_wait(timeout), wake, ThreadRoom, self)
         if room is not None:
             room.wait()
         return outcome

@@ -296,8 +296,6 @@ class Dispatch:
             if isinstance(outcome, Undecoded):
                 self.decoding.hold(entry)
                 undecoded.append((entry, outcome))
-            elif entry.job.retry is None:  # (finish() without a Retry to consult: this runs for every job)
-                wakeups += keys.settle(entry, outcome, now)
             else:
                 wakeups += keys.finish(entry, outcome, now)
             if worker.queue:

@@ -233,7 +233,6 @@ class TrustedChannel(ProcessChannel):
         frames = self._reader.read()
         events: list[Event] = []
         new = tuple.__new__  # Report(...) without its Python-level __new__: this is per job
-        loads = pickle.loads
         unpack = TRAILER.unpack_from
         for frame in frames:
             end = len(frame) - _TRAILER_SIZE
@@ -242,14 +241,7 @@ class TrustedChannel(ProcessChannel):
                 break
             job_id, tag = unpack(frame, end)
             if tag == OK:
-                if end > INLINE_DECODE_BYTES:
-                    outcome: Completed[Any] | Failed | Undecoded = PickledResult(frame, self.pid)
-                else:  # (result_outcome, inlined: this runs for every job)
-                    try:
-                        outcome = Completed(loads(frame))
-                    except Exception as exc:
-                        outcome = _result_failure(exc, self.pid)
-                events.append(new(Report, (job_id, outcome, False, False)))
+                events.append(new(Report, (job_id, result_outcome(frame, end, self.pid), False, False)))
             elif tag == OK_OBJECTS:
                 events.append(new(Report, (job_id, PickledResult(frame, self.pid), False, False)))
             elif tag == READY:

@@ -120,19 +120,23 @@ def job_fingerprint(job: Any) -> bytes:
     fn, args = fields["fn"], fields["args"]
     head = _module_heads.get(fn) if type(fn) is _FunctionType and fields["kwargs"] is None else None
     if head is not None and (not args or _FLAT.issuperset(map(type, args))):
-        # ``fingerprint``'s common case, inlined (this runs at every push): a
-        # module-level function already named, and a few flat arguments.
-        if not args:
-            fp = head + _NO_ARGS
-        else:
-            data = _marshal(args, 0)
-            fp = head if len(data) > MAX_BYTES else head + hash(data).to_bytes(8, "little", signed=True)
-        fields["_fp"] = fp
+        # ``fingerprint``'s common case without its checks made twice (this
+        # runs at every push): a module-level function already named, and a
+        # few flat arguments.
+        fp = fields["_fp"] = head + _NO_ARGS if not args else _flat(head, args)
         return fp
     fp = fingerprint(fn, args, job.kwargs)
     if not job.kwargs and not isinstance(fn, functools.partial) and _FLAT.issuperset(map(type, args)):
         fields["_fp"] = fp
     return fp
+
+
+def _flat(head: bytes, args: tuple[Any, ...]) -> bytes:
+    """The fingerprint of a function (``head``) and flat arguments (see ``fingerprint``)."""
+    data = _marshal(args, 0)
+    if len(data) > MAX_BYTES:  # too large to compare: the function alone
+        return head
+    return head + hash(data).to_bytes(8, "little", signed=True)
 
 
 def fingerprint(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> bytes:
@@ -152,10 +156,7 @@ def fingerprint(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Any) -> b
         if not args:
             return head + _NO_ARGS
         if _FLAT.issuperset(map(type, args)):
-            data = _marshal(args, 0)
-            if len(data) > MAX_BYTES:  # too large to compare: the function alone
-                return head
-            return head + hash(data).to_bytes(8, "little", signed=True)
+            return _flat(head, args)
     parts: list[str] = []
     budget = [MAX_NODES, MAX_BYTES]
     try:
