@@ -20,7 +20,11 @@ What is checked once every pushed job has ended and the queue is closed:
   was seen;
 - the stats agree: nothing pending or processing, completed + failed = the keys
   held, and the lanes' settled counts = the fresh claims;
-- the core's invariants hold, and no worker process is alive after ``close``.
+- the core's invariants hold, and no worker process is alive after ``close``;
+- blame is exact under kills from outside: a killer thread SIGKILLs random
+  workers while the jobs are pushed (first stopping each with SIGSTOP, so
+  that what the supervisor says it runs is what it runs). A job may fail
+  "crashed" by a worker killed busy; no job fails by one killed idle.
 
 A violation raises ``ChaosFailed`` listing them all.
 """
@@ -29,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import random
+import signal
 import tempfile
 import threading
 import time
@@ -42,6 +48,7 @@ import psutil
 
 from bench import chaos_jobs as cj
 from procq import Cached, Completed, Failed, InFlight, Job, JobFailed, Lane, ProcQueue, Queued, Retry
+from procq._core.entries import WorkerLife
 
 #: How each kind of job must end (None: it completes), and how often it is drawn.
 KINDS: dict[str, tuple[str | None, int]] = {
@@ -159,6 +166,66 @@ def _pusher(q: ProcQueue, ledger: Ledger, plan: list[tuple[str, int]], work: str
                     ledger.cancelled.add(victim)
 
 
+@dataclass
+class Kills:
+    """The workers the killer thread ended, by whether they held a job."""
+
+    idle: set[int] = field(default_factory=set)
+    busy: set[int] = field(default_factory=set)
+
+
+def _killer(q: ProcQueue, kills: Kills, stop: threading.Event, seed: int, most: int, idle: bool) -> None:
+    """SIGKILL a random ready worker (``idle``: one that holds no job) every
+    few tens of milliseconds, as an operator or the OOM killer would, at
+    most ``most`` of them. Each is stopped first (SIGSTOP): from then on it
+    starts nothing, so whether the supervisor has given it a job at that
+    moment says whether the kill is of a busy or an idle worker."""
+    rnd = random.Random(seed)
+    core = q._core
+    done = len(kills.idle) + len(kills.busy)
+    while len(kills.idle) + len(kills.busy) - done < most and not stop.wait(rnd.uniform(0.02, 0.06)):
+        with core.lock:
+            ready = [
+                w
+                for lane in core.lanes.values()
+                for w in lane.workers
+                if w.life is WorkerLife.READY and not (idle and w.entry is not None)
+            ]
+        if not ready:
+            continue
+        worker = rnd.choice(ready)
+        try:
+            os.kill(worker.pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            continue
+        with core.lock:
+            busy = worker.entry is not None or worker.life is not WorkerLife.READY
+        if not busy:
+            # Stopped idle, it can start nothing: wait (briefly) for the
+            # supervisor to give it a job, which the kill must then not fail.
+            handed = time.monotonic() + 0.2
+            while worker.entry is None and time.monotonic() < handed and not stop.wait(0.002):
+                pass
+        (kills.busy if busy else kills.idle).add(worker.pid)
+        os.kill(worker.pid, signal.SIGKILL)
+
+
+def _trickle(q: ProcQueue, ledger: Ledger, work: str, first: int, count: int) -> None:
+    """Push ``count`` plain jobs one at a time, each waited for: the workers
+    are idle between them, and the killer thread ends idle ones (whose next
+    job must then run elsewhere, not fail)."""
+    for n in range(first, first + count):
+        job = _make_job("ok", n, work)
+        with ledger.lock:
+            ledger.jobs[job.key] = job
+            ledger.kinds[job.key] = "ok"
+        outcome = q.push(job)
+        ledger.note(job.key, outcome)
+        if isinstance(outcome, (Queued, InFlight)):
+            with contextlib.suppress(JobFailed, TimeoutError):  # (checked with the rest)
+                outcome.handle.result(timeout=WAIT)
+
+
 def _race(q: ProcQueue, work: str, rounds: int) -> list[str]:
     """Eight threads push one fresh key at once: one execution, eight equal answers."""
     problems = []
@@ -194,7 +261,7 @@ def _executions(work: str) -> collections.Counter[str]:
         return collections.Counter(line.strip() for line in f if line.strip())
 
 
-def _check(q: ProcQueue, ledger: Ledger, work: str, races: int) -> list[str]:
+def _check(q: ProcQueue, ledger: Ledger, work: str, races: int, kills: Kills) -> list[str]:
     problems = list(ledger.errors)
     deadline = time.monotonic() + WAIT
     for handle in ledger.handles:
@@ -213,9 +280,13 @@ def _check(q: ProcQueue, ledger: Ledger, work: str, races: int) -> list[str]:
             continue
         expected, _ = KINDS[kind]
         got = None if isinstance(state, Completed) else state.failure.kind
+        killer = None
         if isinstance(state, Failed):
             seen_kinds.add(state.failure.kind)
-        if got != expected and not (got == "cancelled" and key in ledger.cancelled):
+            killer = state.failure.pid if got == "crashed" else None
+        if killer in kills.idle:
+            problems.append(f"{key!r} ({kind}) was blamed for the death of worker {killer}, killed idle: {state!r}")
+        elif got != expected and not (got == "cancelled" and key in ledger.cancelled) and killer not in kills.busy:
             problems.append(f"{key!r} ({kind}) ended {state!r}, expected {expected or 'completed'}")
         if kind in ("ok", "untrusted") and isinstance(state, Completed):
             again = q.push(ledger.jobs[key])  # a completed key answers from its record
@@ -247,8 +318,9 @@ def _check(q: ProcQueue, ledger: Ledger, work: str, races: int) -> list[str]:
     return problems
 
 
-def run_chaos(jobs: int = 2500, seed: int = 0, threads: int = 4, races: int = 20) -> dict[str, Any]:
-    """Run the chaos and check it; returns a summary, raises ``ChaosFailed``."""
+def run_chaos(jobs: int = 2500, seed: int = 0, threads: int = 4, races: int = 20, kills: int = 60) -> dict[str, Any]:
+    """Run the chaos and check it; returns a summary, raises ``ChaosFailed``.
+    ``kills``: at most this many workers SIGKILLed from outside."""
     rnd = random.Random(seed)
     names = list(KINDS)
     weights = [KINDS[k][1] for k in names]
@@ -259,9 +331,12 @@ def run_chaos(jobs: int = 2500, seed: int = 0, threads: int = 4, races: int = 20
     ledger = Ledger()
     sandbox = Lane(workers=2, trusted=False, max_result_bytes="64K")
     lanes: dict[str, int | Lane] = {"cpu": 2, "io": 2, "sandbox": sandbox}
+    killed = Kills()
     with tempfile.TemporaryDirectory(prefix="procq-chaos-") as work:
         q = ProcQueue(lanes)
         pids: set[int] = set()
+        stop = threading.Event()
+        killer = threading.Thread(target=_killer, args=(q, killed, stop, seed, kills // 2, False))
         try:
             slices = [plan[i::threads] for i in range(threads)]
             pushers = [
@@ -270,12 +345,29 @@ def run_chaos(jobs: int = 2500, seed: int = 0, threads: int = 4, races: int = 20
             ]
             for t in pushers:
                 t.start()
+            killer.start()
             while any(t.is_alive() for t in pushers):
                 pids.update(q._worker_pids())
                 for t in pushers:
                     t.join(timeout=0.05)
+            stop.set()
+            killer.join(timeout=WAIT)
+            stop.clear()  # now idle workers, between jobs pushed one at a time
+            killer = threading.Thread(target=_killer, args=(q, killed, stop, seed + 1, kills - kills // 2, True))
+            killer.start()
+            trickles = [
+                threading.Thread(target=_trickle, args=(q, ledger, work, jobs + 1000 * t, 150)) for t in range(2)
+            ]
+            for t in trickles:
+                t.start()
+            for t in trickles:
+                while t.is_alive():
+                    pids.update(q._worker_pids())
+                    t.join(timeout=0.05)
+            stop.set()
+            killer.join(timeout=WAIT)
             problems = _race(q, work, races)
-            problems += _check(q, ledger, work, races)
+            problems += _check(q, ledger, work, races, killed)
             pids.update(q._worker_pids())
         finally:
             q.close()
@@ -288,6 +380,8 @@ def run_chaos(jobs: int = 2500, seed: int = 0, threads: int = 4, races: int = 20
         "answers": dict(ledger.answers),
         "fresh claims": sum(ledger.queued.values()),
         "random cancels": len(ledger.cancelled),
+        "workers killed idle": len(killed.idle),
+        "workers killed busy": len(killed.busy),
         "seconds": round(time.monotonic() - started, 1),
     }
     if problems:
@@ -300,8 +394,9 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2500, help="jobs to push (default 2,500)")
     parser.add_argument("--seed", type=int, default=0, help="the random plan's seed")
     parser.add_argument("--threads", type=int, default=4, help="pushing threads")
+    parser.add_argument("--kills", type=int, default=60, help="workers to SIGKILL from outside, at most")
     args = parser.parse_args()
-    summary = run_chaos(args.jobs, args.seed, args.threads)
+    summary = run_chaos(args.jobs, args.seed, args.threads, kills=args.kills)
     print("chaos: every promise held:", summary)
 
 

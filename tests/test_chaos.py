@@ -16,3 +16,6 @@ def test_every_promise_holds_under_chaos() -> None:
     assert summary["keys"] > 1000
     assert summary["answers"].get("Queued", 0) > 1000
     assert summary["answers"].get("InFlight", 0) > 100  # duplicates joined live keys
+    # Kills from outside happened, of idle and of busy workers (run_chaos checks no job was blamed for an idle one).
+    assert summary["workers killed idle"] > 0
+    assert summary["workers killed busy"] > 0

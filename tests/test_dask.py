@@ -167,6 +167,34 @@ def test_crash_table_inside_remote_jobs(cluster: Cluster, gates: Gates) -> None:
     assert cluster.worker_pids() == before  # every Dask worker survived
 
 
+def test_a_job_given_to_a_remote_process_killed_idle_runs_once_elsewhere(cluster: Cluster, tmp_path: Path) -> None:
+    """A Dask worker keeps its procq processes between jobs; one killed while
+    idle (from outside) did not start the job it is given next: another
+    process runs it, once, and the job does not fail."""
+    import jobs_core
+
+    log = tmp_path / "runs"
+    with dask_queue(cluster) as q:
+        for i in range(4):
+            q.push_and_wait(Job(f"warm{i}", jobs.getpid, lane=LANE), timeout=WAIT)
+        pooled = cluster.procq_processes()
+        assert pooled
+        for p in pooled:
+            p.kill()
+        deadline = time.monotonic() + WAIT
+        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in pooled):
+            assert time.monotonic() < deadline, "the pooled processes did not die"
+            time.sleep(0.01)
+        killed = {p.pid for p in pooled}
+        handles = [
+            q.push(Job(f"k{i}", jobs_core.record, args=(str(log), f"k{i}"), lane=LANE)).handle for i in range(4)
+        ]
+        assert not {h.result(timeout=WAIT) for h in handles} & killed  # none failed; none ran in a dead one
+        assert q.stats().lanes[LANE].failed == 0
+    with open(log) as f:
+        assert sorted(line.split()[0] for line in f) == ["k0", "k1", "k2", "k3"]  # each ran once
+
+
 def test_timeout_and_memory_limit_inside_a_remote_job(cluster: Cluster) -> None:
     before = cluster.worker_pids()
     with dask_queue(cluster) as q:

@@ -69,7 +69,7 @@ def test_a_dead_workers_jobs_sent_ahead_go_back_to_the_front_of_their_lane() -> 
     _b, c, d = (_push(core, lane, k)[0] for k in "bcd")
     _done(core, worker, first, 1)  # b runs; c and d are in the worker's queue
     e, _ = _push(core, lane, "e")  # waits in the lane, behind them
-    _, wakeups = core.worker_died(worker, lambda entry: Failure("crashed", f"job {entry.key!r}: its worker died"))
+    _, wakeups = core.worker_died(worker, lambda entry, _: Failure("crashed", f"job {entry.key!r}: its worker died"))
     for wake in wakeups:
         wake()
     state = core.state("b")

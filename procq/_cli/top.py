@@ -206,7 +206,7 @@ class View:
             failures.add_column("message", no_wrap=True, overflow="ellipsis", ratio=1)
             for f in snap["failures"][-8:]:
                 at = time.strftime("%H:%M:%S", time.localtime(f["time"]))
-                failures.add_row(at, f["lane"], f["key"], f["kind"], f["message"])
+                failures.add_row(at, f["lane"], f["key"] or "-", f["kind"], f["message"])
             parts.append(failures)
         return parts
 

@@ -55,6 +55,7 @@ from typing import Any
 
 from procq._system.processes import children_map, pidfd, process_pss, process_rss, signal_group, tree_memory
 from procq._wire.protocol import ERROR, READY, RUN, TRAILER, FnMirror
+from procq._wire.startmark import StartMark
 
 __all__ = ["child_main", "close_pool", "kill_job", "run_job"]
 
@@ -70,8 +71,13 @@ KILL_MARKS = 10_000
 
 _CHILD_CODE = (
     "import json, sys; config = json.loads(sys.argv[3]); sys.path[:] = config['path']; "
-    "from procq._cluster.remote import child_main; child_main(int(sys.argv[1]), int(sys.argv[2]), config)"
+    "from procq._cluster.remote import child_main; "
+    "child_main(int(sys.argv[1]), int(sys.argv[2]), config, int(sys.argv[4]))"
 )
+#: A job whose worker process died before it started the job (a pooled
+#: process killed while idle, say) is given to another process, at most
+#: this many times in all (then it ends as the last death says).
+UNSTARTED_TRIES = 3
 
 _lock = threading.Lock()  # guards everything below
 _pools: dict[str, _Pool] = {}
@@ -84,14 +90,17 @@ _alive: list[int] = []  # [read end, write end]: EOF on the read end when this p
 # --- the worker process's side -----------------------------------------------
 
 
-def child_main(fd: int, alive_fd: int, config: dict[str, Any]) -> None:
+def child_main(fd: int, alive_fd: int, config: dict[str, Any], mark_fd: int = -1) -> None:
     """A pooled worker process's entry point: the trusted worker's loop on
-    ``fd``, until EOF, or until this process's Dask worker dies."""
+    ``fd``, until EOF, or until this process's Dask worker dies. ``mark_fd``:
+    the page in which it says which job it starts (``_wire.startmark``)."""
     from multiprocessing.connection import Connection
 
+    from procq._wire.startmark import open_mark
     from procq._worker.trusted import _boot, _Pickled, _serve, run_until_eof, setup
 
     conn = Connection(fd)
+    mark = open_mark(None if mark_fd < 0 else mark_fd)
     _boot()
     setup(config, {fd, alive_fd})
 
@@ -104,7 +113,7 @@ def child_main(fd: int, alive_fd: int, config: dict[str, Any]) -> None:
         os._exit(1)
 
     threading.Thread(target=watch, name="procq-dask-worker-watch", daemon=True).start()
-    run_until_eof(lambda: _serve(conn, config, _Pickled()))
+    run_until_eof(lambda: _serve(conn, config, _Pickled(), None, mark))
 
 
 # --- the Dask worker's side ----------------------------------------------------
@@ -129,17 +138,24 @@ class _Child:
         ours, theirs = socket.socketpair()
         alive = _alive_fd()
         child_config = {**config, "path": list(sys.path)}
+        self.mark = StartMark.create()
+        mark_fd = -1 if self.mark is None else self.mark.fileno()
+        argv = [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno()), str(alive), json.dumps(child_config)]
         try:
             self.popen = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_CODE, str(theirs.fileno()), str(alive), json.dumps(child_config)],
-                pass_fds=(theirs.fileno(), alive),
+                [*argv, str(mark_fd)],
+                pass_fds=(theirs.fileno(), alive, *(() if mark_fd < 0 else (mark_fd,))),
                 stdin=subprocess.DEVNULL,
             )
         except BaseException:
             ours.close()
+            if self.mark is not None:
+                self.mark.close()
             raise
         finally:
             theirs.close()
+            if self.mark is not None:
+                self.mark.close_fd()
         self.conn = Connection(ours.detach())
         self.pid: int = self.popen.pid
         sentinel = pidfd(self.pid)
@@ -199,6 +215,10 @@ class _Child:
                 os.read(run.wake_r, 4096)
                 if run.grace is not None:
                     deadline = min(deadline, time.monotonic() + run.grace)
+
+    def started(self, job_id: int) -> bool:
+        """Had it started job ``job_id`` (once it is dead)? True if it cannot tell."""
+        return self.mark is None or self.mark.started() == job_id
 
     def discard(self) -> int | None:
         """Kill what is left of its tree, reap it and close its ends."""
@@ -299,11 +319,16 @@ def run_job(
         if pool is None:
             pool = _pools[pool_id] = _Pool(config)
     try:
-        try:
-            child = pool.take()
-        except Exception as exc:
-            return ("boot", f"{type(exc).__name__}: {exc}", None, address)
-        finished = _supervise(child, run, job, timeout, grace, address)
+        for tries_left in reversed(range(UNSTARTED_TRIES)):
+            try:
+                child = pool.take()
+            except Exception as exc:
+                return ("boot", f"{type(exc).__name__}: {exc}", None, address)
+            finished = _supervise(child, run, job, timeout, grace, address)
+            # A process that died before it started the job (killed while
+            # idle in the pool, say) was not the job's doing: another runs it.
+            if not (finished[0] == "exit" and tries_left and not child.started(job[0])):
+                break
         if finished[0] == "frame" and not _retires(finished[1]):
             pool.give_back(child)
         elif finished[0] == "frame":

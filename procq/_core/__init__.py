@@ -11,7 +11,7 @@ sync and asyncio faces. Imports ``procq._wire``, ``procq._system`` and
 - ``records``: the ``KeyRecords`` interface for keys that ended, and its
   in-memory implementation; ``retention``: how long those records are kept.
 - ``dispatch``: the lanes: jobs handed to workers, jobs sent ahead, a worker's
-  reports and death.
+  reports and death; ``answers``: what its operations answer.
 - ``stopping``: ending jobs from outside (time and memory limits, cancel,
   closing without waiting); ``timers``: deadlines and due times.
 - ``decoding``: jobs that ended and whose outcome a decode thread decodes.

@@ -99,6 +99,12 @@ class WorkerChannel(ABC):
         up to and including the first violation. Raises ``EOFError`` once the
         worker's end is closed."""
 
+    def last_started(self) -> int | None:
+        """After the worker's death: the id of the last job it started (0:
+        none), or None if this kind cannot tell (then the job it held counts
+        as started). See ``_wire.startmark``."""
+        return None
+
     def wait_readable(self, timeout: float) -> bool:
         """Wait up to ``timeout`` for ``read`` to have something (only if ``leadable``)."""
         raise NotImplementedError

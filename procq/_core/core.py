@@ -35,7 +35,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from procq._core.dispatch import Dispatch, Offer, Offered, Reported, Unblocked
+from procq._core.answers import Offer, Offered, Reported, Unblocked
+from procq._core.dispatch import Dispatch
 from procq._core.entries import ABANDONED, PENDING, Ended, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot, run_wakeups
 from procq._core.records import KeyRecords, MemoryRecords
 from procq._core.retention import Done
@@ -355,15 +356,15 @@ class Core:
             self.on_new_deadline()
 
     def worker_died(
-        self, worker: WorkerSlot, crash: Callable[[Entry], Failure], exitcode: int | None = None,
-        signal: str | None = None, restart: bool = False,
+        self, worker: WorkerSlot, crash: Callable[[Entry, bool], Failure], exitcode: int | None = None,
+        signal: str | None = None, restart: bool = False, last_started: int | None = None,
     ) -> tuple[bool, list[Wakeup]]:  # fmt: skip
         """A worker's death was seen (see ``Dispatch.died``): must the caller
         close its pipe now, and the wake-ups for the caller to run."""
         wakeups: list[Wakeup] = []
         with self.lock:
-            close_now = self.dispatch.died(worker, crash, exitcode, signal, restart, self.clock(), wakeups)
-        return close_now, wakeups
+            close = self.dispatch.died(worker, crash, exitcode, signal, restart, self.clock(), wakeups, last_started)
+        return close, wakeups
 
     def handoffs(self) -> list[tuple[WorkerSlot, Entry]]:
         """Jobs given to idle workers by ``worker_died`` (a dead worker's queue), to send."""

@@ -22,20 +22,22 @@ behind one, so its limit counts from its real start.
 
 from __future__ import annotations
 
-import enum
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from procq._core import spares as _spares
+from procq._core.answers import Offer, Offered, Reported
 from procq._core.decoding import Decoding
 from procq._core.entries import PENDING, PROCESSING, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot
 from procq._core.statemap import StateMap
 from procq._model.job import Job, Lane
 from procq._model.values import Failed, Failure, LaneStats
 from procq._wire.protocol import Report, Undecoded
+from procq._wire.startmark import Unstarted
 
-__all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch", "Offer", "Offered", "Reported", "Unblocked"]
+__all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "UNSTARTED_DEATHS_TO_FAIL", "Dispatch"]
 
 
 #: A lane whose jobs run for less than this (on average, lately) has jobs sent
@@ -43,38 +45,14 @@ __all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "Dispatch", "Offer", "Offered", 
 PIPELINE_WINDOW = 0.005
 #: At most this many jobs in flight to one worker (the running one included).
 PIPELINE_DEPTH = 16
+#: A job given to this many workers in a row that each died before starting
+#: it fails (kind "crashed") rather than go to another: the lane's workers
+#: keep dying before any job starts, and it must not bounce for ever. The
+#: same number of workers dying in a row while they start fails a lane's
+#: waiting jobs (``_supervisor.end``).
+UNSTARTED_DEATHS_TO_FAIL = 3
 
 READY, DOOMED, RETIRED, DEAD = WorkerLife.READY, WorkerLife.DOOMED, WorkerLife.RETIRED, WorkerLife.DEAD
-
-
-class Offered(enum.Enum):
-    """What offering a claimed entry to its lane came to (short of a worker taking it)."""
-
-    QUEUED = "queued"  # accepted into the lane's ready queue
-    FULL = "full"  # no room; nothing changed
-    BLOCKED = "blocked"  # no room; the push now waits in the lane's blocked queue
-    STOPPED = "stopped"  # the supervisor has stopped: nothing will ever run the job
-    CANCELLED = "cancelled"  # q.cancel() came before the lane: the job ended, cancelled
-    SCHEDULED = "scheduled"  # waits for its not_before time, then enters its lane
-
-
-#: A worker (the caller sends it the job) or what else became of the offer.
-Offer = WorkerSlot | Offered
-
-
-class Reported(str, enum.Enum):
-    """What a worker's reports came to (a ``str``, so it compares equal to its value)."""
-
-    DONE = "done"  # settled; the worker takes jobs (if any were waiting, they are to be sent)
-    RETIRE = "retire"  # the worker must now be replaced: its pipe closed, a new one started
-    UNEXPECTED = "unexpected"  # a report was not for the job the worker holds: a protocol violation
-
-
-class Unblocked(str, enum.Enum):
-    """How a blocked push's wait ended (a ``str``, so it compares equal to its value)."""
-
-    ACCEPTED = "accepted"  # its lane took it first: the push succeeded after all
-    ABANDONED = "abandoned"  # it never reached its lane: its claim is released
 
 
 class Dispatch:
@@ -290,6 +268,13 @@ class Dispatch:
                 # report arrived: it ends as decided, exactly once.
                 outcome = Failed(entry.kill_reason)
             elif crashed:
+                if type(outcome) is Unstarted:  # its process died before it started: not its failure
+                    keys.unstart(entry, now)
+                    if entry.unstarted < UNSTARTED_DEATHS_TO_FAIL:
+                        lane.ready.appendleft(entry)  # (this worker takes it next: see feed)
+                        continue
+                    wakeups += keys.settle(entry, Failed(outcome.failure), now)
+                    continue
                 lane.crashes += 1
             if retire and type(outcome) is Failed:  # (its job's failure retires it: the metrics' cause)
                 worker.retire_cause = outcome.failure.kind
@@ -363,17 +348,23 @@ class Dispatch:
     def died(
         self,
         worker: WorkerSlot,
-        crash: Callable[[Entry], Failure],
+        crash: Callable[[Entry, bool], Failure],
         exitcode: int | None,
         signal: str | None,
         restart: bool,
         now: float,
         wakeups: list[Wakeup],
+        last_started: int | None = None,
     ) -> bool:
         """A worker's death was seen. Its job (if any) fails with
-        ``crash(entry)``, or with the ``kill_reason`` the supervisor gave it
+        ``crash(entry, True)``, or with the ``kill_reason`` the supervisor gave it
         before killing it (completed with how the worker died); the jobs sent
-        ahead to it go back to their lane (``requeue``). With ``restart``, it
+        ahead to it go back to their lane (``requeue``). A job it was given
+        but had not started (``last_started``, the id of the last job the
+        worker started, is not its id; None: unknown, so started) was not
+        the cause: it goes back to the front of its lane too, unless workers
+        died before starting it ``UNSTARTED_DEATHS_TO_FAIL`` times
+        (``crash(entry, False)``). With ``restart``, it
         is replaced (``replace``) in the same step, so that a woken waiter
         finds the lane whole again. A crash turns the lane's spares on
         (``_core.spares``). Returns whether the caller must close its pipe now (no
@@ -391,6 +382,16 @@ class Dispatch:
             lane.workers.remove(worker)
         entry = worker.entry
         worker.entry = None
+        unstarted: Entry | None = None
+        if entry is not None and entry.kill_reason is None and last_started not in (None, entry.job_id):
+            unstarted, entry = entry, None
+            self.keys.unstart(unstarted, now)
+            if unstarted.unstarted < UNSTARTED_DEATHS_TO_FAIL:
+                unstarted.worker = worker  # (requeue takes it from the worker's queue, first)
+                worker.queue.appendleft(unstarted)
+                lane.prefetched += 1
+            else:
+                wakeups += self.keys.settle(unstarted, Failed(crash(unstarted, False)), now)
         self.requeue(worker, now, wakeups)
         if life.booting:
             lane.boot_failures += 1
@@ -400,7 +401,7 @@ class Dispatch:
         if entry is not None:
             failure = entry.kill_reason
             if failure is None:
-                failure = crash(entry)
+                failure = crash(entry, True)
                 lane.crashes += 1
                 lane.spares_on = lane.spec.spares > 0
             else:
@@ -408,7 +409,16 @@ class Dispatch:
             kind = failure.kind
             wakeups += self.keys.finish(entry, Failed(failure), now)
         retired = (worker.retire_cause or "recycled") if life is RETIRED else None
-        lane.tally.died(retired, life.booting, kind, signal, self.keys.stopped or self.keys.cancelled)
+        stopping = self.keys.stopped or self.keys.cancelled
+        lane.tally.died(retired, life.booting, kind, signal, stopping)
+        if retired is None and not life.booting and kind is None and not stopping:
+            # A worker event among the queue's last failures (``procq top``), not a job's.
+            how = f"was killed by {signal}" if signal else f"exited with code {exitcode}"
+            held = "while idle" if unstarted is None else f"before it started job {unstarted.key!r}"
+            if unstarted is not None and unstarted.outcome is None:
+                held += " (not the job's fault: it goes to another worker)"
+            message = f"worker process {worker.pid} {how} {held}"
+            self.keys.failures.append((time.time(), "", lane.name, "worker", message))
         return worker.sending == 0
 
     def requeue(self, worker: WorkerSlot, now: float, wakeups: list[Wakeup]) -> None:

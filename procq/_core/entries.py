@@ -122,6 +122,7 @@ class Entry:
         "status",
         "timed",
         "timeout",
+        "unstarted",
         "worker",
     )
 
@@ -165,6 +166,9 @@ class Entry:
         # The attempt that runs next (or runs now), from 1; earlier attempts' failures.
         self.attempt = 1
         self.history: list[Failure] | None = None
+        # How many times it was given to a worker that died before starting
+        # it (``Dispatch.died``): it goes to another, up to a limit.
+        self.unstarted = 0
         # When it may enter its lane (on ``Core.clock``), while PENDING and not
         # yet there: a not_before time or a retry backoff. None: at once.
         self.due: float | None = None

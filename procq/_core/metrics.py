@@ -175,7 +175,7 @@ class RecentFailure:
     """One of the queue's last failures (``RECENT_FAILURES`` kept)."""
 
     time: float  # when it ended (``time.time()``)
-    key: str
+    key: str  # "" for a worker's death that failed no job (kind "worker")
     lane: str
     kind: str
     message: str

@@ -211,8 +211,10 @@ class StateMap:
 
     # --- status changes -------------------------------------------------------------
 
-    def _move(self, entry: Entry, to: Status, now: float) -> None:
-        """The one place an entry's status changes, with the counts that follow it."""
+    def _move(self, entry: Entry, to: Status, now: float, ran: bool = True) -> None:
+        """The one place an entry's status changes, with the counts that follow it.
+        ``ran=False``: back from PROCESSING to PENDING for an attempt that
+        never started (``unstart``): its start is uncounted, not its run."""
         was = entry.status
         entry.status = to
         lane = entry.lane
@@ -234,10 +236,19 @@ class StateMap:
             lane.running -= 1
             if entry.memory_limit is not None:
                 self.memory_jobs -= 1
-            ran = now - entry.started  # (Histogram.observe, inlined)
+            if not ran:  # handed to a worker that died before starting it: as if never given
+                tally = lane.tally
+                tally.started -= 1
+                wait = entry.started - entry.since
+                h = tally.wait
+                h.counts[bisect_left(h.bounds, wait)] -= 1
+                h.sum -= wait
+                entry.started = 0.0
+                return
+            took = now - entry.started  # (Histogram.observe, inlined)
             h = lane.tally.run
-            h.counts[bisect_left(h.bounds, ran)] += 1
-            h.sum += ran
+            h.counts[bisect_left(h.bounds, took)] += 1
+            h.sum += took
             if to is PENDING:  # a failed attempt, to be run again
                 lane.retries += 1
                 return
@@ -268,6 +279,16 @@ class StateMap:
         timeout = entry.timeout if entry.timeout is not None else spec.timeout
         if timeout is not None and not spec.remote:  # (a remote lane's time runs where its job runs)
             self.timers.limit(entry, now + timeout)
+
+    def unstart(self, entry: Entry, now: float) -> None:
+        """``entry`` was given to a worker that died before it started the
+        job (see ``Dispatch.died``): Pending again, its attempt not counted,
+        its time limit not running. The caller puts it back in its lane."""
+        self._move(entry, PENDING, now, ran=False)
+        entry.pid = None
+        entry.worker = None
+        entry.deadline = None
+        entry.unstarted += 1
 
     def finish(self, entry: Entry, outcome: Completed[Any] | Failed, now: float) -> list[Wakeup]:
         """An attempt ended (its worker is already released): settle the entry,

@@ -55,6 +55,7 @@ from procq._wire.protocol import (
     Undecoded,
     Violation,
 )
+from procq._wire.startmark import StartMark
 from procq._worker.template import template_for
 from procq._worker.trusted import worker_main
 
@@ -171,10 +172,11 @@ class TrustedChannel(ProcessChannel):
                 pass
         parent_conn, child_conn = launch.context.Pipe(duplex=True)
         init = _initializer(lane)
+        mark = StartMark.create()
         try:
             process = launch.context.Process(
                 target=worker_main,
-                args=(child_conn, lane.name, worker_config(lane.spec), init),
+                args=(child_conn, lane.name, worker_config(lane.spec), init, mark and mark.for_child()),
                 name=f"procq-worker-{launch.name}-{lane.name}",
                 daemon=False,
             )
@@ -182,9 +184,13 @@ class TrustedChannel(ProcessChannel):
                 process.start()
         except BaseException:
             parent_conn.close()
+            if mark is not None:
+                mark.close()
             raise
         finally:
             child_conn.close()  # the child has its own copy now
+            if mark is not None:
+                mark.close_fd()
         # Out of multiprocessing's list of children: the I/O thread alone waits
         # for a worker. Process.start() and active_children(), on any thread
         # (the starter's, a caller's), poll every child listed there, and a
@@ -195,7 +201,7 @@ class TrustedChannel(ProcessChannel):
         if sentinel is None:  # pragma: no cover - no pidfds: multiprocessing's own sentinel
             sentinel = process.sentinel
         reader = FrameReader(parent_conn.fileno(), TRUSTED_LIMIT, wait_whole=True)
-        return cls(process, parent_conn, sentinel, reader)
+        return cls(process, parent_conn, sentinel, reader, mark)
 
     @classmethod
     def _fork(cls, lane: LaneState, launch: Launch) -> TrustedChannel:
@@ -206,17 +212,21 @@ class TrustedChannel(ProcessChannel):
         with _initializer_pickled(lane):
             template = template_for(launch.lanes, lane.name, launch.context, name, config, _initializer(lane))
         parent_conn, child_conn = launch.context.Pipe(duplex=True)
+        mark = StartMark.create()
+        assert mark is not None  # (templates are made only on Linux)
         try:
-            process = template.fork(child_conn, config)
+            process = template.fork(child_conn, config, mark.fileno())
         except BaseException:
             parent_conn.close()
+            mark.close()
             raise
         finally:
             child_conn.close()  # the template's child has its own copy now
+            mark.close_fd()
         if process.sentinel is None:  # pragma: no cover - gone before its pidfd was opened
             process.sentinel = _dead_sentinel()
         reader = FrameReader(parent_conn.fileno(), TRUSTED_LIMIT, wait_whole=True)
-        return cls(process, parent_conn, process.sentinel, reader)
+        return cls(process, parent_conn, process.sentinel, reader, mark)
 
     @classmethod
     def close_lane(cls, lane: LaneState, launch: Launch) -> None:

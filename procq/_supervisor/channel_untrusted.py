@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from procq._core.channel import Launch
 from procq._model.values import Completed, Failed, Failure
 from procq._supervisor.channels import KINDS, ProcessChannel
-from procq._supervisor.failures import exit_failure
+from procq._supervisor.failures import exit_failure, unstarted_failure
 from procq._system.processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
 from procq._system.sandbox import sandbox_config
 from procq._wire.protocol import (
@@ -40,6 +40,7 @@ from procq._wire.protocol import (
     Violation,
     decode_untrusted,
 )
+from procq._wire.startmark import StartMark, Unstarted
 
 if TYPE_CHECKING:
     from procq._core.entries import Entry, LaneState, WorkerSlot
@@ -112,8 +113,11 @@ class UntrustedChannel(ProcessChannel):
     #: that stops reading its pipe can then stall nothing else.
     inline_limit = 1 << 16
 
-    def __init__(self, process: Any, conn: Any, reader: FrameReader, max_result: int | None, max_values: int) -> None:
-        super().__init__(process, conn, process.sentinel, reader)
+    def __init__(
+        self, process: Any, conn: Any, reader: FrameReader, max_result: int | None, max_values: int,
+        mark: StartMark | None = None,
+    ) -> None:  # fmt: skip
+        super().__init__(process, conn, process.sentinel, reader, mark)
         self._max_result = max_result
         self._max_values = max_values
         # The answer the running job's process sent, kept until the worker
@@ -139,6 +143,8 @@ class UntrustedChannel(ProcessChannel):
             "import sys, json; sys.path[:0] = json.loads(sys.argv[4]); "
             "from procq._worker.untrusted import exec_main; exec_main()"
         )
+        # (Its jobs' processes say which job they start: see _wire.startmark.)
+        mark = StartMark.create()
         argv = [
             sys.executable,
             "-I",
@@ -148,6 +154,7 @@ class UntrustedChannel(ProcessChannel):
             str(child_conn.fileno()),
             str(launch.alive_fd),
             json.dumps(import_path()),
+            str(-1 if mark is None else mark.fileno()),
         ]
         try:
             popen = subprocess.Popen(
@@ -156,19 +163,23 @@ class UntrustedChannel(ProcessChannel):
                 cwd=spec.cwd,
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
-                pass_fds=(child_conn.fileno(), launch.alive_fd),
+                pass_fds=(child_conn.fileno(), launch.alive_fd, *(() if mark is None else (mark.fileno(),))),
                 start_new_session=True,
             )
         except BaseException:
             parent_conn.close()
+            if mark is not None:
+                mark.close()
             raise
         finally:
             child_conn.close()
+            if mark is not None:
+                mark.close_fd()
         process = ExecProcess(popen)
         limit = (spec.max_result or 0) + MESSAGE_SLACK
         what = f"the lane's max_result_bytes of {spec.max_result}"
         reader = FrameReader(parent_conn.fileno(), limit, what, trailer=len(FROM_WORKER))
-        channel = cls(process, parent_conn, reader, spec.max_result, spec.max_result_values)
+        channel = cls(process, parent_conn, reader, spec.max_result, spec.max_result_values, mark)
         channel.sandboxed = spec.sandbox is not None
         return channel
 
@@ -286,6 +297,10 @@ class UntrustedChannel(ProcessChannel):
         outcome, self._answer = self._answer, None
         if outcome is not None:
             return Report(entry.job_id, outcome, False, False)
+        mark = self.mark
+        if mark is not None and mark.started() != entry.job_id:  # it died before the job could start
+            who = f"the process forked for job {entry.key!r} by worker {self.pid} of lane {worker.lane.name!r}"
+            return Report(entry.job_id, Unstarted(unstarted_failure(entry, returncode, who, self.pid)), False, True)
         who = f"the process running job {entry.key!r} (forked by worker {self.pid} of lane {worker.lane.name!r})"
         failure = exit_failure(returncode, who, self.pid)
         return Report(entry.job_id, Failed(failure), False, True)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from procq._core.channel import WorkerChannel
 from procq._system.processes import ExecProcess, find_descendants, process_pss, process_rss, signal_group, tree_memory
 from procq._wire.protocol import CANCEL, RUN, RUN_MANY, FnMirror, FrameReader
+from procq._wire.startmark import StartMark
 
 if TYPE_CHECKING:
     from procq._core.core import Core
@@ -69,8 +70,12 @@ class ProcessChannel(WorkerChannel):
     #: Starting a local process touches nothing the I/O thread owns.
     starts_off_thread = True
 
-    def __init__(self, process: Any, conn: Any, sentinel: Any, reader: FrameReader) -> None:
+    def __init__(
+        self, process: Any, conn: Any, sentinel: Any, reader: FrameReader, mark: StartMark | None = None
+    ) -> None:
         self.process = process
+        # Where the worker says which job it starts (its own copy is made; this one is read at its death).
+        self.mark = mark
         self.conn = conn
         self.messages = conn
         self.sentinel = sentinel
@@ -186,6 +191,9 @@ class ProcessChannel(WorkerChannel):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(self.pid, sig)
 
+    def last_started(self) -> int | None:
+        return None if self.mark is None else self.mark.started()
+
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.conn.close()
@@ -205,3 +213,5 @@ class ProcessChannel(WorkerChannel):
             with contextlib.suppress(OSError):
                 os.close(sentinel)
         process.close()
+        if self.mark is not None:
+            self.mark.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from procq._core.core import Core, WorkerLife, WorkerSlot
+from procq._core.dispatch import UNSTARTED_DEATHS_TO_FAIL
 from procq._supervisor import log as _log
 from procq._supervisor.failures import crash_failure, protocol_failure, start_failure
 from procq._supervisor.start import Starts
@@ -29,8 +30,9 @@ EOF_GRACE = 1.0
 #: with each one in a row, up to the maximum.
 BOOT_BACKOFF = 0.05
 BOOT_BACKOFF_MAX = 5.0
-#: After this many workers in a row died while starting, a lane's waiting jobs fail.
-BOOT_FAILURES_TO_FAIL_JOBS = 3
+#: After this many workers in a row died while starting, a lane's waiting jobs
+#: fail; as many deaths before a job a worker was given started fail that job.
+BOOT_FAILURES_TO_FAIL_JOBS = UNSTARTED_DEATHS_TO_FAIL
 
 
 class Endings:
@@ -108,6 +110,9 @@ class Endings:
         self._undertaker.forget(channel.pid)  # (before the reap: then its group id may be reused)
         exitcode = channel.reap()
         crash, sig, how = crash_failure(worker, exitcode)
+        # After the drain (a report it wrote moves its job on): which job it
+        # had started, so that one it was given but never began is not blamed.
+        last_started = channel.last_started()
         lane = worker.lane
         stopping = self._halted() or (core.closing and core.drained.is_set())
         # Read before worker_died makes it DEAD and takes its job (boot_failures: only this thread changes it).
@@ -119,8 +124,10 @@ class Endings:
         # closed pipe cannot be taken out of the selector.
         self._watcher.unwatch(channel.messages)
         self._watcher.unwatch(channel.sentinel)
-        close_now, wakeups = core.worker_died(worker, crash, exitcode, sig, restart=replace_now)
-        _log.died(worker, held, how, sig, exitcode, quiet=stopping or retired or booting)
+        close_now, wakeups = core.worker_died(worker, crash, exitcode, sig, replace_now, last_started)
+        began = held is None or last_started is None or last_started == held.job_id or held.kill_reason is not None
+        quiet = stopping or retired or booting
+        _log.died(worker, held if began else None, how, sig, exitcode, quiet, None if began else held)
         if close_now:
             channel.close()
         channel.release()

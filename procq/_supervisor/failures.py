@@ -7,13 +7,23 @@ which worker (pid, lane) and job, and what likely caused it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
+from procq._core.dispatch import UNSTARTED_DEATHS_TO_FAIL
 from procq._core.entries import Entry, LaneState, WorkerSlot
 from procq._model.job import format_size
 from procq._model.values import Failure, FailureKind
 from procq._system.processes import describe_exit
 
-__all__ = ["crash_failure", "exit_failure", "memory_failure", "protocol_failure", "start_failure", "stopped_failure"]
+__all__ = [
+    "crash_failure",
+    "exit_failure",
+    "memory_failure",
+    "protocol_failure",
+    "start_failure",
+    "stopped_failure",
+    "unstarted_failure",
+]
 
 
 def exit_failure(exitcode: int | None, who: str, pid: int | None, then: str = "") -> Failure:
@@ -26,16 +36,33 @@ def exit_failure(exitcode: int | None, who: str, pid: int | None, then: str = ""
     return Failure(kind, f"{who} {how}{explained}{then}", exitcode=exitcode, signal=sig, pid=pid)
 
 
-def crash_failure(worker: WorkerSlot, exitcode: int | None) -> tuple[Callable[[Entry], Failure], str | None, str]:
+def crash_failure(worker: WorkerSlot, exitcode: int | None) -> tuple[Callable[[Entry, bool], Failure], str | None, str]:
     """For a worker that died with ``exitcode``: the failure of the job it
-    ran, its signal's name (None: it exited) and what happened, in words."""
+    held (``crash(entry, started)``), its signal's name (None: it exited) and
+    what happened, in words."""
     sig, how, _ = describe_exit(exitcode)
     who = f"worker process {worker.pid} (lane {worker.lane.name!r})"
 
-    def crash(entry: Entry) -> Failure:
-        return exit_failure(exitcode, who, worker.pid, f", while running job {entry.key!r}")
+    def crash(entry: Entry, started: bool) -> Failure:
+        if started:
+            return exit_failure(exitcode, who, worker.pid, f", while running job {entry.key!r}")
+        return unstarted_failure(entry, exitcode, who, worker.pid)
 
     return crash, sig, how
+
+
+def unstarted_failure(entry: Entry, exitcode: int | None, who: str, pid: int | None) -> Failure:
+    """The failure of a job whose workers kept dying before they started it
+    (``who``: the last of them, or the job's own process)."""
+    failure = exit_failure(
+        exitcode,
+        who,
+        pid,
+        f" before it started job {entry.key!r}; {UNSTARTED_DEATHS_TO_FAIL} workers in a row died before "
+        "starting it, so it failed rather than wait for one that lives (what kills them is not the job: "
+        "look for what ends the lane's processes from outside, or for a lane that cannot run)",
+    )
+    return replace(failure, kind="crashed")
 
 
 def protocol_failure(worker: WorkerSlot, entry: Entry, what: str) -> Failure:
@@ -72,5 +99,5 @@ def start_failure(lane: LaneState, failures: int, how: str) -> Callable[[Entry],
     return failure
 
 
-def stopped_failure(entry: Entry) -> Failure:
+def stopped_failure(entry: Entry, started: bool = True) -> Failure:
     return Failure("cancelled", f"job {entry.key!r} was cancelled: the queue's supervisor stopped")

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from procq._core.dispatch import Reported
+from procq._core.answers import Reported
 from procq._core.entries import Entry, WorkerLife, WorkerSlot
 from procq._wire.protocol import Event, Report, Undecoded
 

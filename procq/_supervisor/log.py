@@ -78,18 +78,28 @@ def retired(worker: WorkerSlot) -> None:
         worker_log.debug("worker %s (lane %r) retired; a fresh one replaces it", worker.pid, worker.lane.name)
 
 
-def died(worker: WorkerSlot, entry: Entry | None, how: str, sig: str | None, exitcode: int | None, quiet: bool) -> None:
+def died(
+    worker: WorkerSlot, entry: Entry | None, how: str, sig: str | None, exitcode: int | None, quiet: bool,
+    unstarted: Entry | None = None,
+) -> None:  # fmt: skip
     """A worker's death, seen by the I/O thread. A job it held and nobody
     decided to kill crashed with it: WARNING. A worker killed for a decision
     already logged (a limit, a cancel, a violation), retired, stopping with
     the queue (``quiet``) or exiting cleanly: DEBUG. One that died idle on its
-    own: WARNING."""
+    own, or before it started the job it was given (``unstarted``, which
+    goes to another worker: not its fault): WARNING."""
     crashed = entry is not None and entry.kill_reason is None
     level = WARNING if crashed or (entry is None and not quiet and exitcode != 0) else DEBUG
     if not worker_log.isEnabledFor(level):
         return
     name = worker.lane.name
-    if crashed:
+    if unstarted is not None:
+        then = "goes to another worker" if unstarted.outcome is None else "failed: too many of its workers died so"
+        worker_log.log(
+            level, "worker %s (lane %r) %s before it started job %r, which was not the cause and %s",
+            worker.pid, name, how, unstarted.key, then, extra=_extra(unstarted.key, worker, sig, exitcode),
+        )  # fmt: skip
+    elif crashed:
         assert entry is not None
         worker_log.warning(
             "worker %s (lane %r) %s while running job %r; the job failed (crashed)",

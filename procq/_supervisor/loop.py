@@ -26,7 +26,9 @@ Who owns what, and what each pipe carries::
                                        │  │                 that thread, back here to be checked in order
                                        │  │      Violation: fail the job ("protocol"), kill the worker
                                        │  │    on a death:   Core.worker_died -> SIGKILL its group,
-                                       │  │                  wake the dead job's waiters, its jobs sent
+                                       │  │                  wake the dead job's waiters (a job it had not
+                                       │  │                  started, by its start mark, is no dead job:
+                                       │  │                  it goes back), its jobs sent
                                        │  │                  ahead back to their lane, replace it: by a
                                        │  │                  warm spare at once if the lane has one
                                        │  │                  (``_core.spares``), and ask the starter thread
@@ -108,9 +110,9 @@ from typing import Any
 # Each local kind of worker registers its channel class in KINDS as it is imported.
 import procq._supervisor.channel_trusted
 import procq._supervisor.channel_untrusted  # noqa: F401
+from procq._core.answers import Reported
 from procq._core.channel import Launch
 from procq._core.core import Core, Entry, WorkerLife, WorkerSlot
-from procq._core.dispatch import Reported
 from procq._core.entries import Wakeup
 from procq._supervisor import log as _log
 from procq._supervisor.channels import channel_kind

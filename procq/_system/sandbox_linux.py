@@ -34,6 +34,7 @@ import ctypes
 import json
 import os
 import platform
+import select
 import signal
 import stat
 import sys
@@ -42,7 +43,7 @@ from typing import Any, NamedTuple, NoReturn
 from procq._system import seccomp as _seccomp
 from procq._system.privileges import landlock_abi, libc, set_dumpable
 
-__all__ = ["SHM", "TMP_SIZE", "confine", "default_reads", "isolate", "probe_main", "reap_leftovers"]
+__all__ = ["SHM", "TMP_SIZE", "Gate", "confine", "default_reads", "isolate", "probe_main", "reap_leftovers"]
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUTS = 0x04000000
@@ -123,7 +124,28 @@ def _existing(paths: list[str]) -> list[str]:
 # --- once per worker: namespaces and the view -------------------------------------------------
 
 
-def isolate(reads: list[str], writes: list[str], network: bool, cwd: str | None, keep: set[int]) -> None:
+class Gate:
+    """The worker's leave, asked of the process outside before each job
+    (``admit``). The supervisor knows the worker as that process: once it
+    is killed, the worker must start no job, although it lives on until the
+    kernel has torn that process down (the worker's death signal comes at
+    the end of it). A job started in that window would be blamed for a death
+    that came before it. A killed process answers nothing: EOF."""
+
+    def __init__(self, ask: int, answer: int) -> None:
+        self._ask = ask
+        self._answer = answer
+
+    def admit(self) -> bool:
+        """May the worker start its next job? False: the process outside is gone."""
+        try:
+            os.write(self._ask, b"?")
+            return os.read(self._answer, 1) == b"+"
+        except OSError:
+            return False
+
+
+def isolate(reads: list[str], writes: list[str], network: bool, cwd: str | None, keep: set[int]) -> Gate:
     """Enter the worker's namespaces and make the view its root. Returns in
     the worker, now PID 1 of its PID namespace; the process that called it
     stays outside and never returns (``_mirror``). Raises ``OSError``
@@ -135,12 +157,20 @@ def isolate(reads: list[str], writes: list[str], network: bool, cwd: str | None,
     uid, gid = os.geteuid(), os.getegid()
     _check(libc().unshare(flags), "unshare (new user, mount, PID, IPC, UTS and network namespaces)")
     _map_ids(uid, gid)
+    ask_r, ask_w = os.pipe()
+    answer_r, answer_w = os.pipe()
     pid = os.fork()
     if pid:
-        _mirror(pid, keep)
+        os.close(ask_w)
+        os.close(answer_r)
+        _mirror(pid, keep, ask_r, answer_w)
+    os.close(ask_r)
+    os.close(answer_w)
+    gate = Gate(ask_w, answer_r)
     _build(plan)
     visible = cwd is not None and any(_under(os.path.realpath(cwd), os.path.realpath(p)) for p in reads + writes)
     os.chdir(cwd if visible and cwd else "/")
+    return gate
 
 
 def _map_ids(uid: int, gid: int) -> None:
@@ -154,21 +184,29 @@ def _map_ids(uid: int, gid: int) -> None:
         set_dumpable(False)
 
 
-def _mirror(pid: int, keep: set[int]) -> NoReturn:
-    """The process outside the namespaces: wait for the worker and end as it
-    ended. A SIGTERM for the worker's process group reaches the worker too;
-    this process ignores it and waits."""
+def _mirror(pid: int, keep: set[int], ask: int, answer: int) -> NoReturn:
+    """The process outside the namespaces: answer the worker's ``Gate``
+    until it exits, then end as it ended. A SIGTERM for the worker's process
+    group reaches the worker too; this process ignores it and waits."""
     for fd in keep:
         with contextlib.suppress(OSError):
             os.close(fd)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except InterruptedError:  # pragma: no cover - PEP 475 retries
-            continue
+    exited = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(exited, select.POLLIN)
+    poller.register(ask, select.POLLIN)
+    done = False
+    while not done:
+        for fd, _ in poller.poll():
+            if fd == exited:
+                done = True
+            elif os.read(ask, 64):
+                os.write(answer, b"+")
+            else:  # the worker closed its end: only its exit is left to wait for
+                poller.unregister(ask)
+    _, status = os.waitpid(pid, 0)
     code = os.waitstatus_to_exitcode(status)
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)

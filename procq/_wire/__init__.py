@@ -11,4 +11,6 @@ Shared by the supervisor's side and the workers' side; imports only
 - ``json_keys``: an untrusted job's result, checked for non-``str`` dict keys.
 - ``fingerprint``: what a claim remembers of its payload, to catch a key
   reused for other work.
+- ``startmark``: the word of shared memory in which a worker says which job
+  it starts, read by the supervisor when the worker dies.
 """

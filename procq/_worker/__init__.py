@@ -6,7 +6,9 @@ as it can.
 
 - ``trusted``: a trusted worker's loop, and what both kinds of worker share.
 - ``parent``: how a trusted worker follows its supervisor's life.
-- ``untrusted``: a clean interpreter that forks a confined process per job.
+- ``limits``: a trusted worker's per-job limits (memory, CPU time).
+- ``untrusted``: a clean interpreter that forks a confined process per job;
+  ``relay``: how it passes on what a job's process writes.
 - ``sandbox``: a sandboxed worker's side: it enters its namespaces once and
   confines each job's process, then reaps what the job left.
 - ``forkserver_guard``: imported only by the forkserver procq starts, to make

@@ -12,7 +12,7 @@ from typing import Any
 
 from procq._system import seccomp as _seccomp
 from procq._system.privileges import set_pdeathsig
-from procq._system.sandbox_linux import SHM, confine, default_reads, isolate, reap_leftovers
+from procq._system.sandbox_linux import SHM, Gate, confine, default_reads, isolate, reap_leftovers
 
 __all__ = ["WorkerSandbox", "enter"]
 
@@ -43,11 +43,17 @@ class WorkerSandbox:
         # The job's working directory: the worker's, if the job may read it; else its own temporary directory.
         cwd = os.getcwd()
         self.visible_cwd = _under_any(cwd, self.reads + self.writes)
+        self.gate: Gate | None = None
         if self.namespaces:
-            isolate(self.reads, self.writes, self.network, cwd if self.visible_cwd else None, keep)
+            self.gate = isolate(self.reads, self.writes, self.network, cwd if self.visible_cwd else None, keep)
             self.tmp_root = "/tmp"  # the view's own tmpfs, private to this worker
         else:
             self.tmp_root = tempfile.gettempdir()
+
+    def admit(self) -> bool:
+        """Before each job: False if the process outside the namespaces, the
+        one the supervisor knows as this worker, is gone (see ``Gate``)."""
+        return self.gate is None or self.gate.admit()
 
     def job_dir(self) -> str:
         """A new private temporary directory for the next job (in the worker)."""

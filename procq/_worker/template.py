@@ -102,12 +102,14 @@ class Template:
             return False
         return not select.select([self._pidfd], [], [], 0)[0]
 
-    def fork(self, conn: Connection, config: dict[str, Any]) -> TemplateChild:
+    def fork(self, conn: Connection, config: dict[str, Any], mark: int) -> TemplateChild:
         """Have the template fork a worker on ``conn`` (the worker's end, which
-        the caller closes after); raises ``OSError`` or ``EOFError`` if the
-        template is gone."""
+        the caller closes after), that says which job it starts in the page
+        ``mark`` (``_wire.startmark``); raises ``OSError`` or ``EOFError`` if
+        the template is gone."""
         self.requests.send(config)
         reduction.send_handle(self.requests, conn.fileno(), self.pid)
+        reduction.send_handle(self.requests, mark, self.pid)
         if not self.requests.poll(FORK_TIMEOUT):
             # Stopped, or stuck: it must not hold the starter thread (nor the
             # queue's close, which waits for that thread). The next start makes another.
@@ -241,13 +243,15 @@ def template_main(
                 try:
                     worker_config = requests.recv()
                     conn_fd = reduction.recv_handle(requests)
+                    mark_fd = reduction.recv_handle(requests)
                 except (EOFError, OSError):
                     os._exit(0)  # the queue is closing
                 me = os.getpid()
                 pid = os.fork()
                 if pid == 0:
-                    _child(conn_fd, worker_config, sentinel, me, (requests, exits), (wake_r, wake_w), init)
+                    _child(conn_fd, mark_fd, worker_config, sentinel, me, (requests, exits), (wake_r, wake_w), init)
                 os.close(conn_fd)
+                os.close(mark_fd)
                 requests.send(pid)
 
 
@@ -265,6 +269,7 @@ def _reap(exits: Connection) -> None:
 
 def _child(
     conn_fd: int,
+    mark_fd: int,
     config: dict[str, Any],
     sentinel: int,
     template: int,
@@ -281,9 +286,10 @@ def _child(
             conn.close()
         for fd in fds:
             os.close(fd)
+        from procq._wire.startmark import open_mark
         from procq._worker.trusted import forked_worker
 
-        forked_worker(Connection(conn_fd), config, sentinel, template, init)
+        forked_worker(Connection(conn_fd), config, sentinel, template, init, open_mark(mark_fd))
         code = 0
         from multiprocessing import util
 

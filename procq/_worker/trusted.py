@@ -33,6 +33,8 @@ from procq._model.job import format_size
 from procq._system.privileges import set_dumpable
 from procq._wire.plain import Parts, result_frame, send_frame
 from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
+from procq._wire.startmark import WorkerMark, open_mark
+from procq._worker.limits import Limits
 from procq._worker.parent import die_with_parent, parent_process
 
 if TYPE_CHECKING:
@@ -90,7 +92,7 @@ def setup(config: dict[str, Any], keep_fds: set[int]) -> None:
     every inherited descriptor but ``keep_fds`` and the standard streams.
 
     Limits are set hard (soft and hard alike), so job code cannot raise them,
-    except the CPU limit, which counts per job (see ``_Limits``).
+    except the CPU limit, which counts per job (see ``_worker.limits``).
     """
     if config.get("cwd"):
         os.chdir(config["cwd"])
@@ -149,72 +151,21 @@ def _close_inherited_fds(keep: set[int]) -> None:
         pass
 
 
-class _Limits:
-    """Per-job limits set around each job: the address-space limit for the
-    job's ``memory_limit`` and the CPU-time limit for ``rlimits["cpu"]``.
-
-    Both are soft limits, raised again after the job, because a worker runs
-    many jobs: the memory limit counts what the job maps on top of the idle
-    worker, the CPU limit the CPU time the job uses. (A job could raise a
-    soft limit itself; the supervisor's own watch on memory and wall-clock
-    ``timeout`` are what hold code that does.)
-    """
-
-    def __init__(self, cpu: int | None) -> None:
-        self.cpu = cpu
-        self._as_set = False
-        self._cpu_set = False
-
-    def apply(self, memory_limit: int | None) -> None:
-        if memory_limit is None and self.cpu is None:
-            return
-        import resource
-
-        if memory_limit is not None:
-            _, hard = resource.getrlimit(resource.RLIMIT_AS)
-            soft = _address_space() + memory_limit
-            if hard != resource.RLIM_INFINITY:
-                soft = min(soft, hard)
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-            self._as_set = True
-        if self.cpu is not None:
-            usage = resource.getrusage(resource.RUSAGE_SELF)
-            used = int(usage.ru_utime + usage.ru_stime) + 1
-            _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-            resource.setrlimit(resource.RLIMIT_CPU, (used + self.cpu, hard))
-            self._cpu_set = True
-
-    def lift(self) -> None:
-        if not (self._as_set or self._cpu_set):
-            return
-        import resource
-
-        if self._as_set:
-            _, hard = resource.getrlimit(resource.RLIMIT_AS)
-            resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
-            self._as_set = False
-        if self._cpu_set:
-            _, hard = resource.getrlimit(resource.RLIMIT_CPU)
-            resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))
-            self._cpu_set = False
-
-
-def _address_space() -> int:
-    """This process's mapped address space, in bytes."""
-    with open("/proc/self/statm", "rb") as f:
-        pages = int(f.read().split()[0])
-    return pages * os.sysconf("SC_PAGE_SIZE")
-
-
 # --- running -------------------------------------------------------------
 
 
 def worker_main(
-    conn: Connection, lane: str, config: dict[str, Any] | None = None, init: WorkerInit | None = None
+    conn: Connection,
+    lane: str,
+    config: dict[str, Any] | None = None,
+    init: WorkerInit | None = None,
+    mark: WorkerMark | None = None,
 ) -> None:
-    """Run jobs from ``conn`` until EOF. A trusted lane's child's entry point."""
+    """Run jobs from ``conn`` until EOF. A trusted lane's child's entry point.
+    ``mark``: the page in which it says which job it starts (``_wire.startmark``)."""
     parent = parent_process()
-    forked_worker(conn, config or {}, None if parent is None else parent.sentinel, None, init)
+    page = open_mark(None if mark is None else mark.fd)
+    forked_worker(conn, config or {}, None if parent is None else parent.sentinel, None, init, page)
 
 
 def forked_worker(
@@ -223,11 +174,13 @@ def forked_worker(
     sentinel: int | None,
     parent: int | None = None,
     init: WorkerInit | None = None,
+    mark: memoryview | None = None,
 ) -> None:
     """Run jobs from ``conn`` until EOF, in a process whose supervisor's death
     ``sentinel`` (a pipe) tells: a ``multiprocessing`` child's (``worker_main``),
     or a child of a lane's template (``_worker.template``), whose pid is
-    ``parent``. ``init``: the lane's initializer, run before READY."""
+    ``parent``. ``init``: the lane's initializer, run before READY. ``mark``:
+    the mapped page in which it stores each job's id as it starts it."""
     # First: a worker forked from procq's forkserver starts untraceable, one
     # started otherwise (spawn, or a forkserver procq did not start) is
     # traceable until here.
@@ -249,7 +202,7 @@ def forked_worker(
         return
     if init is not None:
         init.run()  # (still booting: one that kills the process is a worker that died as it started)
-    run_until_eof(lambda: _serve(conn, config, _Pickled(_main_fallback()), init))
+    run_until_eof(lambda: _serve(conn, config, _Pickled(_main_fallback()), init, mark))
 
 
 def _main_fallback() -> str:
@@ -328,8 +281,16 @@ class _Json(_Codec):
         return json_dumps(["error", job_id, kind, exc_type, message, tb])
 
 
-def _serve(conn: Connection, config: dict[str, Any], codec: _Codec, init: WorkerInit | None = None) -> None:
+def _serve(
+    conn: Connection,
+    config: dict[str, Any],
+    codec: _Codec,
+    init: WorkerInit | None = None,
+    mark: memoryview | None = None,
+) -> None:
     recv, send_bytes, fd = conn.recv_bytes, conn.send_bytes, conn.fileno()
+    if mark is None:
+        mark = memoryview(bytearray(8)).cast("q")  # (no shared page: written all the same, read by no one)
 
     def send(frame: bytes | Parts) -> None:
         if isinstance(frame, Parts):
@@ -359,6 +320,8 @@ def _serve(conn: Connection, config: dict[str, Any], codec: _Codec, init: Worker
                 run.skip(*job)
                 send(TRAILER.pack(job[0], SKIPPED))
                 continue
+            # Started from here on: a death now is this job's (see _wire.startmark).
+            mark[0] = job[0]
             run(*job)
     except (EOFError, OSError):
         return
@@ -401,7 +364,7 @@ class _Runner:
     def __init__(self, config: dict[str, Any], codec: _Codec, send: Any, init: WorkerInit | None = None) -> None:
         self.init = init
         self.fns = FnMirror()
-        self.limits = _Limits((config.get("rlimits") or {}).get("cpu"))
+        self.limits = Limits((config.get("rlimits") or {}).get("cpu"))
         self.max_result: int | None = config.get("max_result_bytes")
         self.codec = codec
         self.send = send

@@ -27,16 +27,15 @@ from typing import Any, NoReturn
 from procq._system.privileges import confine_job, drop_privileges, landlock_abi, set_dumpable, set_pdeathsig
 from procq._wire.json_keys import check_keys
 from procq._wire.protocol import (
-    CUT_SHORT,
-    FROM_JOB,
     FROM_WORKER,
     RUN,
     FnMirror,
-    frame_header,
     json_dumps,
 )
+from procq._wire.startmark import open_mark
+from procq._worker.limits import address_space
+from procq._worker.relay import RELAY_CHUNK, Relay
 from procq._worker.trusted import (
-    _address_space,
     _boot,
     _close_inherited_fds,
     _Json,
@@ -69,6 +68,9 @@ def exec_main() -> None:
     _boot()
     config = json.loads(sys.argv[1])
     conn_fd, alive_fd = int(sys.argv[2]), int(sys.argv[3])
+    global _mark
+    mark_fd = int(sys.argv[5])
+    _mark = open_mark(None if mark_fd < 0 else mark_fd)  # (mapped, its descriptor closed: nothing to keep)
     conn = Connection(conn_fd)
     setup({**config, "rlimits": None}, {conn_fd, alive_fd})
     # Several workers share the liveness pipe's read end: whoever reads a byte
@@ -101,7 +103,6 @@ def exec_main() -> None:
 
 # --- untrusted lanes: a forked process per job --------------------------------------
 
-_RELAY_CHUNK = 1 << 16
 #: The share of its CPU limit a job killed with SIGKILL must have used to count
 #: as having reached it. The kernel checks the limit against CPU time counted
 #: in scheduler ticks, which on a busy machine runs ahead of the precise time
@@ -112,6 +113,8 @@ _CPU_REACHED = 0.75
 _child_pid = 0
 # A sandboxed lane's worker: its sandbox (see ``_worker.sandbox``).
 _sandbox: Any = None
+# The page in which each job's process says it starts its job (``_wire.startmark``).
+_mark: memoryview | None = None
 _terminating = False
 
 
@@ -147,7 +150,7 @@ def _die_of(sig: int) -> None:
 
 def _serve_forking(conn: Connection, config: dict[str, Any], alive_fd: int) -> None:
     """The untrusted worker's loop: for each RUN frame, fork a process that
-    runs the job (``_job_process``), relay what it writes (``_Relay``), and
+    runs the job (``_job_process``), relay what it writes (``Relay``), and
     report its exit status: ``["exit", job_id, returncode]``.
 
     The function cache holds functions' pickled bytes, never the functions:
@@ -198,8 +201,11 @@ def _fork_job(
     memory_limit: int | None,
 ) -> int | None:
     """Run one job in a forked process; relay its frames to ``conn_fd``.
-    Returns its exit status once it has exited, or None if the supervisor died."""
+    Returns its exit status once it has exited, or None if the worker must
+    stop: the supervisor died, or (sandboxed) the process outside is gone."""
     global _child_pid
+    if _sandbox is not None and not _sandbox.admit():
+        return None  # the process the supervisor knows as this worker is gone: so is the worker
     sys.stdout.flush()
     sys.stderr.flush()
     tmp = _sandbox.job_dir() if _sandbox is not None else None
@@ -213,7 +219,7 @@ def _fork_job(
         theirs.close()
     try:
         ours.shutdown(socket.SHUT_WR)  # the job reads nothing from the worker: EOF at once
-        relay = _Relay(conn_fd)
+        relay = Relay(conn_fd)
         cpu_limit = (config.get("rlimits") or {}).get("cpu")
         returncode = _relay_until_exit(pid, ours, alive_fd, relay, cpu_limit)
         if returncode is not None:
@@ -227,7 +233,7 @@ def _fork_job(
 
 
 def _relay_until_exit(
-    pid: int, channel: socket.socket, alive_fd: int, relay: _Relay, cpu_limit: int | None
+    pid: int, channel: socket.socket, alive_fd: int, relay: Relay, cpu_limit: int | None
 ) -> int | None:
     """Copy what the job's process writes until it exits; then what it left
     unread in the channel, and no more (a process it started may still hold
@@ -252,7 +258,7 @@ def _relay_until_exit(
                 if fd == pidfd:
                     exited = True
                 elif fd == chan_fd:
-                    data = channel.recv(_RELAY_CHUNK)
+                    data = channel.recv(RELAY_CHUNK)
                     if data:
                         relay.feed(data)
                     else:
@@ -265,7 +271,7 @@ def _relay_until_exit(
             left = struct.unpack("i", fcntl.ioctl(chan_fd, termios.FIONREAD, b"\0\0\0\0"))[0]
             while left > 0:
                 try:
-                    data = channel.recv(min(left, _RELAY_CHUNK), socket.MSG_DONTWAIT)
+                    data = channel.recv(min(left, RELAY_CHUNK), socket.MSG_DONTWAIT)
                 except (BlockingIOError, InterruptedError):
                     break
                 if not data:
@@ -291,89 +297,6 @@ def _exit_status(status: int, usage: Any, cpu_limit: int | None) -> int:
     ):
         return -signal.SIGXCPU
     return code
-
-
-class _Relay:
-    """Copies the job process's frames to the supervisor as they arrive, the
-    body verbatim, and marks each as the job's: a length prefix one byte
-    longer, and ``FROM_JOB`` after the body (see ``_wire.protocol``). It reads
-    nothing but the length prefixes; checking what the frames hold is the
-    supervisor's work.
-
-    A length prefix no frame can have (negative) is passed on as it is, for
-    the supervisor to refuse; nothing after it is relayed.
-    """
-
-    __slots__ = ("_broken", "_fd", "_head", "_left")
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-        self._head = bytearray()  # the length prefix being read
-        self._left: int | None = None  # bytes of the current body still to come
-        self._broken = False
-
-    def feed(self, data: bytes) -> None:
-        out: list[bytes | memoryview] = []
-        view = memoryview(data)
-        while view and not self._broken:
-            left = self._left
-            if left is not None:
-                part = view[:left]
-                out.append(part)
-                view = view[len(part) :]
-                self._left = left - len(part)
-                if self._left == 0:
-                    out.append(FROM_JOB)
-                    self._left = None
-                continue
-            head = self._head
-            want = 12 if len(head) >= 4 and head[:4] == b"\xff\xff\xff\xff" else 4
-            part = view[: want - len(head)]
-            head += part
-            view = view[len(part) :]
-            if len(head) < want:
-                continue
-            (size,) = struct.unpack("!i", head[:4])
-            if size == -1:
-                if len(head) < 12:
-                    continue
-                (size,) = struct.unpack("!Q", head[4:12])
-            elif size < 0:
-                out.append(bytes(head))
-                self._broken = True
-                break
-            head.clear()
-            out.append(frame_header(size + 1))
-            if size:
-                self._left = size
-            else:
-                out.append(FROM_JOB)
-        if out:
-            _write_all(self._fd, b"".join(out))
-
-    def finish(self) -> None:
-        """The job's process has exited: complete a frame it left unfinished
-        (zeros, then ``CUT_SHORT``), so the worker's own frame that follows is
-        read as one."""
-        if self._broken:
-            return
-        if self._head:
-            self._head.clear()
-            _write_all(self._fd, frame_header(1) + CUT_SHORT)
-        elif self._left is not None:
-            zeros = bytes(min(self._left, _RELAY_CHUNK))
-            while self._left:
-                n = min(self._left, len(zeros))
-                _write_all(self._fd, zeros[:n])
-                self._left -= n
-            _write_all(self._fd, CUT_SHORT)
-            self._left = None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 def _job_process(
@@ -439,10 +362,24 @@ def _hard_limits(rlimits: dict[str, int], memory_limit: int | None) -> None:
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     if memory_limit is not None:
         _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = _address_space() + memory_limit
+        limit = address_space() + memory_limit
         if hard != resource.RLIM_INFINITY:
             limit = min(limit, hard)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _say_started(job_id: int) -> None:
+    """In a job's process, just before the job's code can first run: say
+    that the job started (a death from now on is its own), then unmap the
+    page, so that the job cannot write another id in it."""
+    global _mark
+    mark, _mark = _mark, None
+    if mark is None:
+        return
+    page: Any = mark.obj  # (the mmap)
+    mark[0] = job_id
+    mark.release()
+    page.close()
 
 
 def _run_job(
@@ -461,6 +398,7 @@ def _run_job(
     except BaseException as exc:
         send(codec.error(job_id, "error", exc, "(the lane's rlimits could not be set in the job's process)"))
         return
+    _say_started(job_id)
     try:
         fn = pickle.loads(fn_bytes)
         args, kwargs = pickle.loads(args_bytes)
