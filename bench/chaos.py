@@ -191,23 +191,30 @@ def _killer(q: ProcQueue, kills: Kills, stop: threading.Event, seed: int, most: 
                 for w in lane.workers
                 if w.life is WorkerLife.READY and not (idle and w.entry is not None)
             ]
-        if not ready:
+            # (A pidfd, opened while the worker is ours and unreaped: its pid cannot be another's.)
+            worker = rnd.choice(ready) if ready else None
+            try:
+                target = os.pidfd_open(worker.pid) if worker is not None else None
+            except ProcessLookupError:
+                target = None
+        if worker is None or target is None:
             continue
-        worker = rnd.choice(ready)
         try:
-            os.kill(worker.pid, signal.SIGSTOP)
+            signal.pidfd_send_signal(target, signal.SIGSTOP)
+            with core.lock:
+                busy = worker.entry is not None or worker.life is not WorkerLife.READY
+            if not busy:
+                # Stopped idle, it can start nothing: wait (briefly) for the
+                # supervisor to give it a job, which the kill must then not fail.
+                handed = time.monotonic() + 0.2
+                while worker.entry is None and time.monotonic() < handed and not stop.wait(0.002):
+                    pass
+            signal.pidfd_send_signal(target, signal.SIGKILL)
+            (kills.busy if busy else kills.idle).add(worker.pid)
         except ProcessLookupError:
-            continue
-        with core.lock:
-            busy = worker.entry is not None or worker.life is not WorkerLife.READY
-        if not busy:
-            # Stopped idle, it can start nothing: wait (briefly) for the
-            # supervisor to give it a job, which the kill must then not fail.
-            handed = time.monotonic() + 0.2
-            while worker.entry is None and time.monotonic() < handed and not stop.wait(0.002):
-                pass
-        (kills.busy if busy else kills.idle).add(worker.pid)
-        os.kill(worker.pid, signal.SIGKILL)
+            pass  # it had died meanwhile (its job's time limit, say): not this thread's kill
+        finally:
+            os.close(target)
 
 
 def _trickle(q: ProcQueue, ledger: Ledger, work: str, first: int, count: int) -> None:
