@@ -124,8 +124,9 @@ class Endings:
         # closed pipe cannot be taken out of the selector.
         self._watcher.unwatch(channel.messages)
         self._watcher.unwatch(channel.sentinel)
+        unstarted_before = 0 if held is None else held.unstarted  # (the core counts one it did not start)
         close_now, wakeups = core.worker_died(worker, crash, exitcode, sig, replace_now, last_started)
-        began = held is None or last_started is None or last_started == held.job_id or held.kill_reason is not None
+        began = held is None or held.unstarted == unstarted_before
         quiet = stopping or retired or booting
         _log.died(worker, held if began else None, how, sig, exitcode, quiet, None if began else held)
         if close_now:
