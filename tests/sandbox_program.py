@@ -10,7 +10,10 @@
   ``user.max_user_namespaces`` to 0 there, as distributions that disable
   user namespaces do: from then on the kernel refuses it (and its
   children) any new user namespace. A sandboxed lane must then refuse to
-  open, unless its Sandbox relaxes ``namespaces``.
+  open, unless its Sandbox relaxes ``namespaces``, and then ``max_tmp``
+  (its temporary directory is the host's without them).
+
+As ``nobody`` it also runs the bounds' hostile jobs (``jobs_bounds``).
 
 Either way it prints, as the last line of its output, a JSON object of
 what it saw.
@@ -91,6 +94,40 @@ def _scenario(directory: str, **sandbox: Any) -> dict[str, Any]:
         }
 
 
+def _bounds() -> dict[str, Any]:
+    """The bounds' hostile jobs, each in a lane of its own, each followed by an ordinary job."""
+    import jobs_bounds as jb
+    import jobs_sandbox as js
+
+    from procq import Job, Lane, ProcQueue, Sandbox, SandboxUnavailable
+
+    said: dict[str, Any] = {}
+    cases: dict[str, tuple[Lane, Any, tuple[Any, ...]]] = {
+        "max_processes": (Lane(trusted=False, sandbox=Sandbox(max_processes=16)), jb.fork_bomb, ()),
+        "nproc": (Lane(trusted=False, sandbox=Sandbox(), rlimits={"nproc": 16}), jb.fork_bomb, ()),
+        "max_tmp": (Lane(trusted=False, sandbox=Sandbox(max_tmp="64M")), jb.fill_tmp, (300,)),
+        "relaxed max_memory": (
+            Lane(trusted=False, sandbox=Sandbox(max_memory="48M", relax=("max_memory",))),
+            jb.hog,
+            (64,),
+        ),
+    }
+    bound = {"nproc": "max_processes", "relaxed max_memory": "max_memory"}
+    for name, (lane, fn, args) in cases.items():
+        with ProcQueue({"s": lane}) as q:
+            said[name] = {
+                "did": q.push_and_wait(Job(name, fn, args=args), timeout=60),
+                "next": q.push_and_wait(Job("next", js.square, args=(7,)), timeout=60),
+                "enforced": (q.stats().lanes["s"].sandbox or {}).get(bound.get(name, name), "(relaxed)"),
+            }
+    try:
+        ProcQueue({"s": Lane(trusted=False, sandbox=Sandbox(max_memory="48M"))}).close()
+        said["max_memory"] = "opened"
+    except SandboxUnavailable as exc:
+        said["max_memory"] = {"part": exc.part, "message": str(exc)}
+    return said
+
+
 def main() -> None:
     mode, directory, here, root = sys.argv[1:5]
     if mode == "nobody":
@@ -102,6 +139,7 @@ def main() -> None:
     said: dict[str, Any] = {}
     if mode == "nobody":
         said = _scenario(directory)
+        said["bounds"] = _bounds()
     else:
         from procq import SandboxUnavailable
 
@@ -110,7 +148,12 @@ def main() -> None:
             said["strict"] = "opened"
         except SandboxUnavailable as exc:
             said["strict"] = {"part": exc.part, "message": str(exc)}
-        said["relaxed"] = _scenario(directory, relax=("namespaces",))
+        try:
+            _scenario(directory, relax=("namespaces",))
+            said["without namespaces"] = "opened"
+        except SandboxUnavailable as exc:
+            said["without namespaces"] = {"part": exc.part, "message": str(exc)}
+        said["relaxed"] = _scenario(directory, relax=("namespaces", "max_tmp"))
     print()
     print(json.dumps(said))
 

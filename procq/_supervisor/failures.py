@@ -13,7 +13,15 @@ from procq._model.job import format_size
 from procq._model.values import Failure, FailureKind
 from procq._system.processes import describe_exit
 
-__all__ = ["crash_failure", "exit_failure", "memory_failure", "protocol_failure", "start_failure", "stopped_failure"]
+__all__ = [
+    "crash_failure",
+    "exit_failure",
+    "memory_failure",
+    "protocol_failure",
+    "sandbox_memory_failure",
+    "start_failure",
+    "stopped_failure",
+]
 
 
 def exit_failure(exitcode: int | None, who: str, pid: int | None, then: str = "") -> Failure:
@@ -53,6 +61,19 @@ def memory_failure(worker: WorkerSlot, entry: Entry, limit: int, used: int) -> F
         f"job {entry.key!r} went over its memory_limit of {format_size(limit)} (its process tree "
         f"held {format_size(used)} more than the idle worker); its worker (pid {worker.pid}) and "
         "that process's tree were killed",
+        pid=worker.pid,
+    )
+
+
+def sandbox_memory_failure(worker: WorkerSlot, entry: Entry, exitcode: int) -> Failure:
+    sig, _, _ = describe_exit(exitcode)
+    return Failure(
+        "memory",
+        f"job {entry.key!r} went over its sandbox's max_memory: the kernel killed its process "
+        f"({sig or f'exit code {exitcode}'}) in the memory cgroup of worker {worker.pid} (lane {worker.lane.name!r}); "
+        "the worker stays",
+        exitcode=exitcode,
+        signal=sig,
         pid=worker.pid,
     )
 
