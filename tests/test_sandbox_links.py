@@ -1,0 +1,50 @@
+"""Symlinks in a sandbox's ``read=`` and ``write=``: a named link gives the
+job its target (readable by either path); a link inside a given directory
+reaches nothing outside the paths the job was given."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import jobs_sandbox as js
+import pytest
+from core_support import WAIT, open_queue
+
+from procq import Job, Lane, Sandbox
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
+
+
+@pytest.mark.parametrize(
+    ("relax", "refusal"),
+    [((), "refused: FileNotFoundError"), (("namespaces", "max_tmp"), "refused: ")],
+    ids=["view", "landlock-only"],
+)
+def test_a_named_link_gives_its_target_and_a_link_inside_a_given_directory_reaches_nothing_outside(
+    tmp_path: Path, relax: tuple[str, ...], refusal: str
+) -> None:
+    """With its namespaces, what the job was not given does not exist in its
+    view; with them relaxed, Landlock alone refuses it."""
+    elsewhere, links, given, out = (tmp_path / n for n in ("elsewhere", "links", "given", "out"))
+    for d in (elsewhere, links, given, out):
+        d.mkdir()
+    (elsewhere / "target.txt").write_text("target")
+    (elsewhere / "other.txt").write_text("other")
+    (links / "named.txt").symlink_to(elsewhere / "target.txt")  # named in read=
+    (given / "inner.txt").symlink_to(elsewhere / "other.txt")  # inside a read= directory
+    (out / "inner.txt").symlink_to(elsewhere / "other.txt")  # inside a write= directory
+    (given / "local.txt").write_text("local")
+    (given / "sibling.txt").symlink_to("local.txt")  # a relative link that stays inside
+    sandbox = Sandbox(read=(str(links / "named.txt"), str(given)), write=(str(out),), relax=relax)
+    with open_queue({"s": Lane(workers=1, trusted=False, sandbox=sandbox)}) as q:
+        paths = [str(p) for p in (links / "named.txt", elsewhere / "target.txt", given / "inner.txt",
+                                  out / "inner.txt", elsewhere / "other.txt", given / "sibling.txt")]  # fmt: skip
+        said = q.push_and_wait(Job("links", js.read_files, args=(paths,)), timeout=WAIT)
+    reached = {os.path.relpath(p, tmp_path): how for p, how in said.items()}
+    assert reached["links/named.txt"] == "reached: 'target'"
+    assert reached["elsewhere/target.txt"] == "reached: 'target'"  # the named link's target, by its own path
+    assert reached["given/sibling.txt"] == "reached: 'local'"
+    for path in ("given/inner.txt", "out/inner.txt", "elsewhere/other.txt"):
+        assert reached[path].startswith(refusal), (path, reached[path])
