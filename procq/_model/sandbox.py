@@ -19,9 +19,14 @@ worker's side in ``_worker.sandbox``):
 - ``privileges``: a seccomp filter that refuses new namespaces, mounts,
   ``ptrace`` and the kernel's rarely needed, often exploited calls.
 
-Never silently weaker: ``_system.sandbox.check`` runs when a queue is made, and a part the
-kernel cannot enforce raises ``SandboxUnavailable``, naming it and why,
-unless the ``Sandbox`` relaxed it (``relax=("namespaces",)``).
+Its bounds (``max_processes``, ``max_memory``, ``max_tmp``: how much of the
+machine a job may take) are checked in ``_model.sandbox_bounds`` and
+enforced as ``_system.sandbox_bounds`` says (cgroups, ``RLIMIT_NPROC`` in the
+job's user namespace, a tmpfs's size).
+
+Never silently weaker: ``_system.sandbox.check`` runs when a queue is made, and a part or
+bound this machine cannot enforce raises ``SandboxUnavailable``, naming it
+and why, unless the ``Sandbox`` relaxed it (``relax=("namespaces",)``).
 """
 
 from __future__ import annotations
