@@ -79,3 +79,13 @@ def hog(mib: int) -> int:
     """Allocate and touch ``mib`` MiB."""
     block = b"\x01" * (mib << 20)
     return len(block)
+
+
+def spawn_and_hang(children: int) -> None:
+    """Fork ``children`` processes, then wait forever with them (until the job's timeout kills the tree)."""
+    hold_r, _ = os.pipe()
+    for _ in range(children):
+        if os.fork() == 0:
+            os.read(hold_r, 1)
+            os._exit(0)
+    os.read(hold_r, 1)

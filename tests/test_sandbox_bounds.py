@@ -7,9 +7,13 @@ behind once the queue is closed."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import jobs_bounds as jb
@@ -64,6 +68,30 @@ def test_a_fork_bomb_makes_at_most_16_processes(bound: dict[str, Any], nothing_l
         assert again["processes"] == said["processes"], (said, again)  # the first bomb left nothing running
 
 
+def _memory_cgroups() -> bool:
+    """May this process make memory cgroups? (Root may; an ordinary user, where one is delegated to it.)
+    Where it may not, a memory bound must be refused when the queue is made."""
+    if isinstance(cgroups.usable()["memory"], cgroups.Place):
+        return True
+    with pytest.raises(SandboxUnavailable, match=r"the sandbox's max_memory bound cannot be enforced here") as caught:
+        ProcQueue({"s": _lane(max_memory="48M")})
+    assert caught.value.part == "max_memory"
+    return False
+
+
+def test_a_job_killed_at_its_timeout_leaves_no_cgroup_behind(nothing_left: None) -> None:
+    memory = _memory_cgroups()
+    with open_queue({"s": _lane(max_processes=16, max_memory="64M" if memory else None)}) as q:
+        _serves(q)
+        made = len(_ours())  # its worker's (here a pids and a memory cgroup, cgroup v1)
+        assert made == len({p.parent for p in cgroups.usable().values() if isinstance(p, cgroups.Place)})
+        with pytest.raises(JobFailed) as caught:
+            q.push_and_wait(Job("hang", jb.spawn_and_hang, args=(8,), timeout=1), timeout=WAIT)
+        assert caught.value.failure.kind == "timeout"
+        _serves(q)  # by a new worker: the one killed was reaped, and its cgroups removed
+        assert len(_ours()) == made
+
+
 def test_without_a_process_bound_the_bomb_runs_its_course(nothing_left: None) -> None:
     with open_queue({"s": _lane(max_processes=None)}) as q:
         assert q.push_and_wait(Job("bomb", jb.fork_bomb), timeout=WAIT) == {"processes": 127, "refused": 0, "why": []}
@@ -80,6 +108,8 @@ def test_a_disk_filler_gets_enospc_at_max_tmp_and_leaves_nothing(nothing_left: N
 
 
 def test_a_memory_hog_is_killed_as_memory_past_max_memory(nothing_left: None) -> None:
+    if not _memory_cgroups():
+        return
     with open_queue({"s": _lane(max_memory="48M")}) as q:
         how = (q.stats().lanes["s"].sandbox or {})["max_memory"]
         assert "memory cgroup" in how and "48 MiB" in how, how
@@ -99,6 +129,8 @@ def test_without_a_memory_bound_the_hog_gets_its_memory(nothing_left: None) -> N
 
 
 def test_the_lanes_memory_limit_is_the_default_max_memory(nothing_left: None) -> None:
+    if not _memory_cgroups():
+        return
     with open_queue({"s": _lane(memory_limit="96M")}) as q:
         assert "96 MiB, its temporary files included" in (q.stats().lanes["s"].sandbox or {})["max_memory"]
         _serves(q)
@@ -107,6 +139,8 @@ def test_the_lanes_memory_limit_is_the_default_max_memory(nothing_left: None) ->
 def test_temporary_files_count_against_max_memory(nothing_left: None) -> None:
     """The tmpfs pages a job writes are its memory: filling 64 MiB of tmp
     under a 48 MiB memory bound is stopped by the memory cgroup first."""
+    if not _memory_cgroups():
+        return
     with open_queue({"s": _lane(max_memory="48M", max_tmp="128M")}) as q:
         try:
             said = q.push_and_wait(Job("fill", jb.fill_tmp, args=(96,)), timeout=WAIT)
@@ -115,6 +149,41 @@ def test_temporary_files_count_against_max_memory(nothing_left: None) -> None:
         else:
             assert said["error"] is not None and said["written"] < 48, said
         _serves(q)
+
+
+_KILLED = """
+import json, sys
+sys.path[:0] = json.loads(sys.argv[1])
+import jobs_sandbox as js
+from procq import Job, Lane, ProcQueue, Sandbox
+from procq._system import cgroups
+q = ProcQueue({"s": Lane(workers=2, trusted=False, sandbox=Sandbox(max_processes=16))})
+assert q.push_and_wait(Job("a", js.square, args=(3,)), timeout=20) == 9
+print(json.dumps([p.parent for p in cgroups.usable().values() if isinstance(p, cgroups.Place)]), flush=True)
+sys.stdin.read()  # until the test kills it
+"""
+
+
+def test_the_cgroups_of_a_killed_supervisor_are_removed_by_the_next_process(nothing_left: None) -> None:
+    if not isinstance(cgroups.usable()["pids"], cgroups.Place):
+        return  # no cgroup to leave: RLIMIT_NPROC holds the bomb (test_a_fork_bomb_makes_at_most_16_processes)
+    here = Path(__file__).parent
+    path = json.dumps([str(here), str(here.parent)])
+    with subprocess.Popen([sys.executable, "-c", _KILLED, path], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True, start_new_session=True) as killed:  # fmt: skip
+        assert killed.stdout is not None
+        parents = json.loads(killed.stdout.readline())
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait(timeout=WAIT)
+    prefix = f"procq-{killed.pid}-"
+    left = [os.path.join(p, n) for p in parents for n in os.listdir(p) if n.startswith(prefix)]
+    assert left, "the killed supervisor left no cgroup: nothing to remove"
+    # Any procq process that asks where it may make cgroups removes those whose supervisor is gone.
+    code = (
+        "import sys, json; sys.path[:0] = json.loads(sys.argv[1]); from procq._system import cgroups; cgroups.usable()"
+    )
+    subprocess.run([sys.executable, "-c", code, json.dumps([str(here.parent)])], check=True, timeout=WAIT)
+    assert [p for p in left if os.path.exists(p)] == []
 
 
 @pytest.mark.parametrize(

@@ -122,7 +122,7 @@ def _writable(place: Place) -> Place | str:
     """``place`` if this process may make a cgroup there (tried), else why not;
     cgroups a killed supervisor left there are removed first."""
     _remove_stale(place.parent)
-    probe = os.path.join(place.parent, f"{_PREFIX}probe-{os.getpid()}")
+    probe = os.path.join(place.parent, f"{_PREFIX}{os.getpid()}-0")  # (workers' count from 1)
     try:
         os.mkdir(probe)
     except OSError as exc:
