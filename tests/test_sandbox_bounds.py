@@ -23,6 +23,7 @@ from core_support import WAIT, open_queue
 
 from procq import Job, JobFailed, Lane, ProcQueue, Sandbox, SandboxUnavailable
 from procq._system import cgroups
+from procq._wire.protocol import JobExit, ProtocolError, decode_untrusted
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
 
@@ -184,6 +185,14 @@ def test_the_cgroups_of_a_killed_supervisor_are_removed_by_the_next_process(noth
     )
     subprocess.run([sys.executable, "-c", code, json.dumps([str(here.parent)])], check=True, timeout=WAIT)
     assert [p for p in left if os.path.exists(p)] == []
+
+
+def test_a_memory_kill_is_one_exit_message_the_worker_may_send() -> None:
+    assert decode_untrusted(b'["exit", 3, -9, "memory"]') == JobExit(3, -9, True)
+    assert decode_untrusted(b'["exit", 3, -9]') == JobExit(3, -9, False)
+    for other in (b'["exit", 3, -9, "cpu"]', b'["exit", 3, -9, true]', b'["exit", 3, -9, "memory", 1]'):
+        with pytest.raises(ProtocolError):
+            decode_untrusted(other)
 
 
 @pytest.mark.parametrize(

@@ -8,12 +8,13 @@ cgroup of the process that wrote it).
 Both layouts are used: cgroup v1 (a hierarchy per controller, each mounted
 apart) and cgroup v2 (one hierarchy). A controller is usable where the
 supervisor may make a cgroup below its own that has it: in v1, a directory
-it may write (root's, as a rule); in v2, a cgroup whose ``cgroup.subtree_control``
-already gives its children that controller (a delegated one: v2 refuses
-controllers to the children of a cgroup that holds processes, as the
-supervisor's own does, unless it is the root). ``usable()`` says, for each
-controller, where, or why not; the worker's side (joining, the count of
-memory kills) is ``JobCgroup``.
+it may write (root's, as a rule); in v2, where the supervisor's own cgroup
+already lists the controller in its ``cgroup.subtree_control`` (procq never
+changes that file: it is the cgroup's owner's, systemd's as a rule). v2
+lets a cgroup that holds processes, as the supervisor's does, give its
+children ``pids`` (a threaded controller) but ``memory`` only in the root
+cgroup. ``usable()`` says, for each controller, where, or why not; the
+worker's side (joining, the count of memory kills) is ``JobCgroup``.
 
 A worker's cgroup is removed when the supervisor reaps the worker
 (``remove``): by then the worker, the PID 1 of its jobs' namespace, has
@@ -103,8 +104,15 @@ def _place(controller: str) -> Place | str:
             if controller not in delegated:
                 return (
                     f"cgroup v2: this process's cgroup {parent} does not give its children the {controller} "
-                    "controller (its cgroup.subtree_control); run the supervisor in a cgroup delegated to it "
-                    "whose cgroup.subtree_control has it"
+                    f"controller (its cgroup.subtree_control has {' '.join(delegated) or 'none'}), and procq makes "
+                    "its workers' cgroups below its own. Enabling it there needs the right to write that file "
+                    "(root, or a cgroup delegated to this user)"
+                    + (
+                        ", and for memory a cgroup with no process of its own: cgroup v2 allows that only in the "
+                        "root cgroup"
+                        if controller == "memory"
+                        else ""
+                    )
                 )
             return _writable(Place(controller, 2, parent))
     return f"no {controller} controller is mounted here (neither a cgroup v1 hierarchy nor cgroup v2)"
