@@ -214,11 +214,11 @@ def remove(dirs: list[str]) -> None:
             except FileNotFoundError:
                 break
             except OSError as exc:
-                if exc.errno != errno.EBUSY or not _kill_and_wait(path, deadline):
+                if exc.errno != errno.EBUSY or not kill_and_wait(path, deadline):
                     break
 
 
-def _kill_and_wait(path: str, deadline: float) -> bool:
+def kill_and_wait(path: str, deadline: float) -> bool:
     """Kill the processes in the cgroup ``path`` and wait until they have
     exited or ``deadline`` passed; False if it passed (or they cannot be listed)."""
     try:
@@ -248,6 +248,14 @@ def _kill_and_wait(path: str, deadline: float) -> bool:
     return time.monotonic() < deadline
 
 
+def _listed(path: str) -> bool:
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            return bool(f.read().strip())
+    except OSError:
+        return False
+
+
 # --- the worker's side ----------------------------------------------------------------------
 
 
@@ -258,6 +266,7 @@ class JobCgroup:
     worker reads the count of memory kills around each job."""
 
     def __init__(self, dirs: dict[str, str], memory_version: int) -> None:
+        self.dirs = list(dict.fromkeys(dirs.values()))
         self._procs = [
             os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
             for path in dict.fromkeys(dirs.values())
@@ -271,6 +280,16 @@ class JobCgroup:
         """In the job's process: move itself into the worker's cgroup (``0`` is the writer)."""
         for fd in self._procs:
             os.write(fd, b"0")
+
+    def end_leftovers(self) -> None:
+        """In the worker, once the job's process has exited, where its jobs
+        have no PID namespace of their own to end with them: kill what the
+        job left running in the cgroup, and wait for it to exit. A process
+        forked while the others were killed is killed in the next round."""
+        deadline = time.monotonic() + _REMOVE_WAIT
+        for path in self.dirs:
+            while _listed(path) and kill_and_wait(path, deadline):
+                pass
 
     def memory_kills(self) -> int:
         """How many processes the kernel has killed in this cgroup for its memory limit."""

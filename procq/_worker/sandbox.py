@@ -90,11 +90,14 @@ class WorkerSandbox:
         confine(self.abi, self.reads, writes, self.namespaces, self.network, self.filter)
 
     def after(self, tmp: str) -> None:
-        """In the worker, once the job's process has exited: end what it left
-        running (with a PID namespace), empty the view's /dev/shm and remove
-        its temporary directory."""
+        """In the worker, once the job's process has exited: note whether the
+        kernel killed it for its memory bound; end what it left running (with
+        a PID namespace, all of it; without, what its cgroup holds), empty the
+        view's /dev/shm and remove its temporary directory."""
         if self.cgroup is not None:
             self.memory_killed = self.cgroup.memory_kills() > self._kills
+            if not self.namespaces:
+                self.cgroup.end_leftovers()
         if self.namespaces:
             reap_leftovers()
             for name in os.listdir(SHM):  # the view's own: what the job left in shared memory
