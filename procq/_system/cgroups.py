@@ -31,6 +31,7 @@ import os
 import re
 import select
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -150,20 +151,24 @@ def _remove_stale(parent: str) -> None:
 
 
 _usable: dict[str, Place | str] | None = None
+# Held while the answer is found: two queues opening at once would both make
+# the probe's cgroup, and the one that found it made would be refused.
+_usable_lock = threading.Lock()
 
 
 def usable() -> dict[str, Place | str]:
     """For each controller, where this process may use it, or why not (asked once per process)."""
     global _usable
-    if _usable is None:
-        found: dict[str, Place | str] = {}
-        for controller in CONTROLLERS:
-            try:
-                found[controller] = _place(controller)
-            except (OSError, ValueError) as exc:
-                found[controller] = f"the cgroups of this process could not be read ({exc})"
-        _usable = found
-    return _usable
+    with _usable_lock:
+        if _usable is None:
+            found: dict[str, Place | str] = {}
+            for controller in CONTROLLERS:
+                try:
+                    found[controller] = _place(controller)
+                except (OSError, ValueError) as exc:
+                    found[controller] = f"the cgroups of this process could not be read ({exc})"
+            _usable = found
+        return _usable
 
 
 # --- a worker's cgroup, from the supervisor --------------------------------------------------
