@@ -5,10 +5,12 @@
 
 round trip
     Sequential ``push_and_wait`` of a no-op job (``bench.jobs.noop``, a fresh
-    key each), one worker, on ``Lane(trusted=False)`` and on
-    ``Lane(trusted=False, sandbox=True)``, in the same run, alternating
-    rounds. The median per job of each round; the target is at most 3 ms
-    more per job for the sandboxed lane.
+    key each), one worker, on ``Lane(trusted=False)``, on
+    ``Lane(trusted=False, sandbox=True)`` (the default bounds: 256
+    processes, 256 MiB of temporary files) and on a sandbox without bounds
+    (``max_processes=None, max_tmp=None``: what the bounds cost is the
+    difference), in the same run, alternating rounds. The median per job of
+    each round; the target is at most 3 ms more per job for the sandboxed lane.
 
 worker start
     ``ProcQueue()`` to the first job's answer, then ``close()``, for each
@@ -20,8 +22,9 @@ where the time goes
     job's process is: the Landlock domain an untrusted job gets today; the
     sandbox's Landlock domain (its rules); the seccomp filter; and, per
     worker, entering the namespaces and building the view (the probe's
-    step). The worker's own per-job steps (a temporary directory made and
-    removed, leftovers reaped) are timed in this process.
+    step); a job's process joining its worker's cgroups (where this process
+    may make them). The worker's own per-job steps (a temporary directory
+    made and removed, leftovers reaped) are timed in this process.
 """
 
 from __future__ import annotations
@@ -35,12 +38,13 @@ import time
 from collections.abc import Callable
 
 from bench.jobs import noop
-from procq import Job, Lane, ProcQueue
+from procq import Job, Lane, ProcQueue, Sandbox
 from procq._system.processes import import_path
 from procq._system.sandbox import kernel
 
 KINDS = {
     "untrusted": lambda: Lane(workers=1, trusted=False),
+    "unbounded": lambda: Lane(workers=1, trusted=False, sandbox=Sandbox(max_processes=None, max_tmp=None)),
     "sandboxed": lambda: Lane(workers=1, trusted=False, sandbox=True),
 }
 
@@ -97,6 +101,7 @@ def steps(samples: int) -> dict[str, float]:
     import shutil
     import tempfile
 
+    from procq._system import cgroups
     from procq._system import seccomp as _seccomp
     from procq._system.privileges import confine_job, landlock_abi, libc
     from procq._system.sandbox_linux import _probe_namespaces, confine, default_reads
@@ -138,7 +143,7 @@ def steps(samples: int) -> dict[str, float]:
         "sandbox: seccomp filter (per job)": in_child(seccomp, samples),
     }
     worker = WorkerSandbox.__new__(WorkerSandbox)  # its per-job steps only: no namespaces entered here
-    worker.tmp_root, worker.namespaces = tmp, False
+    worker.tmp_root, worker.namespaces, worker.cgroup = tmp, False, None
     times = []
     for _ in range(samples):
         began = time.perf_counter()
@@ -148,6 +153,16 @@ def steps(samples: int) -> dict[str, float]:
         statistics.median(times) * 1e3
     )
     out["sandbox: namespaces and the view, in a forked child (per worker)"] = in_child(view, max(3, samples // 10))
+    places = {name: place for name, place in cgroups.usable().items() if isinstance(place, cgroups.Place)}
+    if places:
+        dirs = cgroups.make(places, 256, None)
+        try:
+            job_cgroup = cgroups.JobCgroup(dirs, places.get("memory", places["pids"]).version)
+            out[f"bounds: joining the worker's {len(set(dirs.values()))} cgroups (per job)"] = in_child(
+                job_cgroup.join, samples
+            )
+        finally:
+            cgroups.remove(list(dirs.values()))
     shutil.rmtree(tmp, ignore_errors=True)
     return out
 
@@ -171,11 +186,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"# bench.sandbox: Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs, "
           f"load {os.getloadavg()[0]:.2f}; {rounds} rounds of {jobs} jobs, {starts} starts")  # fmt: skip
     print()
-    print("| figure | untrusted | sandboxed | sandboxed - untrusted |")
-    print("|---|---|---|---|")
+    print("| figure | untrusted | sandboxed, unbounded | sandboxed | sandboxed - untrusted | sandboxed - unbounded |")
+    print("|---|---|---|---|---|---|")
     for name, figures in (("round trip, median ms per job", trips), ("worker start + first job, median ms", boots)):
-        u, s = statistics.median(figures["untrusted"]), statistics.median(figures["sandboxed"])
-        print(f"| {name} | {u:.2f} | {s:.2f} | {s - u:+.2f} |")
+        u, n, s = (statistics.median(figures[kind]) for kind in ("untrusted", "unbounded", "sandboxed"))
+        print(f"| {name} | {u:.2f} | {n:.2f} | {s:.2f} | {s - u:+.2f} | {s - n:+.2f} |")
     extra = statistics.median(trips["sandboxed"]) - statistics.median(trips["untrusted"])
     print()
     print(f"[{'MET' if extra <= 3.0 else 'MISSED'}] at most 3 ms more per job: {extra:+.2f} ms")

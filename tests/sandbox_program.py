@@ -10,7 +10,10 @@
   ``user.max_user_namespaces`` to 0 there, as distributions that disable
   user namespaces do: from then on the kernel refuses it (and its
   children) any new user namespace. A sandboxed lane must then refuse to
-  open, unless its Sandbox relaxes ``namespaces``.
+  open, unless its Sandbox relaxes ``namespaces``, and then ``max_tmp``
+  (its temporary directory is the host's without them).
+
+As ``nobody`` it also runs the bounds' hostile jobs (``jobs_bounds``).
 
 Either way it prints, as the last line of its output, a JSON object of
 what it saw.
@@ -73,7 +76,21 @@ def _no_user_namespaces() -> None:
         f.write("0")
 
 
-def _scenario(directory: str, **sandbox: Any) -> dict[str, Any]:
+def _ended(pid: int) -> bool:
+    """Has the process ``pid`` exited (reaped, or a zombie)?"""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], 0)[0])
+    finally:
+        os.close(fd)
+
+
+def _scenario(directory: str, leftover: bool = False, **sandbox: Any) -> dict[str, Any]:
     import jobs_sandbox as js
 
     from procq import Job, Lane, ProcQueue, Sandbox
@@ -81,14 +98,57 @@ def _scenario(directory: str, **sandbox: Any) -> dict[str, Any]:
     secret, out = os.path.join(directory, "secret"), os.path.join(directory, "out")
     lane = Lane(workers=1, trusted=False, sandbox=Sandbox(write=(out,), **sandbox))
     with ProcQueue({"s": lane}) as q:
-        return {
-            "uid": os.getuid(),
-            "supervisor reads": open(secret).read(),
-            "job reads": q.push_and_wait(Job("read", js.read_files, args=([secret, "/etc/shadow"],)), timeout=60),
-            "job writes": q.push_and_wait(Job("write", js.use_write_dirs, args=(out, out)), timeout=60),
-            "ordinary": q.push_and_wait(Job("ordinary", js.ordinary, args=("x",)), timeout=60),
-            "enforced": sorted(q.stats().lanes["s"].sandbox or {}),
-        }
+        if leftover:  # (its pid is the host's only without a PID namespace)
+            pid = q.push_and_wait(Job("leave", js.leave_child_running), timeout=60)
+            ended = _ended(pid)
+            if not ended:
+                os.kill(pid, 9)
+        return (
+            {"leftover ended": ended}
+            if leftover
+            else {
+                "uid": os.getuid(),
+                "supervisor reads": open(secret).read(),
+                "job reads": q.push_and_wait(Job("read", js.read_files, args=([secret, "/etc/shadow"],)), timeout=60),
+                "job writes": q.push_and_wait(Job("write", js.use_write_dirs, args=(out, out)), timeout=60),
+                "ordinary": q.push_and_wait(Job("ordinary", js.ordinary, args=("x",)), timeout=60),
+                "enforced": sorted(q.stats().lanes["s"].sandbox or {}),
+            }
+        )
+
+
+def _bounds() -> dict[str, Any]:
+    """The bounds' hostile jobs, each in a lane of its own, each followed by an ordinary job."""
+    import jobs_bounds as jb
+    import jobs_sandbox as js
+
+    from procq import Job, Lane, ProcQueue, Sandbox, SandboxUnavailable
+
+    said: dict[str, Any] = {}
+    cases: dict[str, tuple[Lane, Any, tuple[Any, ...]]] = {
+        "max_processes": (Lane(trusted=False, sandbox=Sandbox(max_processes=16)), jb.fork_bomb, ()),
+        "nproc": (Lane(trusted=False, sandbox=Sandbox(), rlimits={"nproc": 16}), jb.fork_bomb, ()),
+        "max_tmp": (Lane(trusted=False, sandbox=Sandbox(max_tmp="64M")), jb.fill_tmp, (300,)),
+        "relaxed max_memory": (
+            Lane(trusted=False, sandbox=Sandbox(max_memory="48M", relax=("max_memory",))),
+            jb.hog,
+            (64,),
+        ),
+    }
+    bound = {"nproc": "max_processes", "relaxed max_memory": "max_memory"}
+    for name, (lane, fn, args) in cases.items():
+        with ProcQueue({"s": lane}) as q:
+            said[name] = {
+                "did": q.push_and_wait(Job(name, fn, args=args), timeout=60),
+                "next": q.push_and_wait(Job("next", js.square, args=(7,)), timeout=60),
+                "enforced": (q.stats().lanes["s"].sandbox or {}).get(bound.get(name, name), "(relaxed)"),
+            }
+    try:
+        ProcQueue({"s": Lane(trusted=False, sandbox=Sandbox(max_memory="48M"))}).close()
+        said["max_memory"] = "opened"
+    except SandboxUnavailable as exc:
+        said["max_memory"] = {"part": exc.part, "message": str(exc)}
+    return said
 
 
 def main() -> None:
@@ -102,6 +162,7 @@ def main() -> None:
     said: dict[str, Any] = {}
     if mode == "nobody":
         said = _scenario(directory)
+        said["bounds"] = _bounds()
     else:
         from procq import SandboxUnavailable
 
@@ -110,7 +171,13 @@ def main() -> None:
             said["strict"] = "opened"
         except SandboxUnavailable as exc:
             said["strict"] = {"part": exc.part, "message": str(exc)}
-        said["relaxed"] = _scenario(directory, relax=("namespaces",))
+        try:
+            _scenario(directory, relax=("namespaces",))
+            said["without namespaces"] = "opened"
+        except SandboxUnavailable as exc:
+            said["without namespaces"] = {"part": exc.part, "message": str(exc)}
+        said["relaxed"] = _scenario(directory, relax=("namespaces", "max_tmp"))
+        said["relaxed"].update(_scenario(directory, leftover=True, relax=("namespaces", "max_tmp")))
     print()
     print(json.dumps(said))
 

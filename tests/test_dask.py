@@ -186,9 +186,7 @@ def test_a_job_given_to_a_remote_process_killed_idle_runs_once_elsewhere(cluster
             assert time.monotonic() < deadline, "the pooled processes did not die"
             time.sleep(0.01)
         killed = {p.pid for p in pooled}
-        handles = [
-            q.push(Job(f"k{i}", jobs_core.record, args=(str(log), f"k{i}"), lane=LANE)).handle for i in range(4)
-        ]
+        handles = [q.push(Job(f"k{i}", jobs_core.record, args=(str(log), f"k{i}"), lane=LANE)).handle for i in range(4)]
         assert not {h.result(timeout=WAIT) for h in handles} & killed  # none failed; none ran in a dead one
         assert q.stats().lanes[LANE].failed == 0
     with open(log) as f:

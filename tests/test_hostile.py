@@ -218,6 +218,12 @@ CASES = [
         message="an exit message written by the job",
     ),
     Case(
+        "memory-exit-message",
+        jobs_hostile.forge,
+        _forge_args(["exit", "<id>", -9, "memory"]),
+        message="an exit message written by the job",
+    ),
+    Case(
         "answer-then-exit-message",
         jobs_hostile.forge_two,
         (["ok", "<id>", "forged"], ["exit", "<id>", 0]),

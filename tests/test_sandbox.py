@@ -26,6 +26,7 @@ from core_support import WAIT, failure_of, open_queue
 
 from procq import Job, Lane, ProcQueue, Sandbox, SandboxUnavailable
 from procq._model.sandbox import PARTS
+from procq._model.sandbox_bounds import BOUNDS
 from procq._system.sandbox import kernel
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
@@ -229,7 +230,7 @@ def test_stats_and_the_log_say_what_each_sandboxed_lane_enforces(area: Area, cap
         stats = q.stats().lanes
         assert stats["plain"].sandbox is None
         enforced = stats["s"].sandbox
-        assert enforced is not None and set(enforced) == set(PARTS)
+        assert enforced is not None and set(enforced) == set(PARTS + BOUNDS)
         assert "Landlock" in enforced["files"] and "seccomp" in enforced["privileges"]
     said = [r.getMessage() for r in caplog.records if "is sandboxed" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("lane 's' is sandboxed: files: Landlock ABI"), said

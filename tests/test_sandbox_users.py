@@ -74,8 +74,25 @@ def test_a_supervisor_running_as_an_ordinary_user_sandboxes_its_jobs(shared: str
     said = _run("nobody", shared)
     assert said["uid"] == 65534
     _sandboxed(said, shared)
-    assert said["enforced"] == ["files", "namespaces", "network", "privileges", "processes"]
+    assert said["enforced"] == [
+        "files", "max_memory", "max_processes", "max_tmp", "namespaces", "network", "privileges", "processes"
+    ]  # fmt: skip
     assert os.stat(os.path.join(shared, "out", "b")).st_uid == 65534
+    bounds = said["bounds"]
+    for name in ("max_processes", "nproc"):  # RLIMIT_NPROC binds nobody, counted in the job's user namespace
+        bomb = bounds[name]
+        assert 1 < bomb["did"]["processes"] <= 16 and bomb["did"]["refused"] >= 1, bomb
+        assert bomb["next"] == 49
+        assert bomb["enforced"] == "RLIMIT_NPROC in the job's user namespace: at most 16 processes and threads"
+    filler = bounds["max_tmp"]
+    assert filler["did"]["error"] == "ENOSPC" and filler["did"]["written"] <= 64 and filler["next"] == 49, filler
+    # nobody may make no memory cgroup here: a memory bound is refused unless relaxed, then not enforced.
+    refused = bounds["max_memory"]
+    assert isinstance(refused, dict) and refused["part"] == "max_memory", refused
+    assert refused["message"].startswith("lane 's': the sandbox's max_memory bound cannot be enforced here: ")
+    assert "Sandbox(relax=('max_memory',))" in refused["message"]
+    relaxed = bounds["relaxed max_memory"]
+    assert relaxed["did"] == 64 << 20 and relaxed["enforced"] == "(relaxed)", relaxed
 
 
 def test_where_user_namespaces_are_refused_a_sandbox_raises_unless_it_relaxes_them(shared: str) -> None:
@@ -88,6 +105,11 @@ def test_where_user_namespaces_are_refused_a_sandbox_raises_unless_it_relaxes_th
     assert "max_user_namespaces" in message and "ENOSPC" in message
     assert "kernel.apparmor_restrict_unprivileged_userns=0" in message
     assert "Sandbox(relax=('namespaces',))" in message
+    unsized = said["without namespaces"]
+    assert isinstance(unsized, dict) and unsized["part"] == "max_tmp", unsized
+    assert "the job's temporary directory is in the host's" in unsized["message"]
     relaxed = said["relaxed"]
     _sandboxed(relaxed, shared)
-    assert relaxed["enforced"] == ["files", "network", "privileges", "processes"]
+    # Without a PID namespace, the worker's cgroup ends what a job left running (when it has one: root here).
+    assert relaxed["leftover ended"] is ("max_processes" in relaxed["enforced"] and os.getuid() == 0)
+    assert relaxed["enforced"] == ["files", "max_memory", "max_processes", "network", "privileges", "processes"]

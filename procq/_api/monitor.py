@@ -46,6 +46,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from procq._model.errors import ProcQueueError
+from procq._system.processes import pid_alive
 
 if TYPE_CHECKING:
     from procq._core.core import Core
@@ -279,7 +280,7 @@ def _sockets(directory: str, pid: int | None) -> list[tuple[int, str]]:
             continue
         owner = int(head)
         path = os.path.join(directory, entry)
-        if not _alive(owner):
+        if not pid_alive(owner):
             with contextlib.suppress(OSError):
                 os.unlink(path)
             continue
@@ -306,13 +307,3 @@ def fetch(path: str, timeout: float = 5.0) -> dict[str, Any]:
     if not isinstance(data, dict) or "stats" not in data:
         raise ValueError(f"{path} did not send a procq snapshot")
     return data
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -372,7 +372,7 @@ class LaneState:
             failed=self.failed,
             retries=self.retries,
             spares=len(self.spares),
-            sandbox=enforced(self.spec.sandbox),  # type: ignore[arg-type]
+            sandbox=enforced(self.spec.sandbox, self.spec),  # type: ignore[arg-type]
         )
 
 

@@ -10,6 +10,7 @@ procq outside itself.
 - ``values``: where a key is (``Pending`` ... ``Failed``), ``Failure`` and its
   kinds, push outcomes, stats.
 - ``sandbox``: ``Sandbox``, what a sandboxed lane's jobs may reach.
+- ``sandbox_bounds``: a ``Sandbox``'s bounds on how much they may take, checked.
 - ``errors``: the exception tree.
 - ``settings``: byte sizes, and a lane's worker settings (env, rlimits, cwd,
   worker counts against the descriptor limit).

@@ -104,7 +104,11 @@ class SandboxUnavailable(ProcQueueError):
     relax it. Raised by ``ProcQueue()``, before any worker starts. ``part``
     names the part (``"files"``, ``"namespaces"``, ``"network"``,
     ``"processes"`` or ``"privileges"``); the message says why and how to
-    relax it. A sandbox never runs weaker than asked without saying so.
+    relax it. A bound (``"max_processes"``, ``"max_memory"``, ``"max_tmp"``)
+    that nothing here can enforce (no cgroup this process may make, a root
+    supervisor that ``RLIMIT_NPROC`` does not bind, no namespaces to size a
+    tmpfs in) raises it too, with ``part`` naming the bound. A sandbox never
+    runs weaker than asked without saying so.
     """
 
     def __init__(self, message: str, part: str) -> None:

@@ -322,14 +322,16 @@ class Lane:
       (kind ``"protocol"``) undecoded. Default ``DEFAULT_RESULT_VALUES`` (1,000,000).
     - ``rlimits``: ``{"cpu": seconds per job, "fsize": bytes, "nofile": n,
       "nproc": n}``, set in each worker before it takes a job (untrusted
-      lanes: in each job's process).
+      lanes: in each job's process). The kernel never applies ``nproc`` to
+      root; a sandboxed lane's ``nproc`` binds as its ``max_processes`` does.
     - ``env``: the workers' environment variables. ``inherit_env``: whether they
       start from the supervisor's environment (default: trusted lanes do,
       untrusted ones do not).
     - ``cwd``: the workers' working directory.
     - ``sandbox`` (untrusted lanes): a ``procq.Sandbox`` (``True``: its
-      defaults) of what each job may reach: files, network, processes,
-      privileges (see docs/untrusted.md). Checked against the kernel by ``ProcQueue()``.
+      defaults) of what each job may reach (files, network, processes,
+      privileges) and how much it may take (processes, memory, temporary
+      files; see docs/untrusted.md). Checked against the machine by ``ProcQueue()``.
 
     Set-up (trusted lanes):
 

@@ -19,9 +19,14 @@ worker's side in ``_worker.sandbox``):
 - ``privileges``: a seccomp filter that refuses new namespaces, mounts,
   ``ptrace`` and the kernel's rarely needed, often exploited calls.
 
-Never silently weaker: ``_system.sandbox.check`` runs when a queue is made, and a part the
-kernel cannot enforce raises ``SandboxUnavailable``, naming it and why,
-unless the ``Sandbox`` relaxed it (``relax=("namespaces",)``).
+Its bounds (``max_processes``, ``max_memory``, ``max_tmp``: how much of the
+machine a job may take) are checked in ``_model.sandbox_bounds`` and
+enforced as ``_system.sandbox_bounds`` says (cgroups, ``RLIMIT_NPROC`` in the
+job's user namespace, a tmpfs's size).
+
+Never silently weaker: ``_system.sandbox.check`` runs when a queue is made, and a part or
+bound this machine cannot enforce raises ``SandboxUnavailable``, naming it
+and why, unless the ``Sandbox`` relaxed it (``relax=("namespaces",)``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from procq._model.sandbox_bounds import BOUNDS, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_TMP, check_bounds
 
 __all__ = ["PARTS", "Sandbox", "check_lane_sandbox"]
 
@@ -74,10 +81,21 @@ class Sandbox:
     - ``network``: False (the default): no socket but ``AF_UNIX`` and no
       network interface; a job's UNIX sockets reach only its own tree.
       True: the network as the supervisor has it.
+    - ``max_processes``: how many processes and threads a job's tree may
+      run at once (256; None: unbounded). A lane's ``rlimits["nproc"]``, if
+      lower, bounds it the same way.
+    - ``max_memory``: bytes (or ``"512M"``) of memory a job's tree may hold,
+      its temporary files included; past it the kernel kills it and the job
+      fails with kind ``"memory"``. None (the default): the lane's
+      ``memory_limit``, if it has one.
+    - ``max_tmp``: bytes (or ``"64M"``) its temporary directory, and its
+      ``/dev/shm``, may each hold (256 MiB; None: the kernel's tmpfs default,
+      half the RAM); past it a write fails with ``ENOSPC``.
     - ``relax``: parts (of ``"files"``, ``"namespaces"``, ``"network"``,
-      ``"processes"``, ``"privileges"``) the lane may run without where the
-      kernel cannot enforce them. Without it, a part the kernel lacks makes
-      ``ProcQueue()`` raise ``SandboxUnavailable``.
+      ``"processes"``, ``"privileges"``) and bounds (``"max_processes"``,
+      ``"max_memory"``, ``"max_tmp"``) the lane may run without where this
+      machine cannot enforce them. Without it, a part or bound that cannot be
+      enforced makes ``ProcQueue()`` raise ``SandboxUnavailable``.
     """
 
     # Given as any iterable of paths (str or os.PathLike); held as a tuple of
@@ -86,6 +104,9 @@ class Sandbox:
     write: Iterable[str | os.PathLike[str]] = ()
     network: bool = False
     relax: Iterable[str] | str = ()
+    max_processes: int | None = DEFAULT_MAX_PROCESSES
+    max_memory: int | str | None = None
+    max_tmp: int | str | None = DEFAULT_MAX_TMP
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "read", _paths("read", self.read, False))
@@ -99,9 +120,15 @@ class Sandbox:
             raise TypeError(f"Sandbox relax must be a tuple of part names, got {type(relax).__name__}")
         relax = tuple(relax)
         for part in relax:
-            if part not in PARTS:
-                raise ValueError(f"Sandbox relax: unknown part {part!r}; the parts are {', '.join(PARTS)}")
-        object.__setattr__(self, "relax", tuple(p for p in PARTS if p in relax))
+            if part not in PARTS + BOUNDS:
+                raise ValueError(
+                    f"Sandbox relax: unknown part {part!r}; the parts are {', '.join(PARTS)}; "
+                    f"the bounds are {', '.join(BOUNDS)}"
+                )
+        object.__setattr__(self, "relax", tuple(p for p in PARTS + BOUNDS if p in relax))
+        bounds = check_bounds(self.max_processes, self.max_memory, self.max_tmp)
+        for name, value in zip(BOUNDS, bounds, strict=True):
+            object.__setattr__(self, name, value)
 
 
 def check_lane_sandbox(value: Any, trusted: bool) -> Sandbox | None:

@@ -154,7 +154,7 @@ class LaneStats(_ItemAccess):
     failed: int
     retries: int = 0  # failed attempts that a Retry ran again
     spares: int = 0  # warm spare workers, booting or ready (see ``Lane.spare_workers``)
-    # A sandboxed lane's parts and what enforces each here (see ``Sandbox``); None for other lanes.
+    # A sandboxed lane's parts and bounds and what enforces each here (see ``Sandbox``); None for other lanes.
     sandbox: dict[str, str] | None = None
 
 

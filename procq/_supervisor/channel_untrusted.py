@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from procq._core.channel import Launch
 from procq._model.values import Completed, Failed, Failure
 from procq._supervisor.channels import KINDS, ProcessChannel
-from procq._supervisor.failures import exit_failure, unstarted_failure
+from procq._supervisor.failures import exit_failure, sandbox_memory_failure, unstarted_failure
+from procq._system import cgroups
 from procq._system.processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
 from procq._system.sandbox import sandbox_config
 from procq._wire.protocol import (
@@ -127,6 +128,8 @@ class UntrustedChannel(ProcessChannel):
         # what was read after it, checked once it is back. None otherwise.
         self._later: list[bytes | bytearray | Violation] | None = None
         self.sandboxed = False
+        # The worker's cgroups (``_system.cgroups``), removed once it is reaped.
+        self.cgroups: list[str] = []
 
     @classmethod
     def start(cls, lane: LaneState, launch: Launch) -> UntrustedChannel:
@@ -138,7 +141,8 @@ class UntrustedChannel(ProcessChannel):
         env = dict(os.environ) if spec.inherit_env else {}
         env.update(spec.env or {})
         config = worker_config(spec)
-        config["sandbox"] = sandbox_config(spec.sandbox)  # type: ignore[arg-type]  # a Sandbox or None once made
+        config["sandbox"] = sandbox_config(spec.sandbox, spec)  # type: ignore[arg-type]  # a Sandbox or None once made
+        made = _make_cgroups(config["sandbox"])
         code = (
             "import sys, json; sys.path[:0] = json.loads(sys.argv[4]); "
             "from procq._worker.untrusted import exec_main; exec_main()"
@@ -170,6 +174,7 @@ class UntrustedChannel(ProcessChannel):
             parent_conn.close()
             if mark is not None:
                 mark.close()
+            cgroups.remove(made)
             raise
         finally:
             child_conn.close()
@@ -181,7 +186,17 @@ class UntrustedChannel(ProcessChannel):
         reader = FrameReader(parent_conn.fileno(), limit, what, trailer=len(FROM_WORKER))
         channel = cls(process, parent_conn, reader, spec.max_result, spec.max_result_values, mark)
         channel.sandboxed = spec.sandbox is not None
+        channel.cgroups = made
         return channel
+
+    def reap(self) -> int | None:
+        """Reap the worker, then remove its cgroups: with it went every
+        process of its jobs (the PID 1 of their namespace)."""
+        exitcode = super().reap()
+        if self.cgroups:
+            made, self.cgroups = self.cgroups, []
+            cgroups.remove(made)
+        return exitcode
 
     def memory_base(self) -> int:
         """A sandboxed worker is two processes: the one started here, which
@@ -277,7 +292,7 @@ class UntrustedChannel(ProcessChannel):
             what = "while it held no job" if held is None else f"while it held job {held.key!r}"
             return Violation(f"a message about job id {message.job_id} {what}")
         if type(message) is JobExit:
-            return self._exited(worker, held, message.returncode)
+            return self._exited(worker, held, message)
         if self._answer is not None:
             return Violation(f"a second answer for job {held.key!r}")
         if type(message) is JobOutput:
@@ -291,12 +306,16 @@ class UntrustedChannel(ProcessChannel):
             self._answer = Failed(failure)
         return None
 
-    def _exited(self, worker: WorkerSlot, entry: Entry, returncode: int) -> Report:
+    def _exited(self, worker: WorkerSlot, entry: Entry, message: JobExit) -> Report:
         """The process that ran ``entry`` exited: the job ends with its
-        answer, or as a crash (a ``"timeout"`` for SIGXCPU) if it gave none."""
+        answer, or, if it gave none, as a crash (a ``"timeout"`` for SIGXCPU;
+        ``"memory"`` when its sandbox's memory cgroup killed it)."""
         outcome, self._answer = self._answer, None
+        returncode = message.returncode
         if outcome is not None:
             return Report(entry.job_id, outcome, False, False)
+        if message.memory_killed:
+            return Report(entry.job_id, Failed(sandbox_memory_failure(worker, entry, returncode)), False, False)
         mark = self.mark
         if mark is not None and mark.started() != entry.job_id:  # it died before the job could start
             who = f"the process forked for job {entry.key!r} by worker {self.pid} of lane {worker.lane.name!r}"
@@ -304,6 +323,19 @@ class UntrustedChannel(ProcessChannel):
         who = f"the process running job {entry.key!r} (forked by worker {self.pid} of lane {worker.lane.name!r})"
         failure = exit_failure(returncode, who, self.pid)
         return Report(entry.job_id, Failed(failure), False, True)
+
+
+def _make_cgroups(config: dict[str, Any] | None) -> list[str]:
+    """A new sandboxed worker's cgroups, made as its lane's plan says (their
+    directories go into ``config`` for the worker); none for other workers."""
+    plan = (config or {}).get("bounds") or {}
+    if not plan.get("cgroups"):
+        return []
+    assert config is not None
+    places = {name: cgroups.Place(name, version, parent) for name, (version, parent) in plan["cgroups"].items()}
+    dirs = cgroups.make(places, plan["pids_max"], plan["memory_max"])
+    plan["cgroup_dirs"] = dirs
+    return list(dict.fromkeys(dirs.values()))
 
 
 KINDS["untrusted"] = UntrustedChannel

@@ -20,6 +20,7 @@ __all__ = [
     "exit_failure",
     "memory_failure",
     "protocol_failure",
+    "sandbox_memory_failure",
     "start_failure",
     "stopped_failure",
     "unstarted_failure",
@@ -80,6 +81,19 @@ def memory_failure(worker: WorkerSlot, entry: Entry, limit: int, used: int) -> F
         f"job {entry.key!r} went over its memory_limit of {format_size(limit)} (its process tree "
         f"held {format_size(used)} more than the idle worker); its worker (pid {worker.pid}) and "
         "that process's tree were killed",
+        pid=worker.pid,
+    )
+
+
+def sandbox_memory_failure(worker: WorkerSlot, entry: Entry, exitcode: int) -> Failure:
+    sig, _, _ = describe_exit(exitcode)
+    return Failure(
+        "memory",
+        f"job {entry.key!r} went over its sandbox's max_memory: the kernel killed its process "
+        f"({sig or f'exit code {exitcode}'}) in the memory cgroup of worker {worker.pid} (lane {worker.lane.name!r}); "
+        "the worker stays",
+        exitcode=exitcode,
+        signal=sig,
         pid=worker.pid,
     )
 

@@ -12,5 +12,8 @@ workers, a Dask lane's far side); imports only ``procq._model``.
   process), and the check that refuses what it cannot (``SandboxUnavailable``).
 - ``sandbox_linux``: the mechanics: namespaces, the jobs' read-only view of
   the filesystem, Landlock rules, leftovers reaped.
+- ``sandbox_bounds``: what enforces a sandbox's bounds here (processes,
+  memory, temporary files), or why nothing can.
+- ``cgroups``: the cgroups (v1 or v2) a sandboxed worker's jobs run in.
 - ``seccomp``: the seccomp filter, assembled by hand (x86-64 and aarch64).
 """

@@ -33,6 +33,7 @@ __all__ = [
     "import_path",
     "is_stopped",
     "next_sample",
+    "pid_alive",
     "pidfd",
     "process_pss",
     "process_rss",
@@ -239,6 +240,17 @@ class ExecProcess:
 
     def close(self) -> None:
         pass  # its sentinel is closed by its channel (ProcessChannel.release)
+
+
+def pid_alive(pid: int) -> bool:
+    """Is there a process ``pid`` (whoever's it is)?"""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def pidfd(pid: int | None) -> int | None:

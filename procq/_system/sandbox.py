@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from procq._model.errors import SandboxUnavailable
 from procq._model.sandbox import Sandbox
 from procq._system.processes import import_path
+from procq._system.sandbox_bounds import bounds
 
 if TYPE_CHECKING:
     from procq._model.job import Lane
@@ -30,7 +31,7 @@ _log = logging.getLogger("procq.worker")
 # --- what the kernel gives ----------------------------------------------------------------------
 
 _kernel: dict[str, Any] | None = None
-_enforced: dict[Sandbox, dict[str, str]] = {}
+_enforced: dict[tuple[Sandbox, int | None, int | None], dict[str, str]] = {}
 
 _USERNS_HELP = (
     "On Ubuntu 23.10 and later, AppArmor restricts unprivileged user namespaces "
@@ -117,44 +118,61 @@ def _parts(sandbox: Sandbox, k: dict[str, Any]) -> tuple[dict[str, str], dict[st
     return have, lack
 
 
+def _all(sandbox: Sandbox, lane: Lane) -> tuple[dict[str, str], dict[str, str], dict[str, Any]]:
+    """What enforces each part and bound of ``sandbox`` in ``lane`` here, why
+    each that cannot be is not, and the bounds' plan for its workers."""
+    have, lack = _parts(sandbox, kernel())
+    bounded, unbounded, plan = bounds(sandbox, lane, "namespaces" in have)
+    return {**have, **bounded}, {**lack, **unbounded}, plan
+
+
+def _key(sandbox: Sandbox, lane: Lane) -> tuple[Sandbox, int | None, int | None]:
+    """What a lane's bounds depend on besides its sandbox: its memory_limit and rlimits["nproc"]."""
+    nproc = (lane.rlimits or {}).get("nproc")
+    return sandbox, lane.memory_limit_bytes, None if nproc is None else int(nproc)
+
+
 def check(lanes: Mapping[str, Lane]) -> None:
-    """Raise ``SandboxUnavailable`` if a sandboxed lane asks for a part this
-    kernel cannot enforce and did not relax it; log once at DEBUG what each
-    sandboxed lane enforces."""
+    """Raise ``SandboxUnavailable`` if a sandboxed lane asks for a part or
+    bound this machine cannot enforce and did not relax it; log once at
+    DEBUG what each sandboxed lane enforces."""
     for name, lane in lanes.items():
         sandbox: Sandbox | None = getattr(lane, "sandbox", None)
         if sandbox is None:
             continue
-        have, lack = _parts(sandbox, kernel())
+        have, lack, _ = _all(sandbox, lane)
         missing = {part: why for part, why in lack.items() if part not in sandbox.relax}
         if missing:
             part, why = next(iter(missing.items()))
+            what = "bound" if part.startswith("max_") else "part"
             raise SandboxUnavailable(
-                f"lane {name!r}: the sandbox's {part} part cannot be enforced here: {why}. "
+                f"lane {name!r}: the sandbox's {part} {what} cannot be enforced here: {why}. "
                 f"To run without it, say so: Sandbox(relax=({part!r},))",
                 part,
             )
-        if sandbox not in _enforced:
-            _enforced[sandbox] = have
+        _enforced.setdefault(_key(sandbox, lane), have)
         if _log.isEnabledFor(logging.DEBUG):
             relaxed = ", ".join(p for p in lack if p in sandbox.relax) or "nothing"
             enforced = "; ".join(f"{part}: {how}" for part, how in have.items())
             _log.debug("lane %r is sandboxed: %s (relaxed: %s)", name, enforced, relaxed)
 
 
-def enforced(sandbox: Sandbox | None) -> dict[str, str] | None:
-    """What ``sandbox`` is enforced by here (after ``check``), for ``stats()``."""
+def enforced(sandbox: Sandbox | None, lane: Lane) -> dict[str, str] | None:
+    """What enforces each part and bound of ``lane``'s ``sandbox`` here (after ``check``), for ``stats()``."""
     if sandbox is None:
         return None
-    return dict(_enforced.get(sandbox) or _parts(sandbox, kernel())[0])
+    return dict(_enforced.get(_key(sandbox, lane)) or _all(sandbox, lane)[0])
 
 
-def sandbox_config(sandbox: Sandbox | None) -> dict[str, Any] | None:
-    """What a sandboxed lane's worker needs to know, as plain data."""
+def sandbox_config(sandbox: Sandbox | None, lane: Lane) -> dict[str, Any] | None:
+    """What a sandboxed lane's worker needs to know, as plain data (``bounds``:
+    how its workers enforce each bound that can be enforced here)."""
     if sandbox is None:
         return None
-    parts = enforced(sandbox) or {}
+    have, _, plan = _all(sandbox, lane)
+    parts = [part for part in have if not part.startswith("max_")]
     return {
+        "bounds": plan,
         "read": [os.fspath(p) for p in sandbox.read],
         "write": [os.fspath(p) for p in sandbox.write],
         "network": sandbox.network,

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple, NoReturn
 from procq._system import seccomp as _seccomp
 from procq._system.privileges import landlock_abi, libc, set_dumpable
 
-__all__ = ["SHM", "TMP_SIZE", "Gate", "confine", "default_reads", "isolate", "probe_main", "reap_leftovers"]
+__all__ = ["SHM", "Gate", "confine", "default_reads", "isolate", "probe_main", "reap_leftovers"]
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUTS = 0x04000000
@@ -87,8 +87,6 @@ _NETWORK_READS = (
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 #: Where the view is built in the worker's mount namespace (hidden from the host by it).
 _BUILD = "/tmp"
-#: The size of the jobs' private /tmp and /dev/shm (each a tmpfs: they count as the machine's memory).
-TMP_SIZE = "1g"
 #: Where a job's POSIX shared memory lives: a tmpfs of its worker's in the view.
 SHM = "/dev/shm"
 
@@ -145,12 +143,16 @@ class Gate:
             return False
 
 
-def isolate(reads: list[str], writes: list[str], network: bool, cwd: str | None, keep: set[int]) -> Gate:
+def isolate(
+    reads: list[str], writes: list[str], network: bool, cwd: str | None, keep: set[int], tmp_size: int | None = None
+) -> Gate:
     """Enter the worker's namespaces and make the view its root. Returns in
     the worker, now PID 1 of its PID namespace; the process that called it
     stays outside and never returns (``_mirror``). Raises ``OSError``
     naming the step the kernel refused. ``keep``: the descriptors the
-    process outside closes (the worker's pipes)."""
+    process outside closes (the worker's pipes). ``tmp_size``: the bytes
+    the jobs' private /tmp and /dev/shm may each hold (tmpfs ``size=``;
+    None: the kernel's default, half the RAM)."""
     plan = _plan(reads, writes)
     flags = _CLONE_NEWUSER | _CLONE_NEWNS | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWUTS
     flags |= 0 if network else _CLONE_NEWNET
@@ -167,7 +169,7 @@ def isolate(reads: list[str], writes: list[str], network: bool, cwd: str | None,
     os.close(ask_r)
     os.close(answer_w)
     gate = Gate(ask_w, answer_r)
-    _build(plan)
+    _build(plan, tmp_size)
     visible = cwd is not None and any(_under(os.path.realpath(cwd), os.path.realpath(p)) for p in reads + writes)
     os.chdir(cwd if visible and cwd else "/")
     return gate
@@ -273,7 +275,7 @@ def _setattr(path: str, attrs: int, recursive: bool) -> None:
     _check(result, f"mount_setattr on {path}")
 
 
-def _build(plan: list[_Step]) -> None:
+def _build(plan: list[_Step], tmp_size: int | None) -> None:
     """In the worker (PID 1 of its namespace): build the view on a tmpfs and
     make it the root. Nothing mounted here is seen outside the namespace."""
     _mount(None, "/", None, _MS_REC | _MS_PRIVATE)
@@ -283,10 +285,12 @@ def _build(plan: list[_Step]) -> None:
     root = _BUILD
     _mount("tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "mode=0755,size=4m")
     os.mkdir(root + "/tmp", 0o755)
-    _mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=0755,size={TMP_SIZE}")
+    # Past its size a write fails with ENOSPC; its pages count as the memory of the job that wrote them.
+    size = "" if tmp_size is None else f",size={tmp_size}"
+    _mount("tmpfs", root + "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=0755{size}")
     # A private /dev/shm: POSIX shared memory and semaphores (multiprocessing's locks) work in a job.
     os.makedirs(root + SHM, 0o755)
-    _mount("tmpfs", root + SHM, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777,size={TMP_SIZE}")
+    _mount("tmpfs", root + SHM, "tmpfs", _MS_NOSUID | _MS_NODEV, f"mode=1777{size}")
     os.mkdir(root + "/proc", 0o555)
     _mount("proc", root + "/proc", "proc", _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
     for kind, real, link in plan:

@@ -57,6 +57,9 @@ frame says who wrote the rest (see ``FROM_WORKER``, ``FROM_JOB``, ``CUT_SHORT``)
     ["error", job_id, kind, exc_type, message, tb]  + b"j"  from the job's process
     ["exit", job_id, returncode]                    + b"w"  from the worker, once the
                                                             job's process has exited
+    ["exit", job_id, returncode, "memory"]          + b"w"  the same, when the kernel
+                                                            killed it for its sandbox's
+                                                            memory bound (its cgroup)
 
 The worker copies the job's bytes as they arrive; it only reads each frame's
 length prefix, to write its own (one byte longer) and the trailer after the
@@ -336,6 +339,8 @@ class JobExit(NamedTuple):
 
     job_id: int
     returncode: int
+    #: The kernel killed it for its sandbox's memory bound (its memory cgroup).
+    memory_killed: bool = False
 
 
 def decode_untrusted(frame: bytes | bytearray) -> Ready | JobOutput | JobError | JobExit:
@@ -364,6 +369,8 @@ def decode_untrusted(frame: bytes | bytearray) -> Ready | JobOutput | JobError |
         return JobError(job_id, *message[2:])
     if tag == "exit" and len(message) == 3 and type(message[2]) is int:
         return JobExit(job_id, message[2])
+    if tag == "exit" and len(message) == 4 and type(message[2]) is int and message[3] == "memory":
+        return JobExit(job_id, message[2], True)
     raise ProtocolError(f"a malformed message: {_preview(frame)}")
 
 

@@ -1,5 +1,6 @@
 """A sandboxed lane's worker side: its namespaces (once), and each job's
-private temporary directory and confinement (see ``_system.sandbox_linux``)."""
+private temporary directory, bounds and confinement (see
+``_system.sandbox_linux``; the bounds' plan is ``_system.sandbox_bounds``'s)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import tempfile
 from typing import Any
 
 from procq._system import seccomp as _seccomp
+from procq._system.cgroups import JobCgroup
 from procq._system.privileges import set_pdeathsig
 from procq._system.sandbox_linux import SHM, Gate, confine, default_reads, isolate, reap_leftovers
 
@@ -40,12 +42,24 @@ class WorkerSandbox:
         self.namespaces = "namespaces" in parts
         wants_filter = "privileges" in parts or ("network" in parts and not self.network)
         self.filter = _seccomp.program(self.network) if wants_filter else None
+        bounds = config.get("bounds") or {}
+        #: RLIMIT_NPROC for each job, counted in its user namespace (None: a pids cgroup, or no bound).
+        self.nproc: int | None = bounds.get("nproc")
+        # The worker's cgroup, whose files are opened here: they are not in the view.
+        dirs = bounds.get("cgroup_dirs")
+        memory_version = (bounds.get("cgroups") or {}).get("memory", [1])[0]
+        self.cgroup = JobCgroup(dirs, memory_version) if dirs else None
+        self._kills = 0
+        #: The running (or last) job was killed by the kernel for its memory bound.
+        self.memory_killed = False
         # The job's working directory: the worker's, if the job may read it; else its own temporary directory.
         cwd = os.getcwd()
         self.visible_cwd = _under_any(cwd, self.reads + self.writes)
         self.gate: Gate | None = None
         if self.namespaces:
-            self.gate = isolate(self.reads, self.writes, self.network, cwd if self.visible_cwd else None, keep)
+            self.gate = isolate(
+                self.reads, self.writes, self.network, cwd if self.visible_cwd else None, keep, bounds.get("tmp_size")
+            )
             self.tmp_root = "/tmp"  # the view's own tmpfs, private to this worker
         else:
             self.tmp_root = tempfile.gettempdir()
@@ -57,7 +71,20 @@ class WorkerSandbox:
 
     def job_dir(self) -> str:
         """A new private temporary directory for the next job (in the worker)."""
+        if self.cgroup is not None:
+            self._kills = self.cgroup.memory_kills()
+        self.memory_killed = False
         return tempfile.mkdtemp(prefix="procq-job-", dir=self.tmp_root)
+
+    def join(self) -> None:
+        """In the job's process, first (while it still holds the worker's
+        descriptors): into the worker's cgroup, under its bounds."""
+        if self.cgroup is not None:
+            self.cgroup.join()
+        if self.nproc is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_NPROC, (self.nproc, self.nproc))
 
     def confine(self, tmp: str) -> None:
         """In the job's process, before job code runs."""
@@ -69,9 +96,14 @@ class WorkerSandbox:
         confine(self.abi, self.reads, writes, self.namespaces, self.network, self.filter)
 
     def after(self, tmp: str) -> None:
-        """In the worker, once the job's process has exited: end what it left
-        running (with a PID namespace), empty the view's /dev/shm and remove
-        its temporary directory."""
+        """In the worker, once the job's process has exited: note whether the
+        kernel killed it for its memory bound; end what it left running (with
+        a PID namespace, all of it; without, what its cgroup holds), empty the
+        view's /dev/shm and remove its temporary directory."""
+        if self.cgroup is not None:
+            self.memory_killed = self.cgroup.memory_kills() > self._kills
+            if not self.namespaces:
+                self.cgroup.end_leftovers()
         if self.namespaces:
             reap_leftovers()
             for name in os.listdir(SHM):  # the view's own: what the job left in shared memory

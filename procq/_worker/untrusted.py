@@ -84,6 +84,10 @@ def exec_main() -> None:
         from procq._worker.sandbox import enter
 
         _sandbox = enter(config["sandbox"], json.loads(sys.argv[4]), {conn_fd, alive_fd})
+        if _sandbox.nproc is not None and config.get("rlimits"):
+            # The sandbox's RLIMIT_NPROC holds the lane's "nproc" already, and
+            # counts the worker's own processes, which the lane's does not.
+            config["rlimits"].pop("nproc", None)
     try:
         drop_privileges()
     except OSError as exc:
@@ -188,7 +192,10 @@ def _serve_forking(conn: Connection, config: dict[str, Any], alive_fd: int) -> N
             return  # the supervisor died while the job ran
         if _terminating:
             _die_of(signal.SIGTERM)  # its job is ended by the supervisor; nothing to report
-        send(json_dumps(["exit", job_id, returncode]) + FROM_WORKER)
+        if _sandbox is not None and _sandbox.memory_killed:
+            send(json_dumps(["exit", job_id, returncode, "memory"]) + FROM_WORKER)
+        else:
+            send(json_dumps(["exit", job_id, returncode]) + FROM_WORKER)
 
 
 def _fork_job(
@@ -318,6 +325,8 @@ def _job_process(
         set_pdeathsig()
         if os.getppid() != worker:  # the worker died before the line above took effect
             os._exit(1)
+        if tmp is not None:
+            _sandbox.join()  # its cgroup's descriptors are closed next
         _close_inherited_fds({0, 1, 2, channel.fileno()})
         if tmp is not None:
             _sandbox.confine(tmp)  # all of it, or the job does not run
