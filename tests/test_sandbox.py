@@ -257,7 +257,7 @@ def test_network_true_leaves_the_network(area: Area) -> None:
         ({"write": ("/etc/hostname",)}, ValueError, "Sandbox write path '/etc/hostname' is a file, not a directory"),
         ({"read": ("/",)}, ValueError, "Sandbox read path '/' is the whole filesystem"),
         ({"read": (3,)}, TypeError, "Sandbox read paths must be str or os.PathLike, got int"),
-        ({"network": "no"}, TypeError, "Sandbox network must be a bool, got str"),
+        ({"network": "no"}, TypeError, "Sandbox network must be False, True or a list of allowed hosts, got str"),
         ({"relax": ("speed",)}, ValueError, "Sandbox relax: unknown part 'speed'"),
     ],
 )

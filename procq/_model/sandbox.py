@@ -31,6 +31,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from procq._model.network import check_network
+
 __all__ = ["PARTS", "Sandbox", "check_lane_sandbox"]
 
 PARTS = ("files", "namespaces", "network", "processes", "privileges")
@@ -73,7 +75,9 @@ class Sandbox:
       temporary directory made for the job (its ``TMPDIR``), removed after it.
     - ``network``: False (the default): no socket but ``AF_UNIX`` and no
       network interface; a job's UNIX sockets reach only its own tree.
-      True: the network as the supervisor has it.
+      True: the network as the supervisor has it. A list of hosts, addresses
+      or ranges (``["pypi.org", "*.example.com:443", "10.0.0.0/8"]``): only
+      those, through procq's filtering proxy (see ``_model.network``).
     - ``relax``: parts (of ``"files"``, ``"namespaces"``, ``"network"``,
       ``"processes"``, ``"privileges"``) the lane may run without where the
       kernel cannot enforce them. Without it, a part the kernel lacks makes
@@ -84,14 +88,14 @@ class Sandbox:
     # normalized str paths once checked (so a Sandbox hashes and compares).
     read: Iterable[str | os.PathLike[str]] = ()
     write: Iterable[str | os.PathLike[str]] = ()
-    network: bool = False
+    # False, True, or the allow-list (any iterable of entries), held as a tuple of str (see _model.network).
+    network: bool | Iterable[str] = False
     relax: Iterable[str] | str = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "read", _paths("read", self.read, False))
         object.__setattr__(self, "write", _paths("write", self.write, True))
-        if not isinstance(self.network, bool):
-            raise TypeError(f"Sandbox network must be a bool, got {type(self.network).__name__}")
+        object.__setattr__(self, "network", check_network(self.network))
         relax = self.relax
         if isinstance(relax, str):
             relax = (relax,)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from procq._core.channel import Launch
 from procq._model.values import Completed, Failed, Failure
 from procq._supervisor.channels import KINDS, ProcessChannel
+from procq._supervisor.egress import close_proxy, open_gate, with_refusals
 from procq._supervisor.failures import exit_failure
 from procq._system.processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
 from procq._system.sandbox import sandbox_config
@@ -42,7 +43,9 @@ from procq._wire.protocol import (
 )
 
 if TYPE_CHECKING:
+    from procq._core.core import Core
     from procq._core.entries import Entry, LaneState, WorkerSlot
+    from procq._system.egress_proxy import Gate
 
 __all__ = ["INLINE_JSON_BYTES", "MESSAGE_SLACK", "UntrustedChannel", "decode_job_message", "json_values"]
 
@@ -123,6 +126,8 @@ class UntrustedChannel(ProcessChannel):
         # what was read after it, checked once it is back. None otherwise.
         self._later: list[bytes | bytearray | Violation] | None = None
         self.sandboxed = False
+        # A lane with a network allow-list: this worker's way out (see _system.egress_proxy).
+        self.gate: Gate | None = None
 
     @classmethod
     def start(cls, lane: LaneState, launch: Launch) -> UntrustedChannel:
@@ -135,6 +140,8 @@ class UntrustedChannel(ProcessChannel):
         env.update(spec.env or {})
         config = worker_config(spec)
         config["sandbox"] = sandbox_config(spec.sandbox)  # type: ignore[arg-type]  # a Sandbox or None once made
+        gate, bridge = open_gate(lane, launch, config["sandbox"])
+        passed = (child_conn.fileno(), launch.alive_fd) + ((bridge.fileno(),) if bridge is not None else ())
         code = (
             "import sys, json; sys.path[:0] = json.loads(sys.argv[4]); "
             "from procq._worker.untrusted import exec_main; exec_main()"
@@ -156,21 +163,40 @@ class UntrustedChannel(ProcessChannel):
                 cwd=spec.cwd,
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
-                pass_fds=(child_conn.fileno(), launch.alive_fd),
+                pass_fds=passed,
                 start_new_session=True,
             )
         except BaseException:
             parent_conn.close()
+            if gate is not None:
+                gate.close()
             raise
         finally:
             child_conn.close()
+            if bridge is not None:
+                bridge.close()
         process = ExecProcess(popen)
         limit = (spec.max_result or 0) + MESSAGE_SLACK
         what = f"the lane's max_result_bytes of {spec.max_result}"
         reader = FrameReader(parent_conn.fileno(), limit, what, trailer=len(FROM_WORKER))
         channel = cls(process, parent_conn, reader, spec.max_result, spec.max_result_values)
         channel.sandboxed = spec.sandbox is not None
+        channel.gate = gate
         return channel
+
+    @classmethod
+    def close_lane(cls, lane: LaneState, launch: Launch) -> None:
+        close_proxy(lane, launch)
+
+    def send_job(self, core: Core, worker: WorkerSlot, entry: Entry) -> None:
+        if self.gate is not None:
+            self.gate.begin(entry.key)
+        super().send_job(core, worker, entry)
+
+    def close(self) -> None:
+        super().close()
+        if self.gate is not None:
+            self.gate.close()
 
     def memory_base(self) -> int:
         """A sandboxed worker is two processes: the one started here, which
@@ -284,11 +310,12 @@ class UntrustedChannel(ProcessChannel):
         """The process that ran ``entry`` exited: the job ends with its
         answer, or as a crash (a ``"timeout"`` for SIGXCPU) if it gave none."""
         outcome, self._answer = self._answer, None
+        refused = self.gate.end() if self.gate is not None else ()
         if outcome is not None:
-            return Report(entry.job_id, outcome, False, False)
+            return Report(entry.job_id, with_refusals(entry, worker.lane.name, outcome, refused), False, False)
         who = f"the process running job {entry.key!r} (forked by worker {self.pid} of lane {worker.lane.name!r})"
         failure = exit_failure(returncode, who, self.pid)
-        return Report(entry.job_id, Failed(failure), False, True)
+        return Report(entry.job_id, with_refusals(entry, worker.lane.name, Failed(failure), refused), False, True)
 
 
 KINDS["untrusted"] = UntrustedChannel

@@ -292,18 +292,22 @@ def reap_leftovers() -> None:
 # --- once per job: Landlock and seccomp ----------------------------------------------------------
 
 
-def confine(abi: int, reads: list[str], writes: list[str], proc: bool, network: bool, filt: bytes | None) -> None:
+def confine(
+    abi: int, reads: list[str], writes: list[str], proc: bool, network: bool, filt: bytes | None,
+    connect: tuple[int, ...] = (),
+) -> None:  # fmt: skip
     """The job's process, before job code runs: a Landlock domain that allows
     reading ``reads`` (and ``/proc`` if ``proc``), everything in ``writes``,
-    no TCP unless ``network``, no signal or abstract UNIX socket outside it;
-    then the seccomp filter ``filt``. Raises ``OSError`` if the kernel refuses."""
+    no TCP unless ``network`` (but connecting to the ports ``connect``), no
+    signal or abstract UNIX socket outside it; then the seccomp filter
+    ``filt``. Raises ``OSError`` if the kernel refuses."""
     if abi >= 1:
-        _landlock(abi, reads + (["/proc"] if proc else []), writes, network)
+        _landlock(abi, reads + (["/proc"] if proc else []), writes, network, connect)
     if filt is not None:
         _seccomp.install(filt)
 
 
-def _landlock(abi: int, reads: list[str], writes: list[str], network: bool) -> None:
+def _landlock(abi: int, reads: list[str], writes: list[str], network: bool, connect: tuple[int, ...] = ()) -> None:
     fs = _FS_ALL[max(k for k in _FS_ALL if k <= abi)]
     net = 0 if network or abi < 4 else _NET_BIND_TCP | _NET_CONNECT_TCP
     scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
@@ -329,6 +333,11 @@ def _landlock(abi: int, reads: list[str], writes: list[str], network: bool) -> N
                 _check(lib.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _RULE_PATH_BENEATH, rule, 0), f"landlock rule {path}")
             finally:
                 os.close(parent)
+        for port in connect if net else ():
+            rule = ctypes.create_string_buffer(
+                _NET_CONNECT_TCP.to_bytes(8, sys.byteorder) + port.to_bytes(8, sys.byteorder), 16
+            )
+            _check(lib.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _RULE_NET_PORT, rule, 0), f"landlock rule TCP port {port}")
         _check(lib.prctl(38, 1, 0, 0, 0), "no_new_privs")
         _check(lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0), "landlock_restrict_self")
     finally:

@@ -11,6 +11,7 @@ import tempfile
 from typing import Any
 
 from procq._system import seccomp as _seccomp
+from procq._system.egress_bridge import PORT, hand_over, proxy_env
 from procq._system.privileges import set_pdeathsig
 from procq._system.sandbox_linux import SHM, confine, default_reads, isolate, reap_leftovers
 
@@ -35,17 +36,28 @@ class WorkerSandbox:
         parts = set(config["parts"])
         self.abi: int = config["landlock"]
         self.network: bool = config["network"]
-        self.reads: list[str] = [*config["read"], *default_reads(import_path, self.network)]
+        # With an allow-list: the bridge to the supervisor's egress proxy (see _system.egress_bridge).
+        bridge: int | None = config.get("bridge")
+        self.egress = bridge is not None
+        self.reads: list[str] = [*config["read"], *default_reads(import_path, self.network or self.egress)]
         self.writes: list[str] = list(config["write"])
         self.namespaces = "namespaces" in parts
         wants_filter = "privileges" in parts or ("network" in parts and not self.network)
-        self.filter = _seccomp.program(self.network) if wants_filter else None
+        self.filter = _seccomp.program(self.network or self.egress) if wants_filter else None
         # The job's working directory: the worker's, if the job may read it; else its own temporary directory.
         cwd = os.getcwd()
         self.visible_cwd = _under_any(cwd, self.reads + self.writes)
         if self.namespaces:
-            isolate(self.reads, self.writes, self.network, cwd if self.visible_cwd else None, keep)
+            isolate(
+                self.reads,
+                self.writes,
+                self.network,
+                cwd if self.visible_cwd else None,
+                keep | ({bridge} if bridge is not None else set()),
+            )
             self.tmp_root = "/tmp"  # the view's own tmpfs, private to this worker
+            if bridge is not None:
+                hand_over(bridge)
         else:
             self.tmp_root = tempfile.gettempdir()
 
@@ -57,10 +69,13 @@ class WorkerSandbox:
         """In the job's process, before job code runs."""
         os.environ["TMPDIR"] = tmp
         tempfile.tempdir = tmp
+        if self.egress:
+            os.environ.update(proxy_env())
         if not self.visible_cwd:
             os.chdir(tmp)
         writes = [*self.writes, tmp, SHM] if self.namespaces else [*self.writes, tmp]
-        confine(self.abi, self.reads, writes, self.namespaces, self.network, self.filter)
+        connect = (PORT,) if self.egress else ()
+        confine(self.abi, self.reads, writes, self.namespaces, self.network, self.filter, connect)
 
     def after(self, tmp: str) -> None:
         """In the worker, once the job's process has exited: end what it left

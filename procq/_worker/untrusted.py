@@ -70,7 +70,8 @@ def exec_main() -> None:
     config = json.loads(sys.argv[1])
     conn_fd, alive_fd = int(sys.argv[2]), int(sys.argv[3])
     conn = Connection(conn_fd)
-    setup({**config, "rlimits": None}, {conn_fd, alive_fd})
+    bridge = (config.get("sandbox") or {}).get("bridge")  # to the egress proxy (see _worker.sandbox)
+    setup({**config, "rlimits": None}, {conn_fd, alive_fd} | ({bridge} if bridge is not None else set()))
     # Several workers share the liveness pipe's read end: whoever reads a byte
     # someone wrote into it takes it, and the others must not block on it.
     os.set_blocking(alive_fd, False)

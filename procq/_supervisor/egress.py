@@ -1,0 +1,80 @@
+"""A lane's network allow-list, as its untrusted channel uses it: the lane's
+egress proxy (``_system.egress_proxy``, one per lane, made with its first
+worker and closed with the lane), each worker's gate to it, and what a job
+that was refused something says when it ends: its ``Failure`` names the
+refusals, and one WARNING line per job logs them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import socket
+from typing import TYPE_CHECKING, Any
+
+from procq._model.network import AllowList
+from procq._model.sandbox import Sandbox
+from procq._model.values import Completed, Failed
+from procq._system.egress_proxy import EgressProxy, Gate, Refused, describe
+
+if TYPE_CHECKING:
+    from procq._core.channel import Launch
+    from procq._core.entries import Entry, LaneState
+
+__all__ = ["close_proxy", "open_gate", "with_refusals"]
+
+_log = logging.getLogger("procq.sandbox")
+_KEY = "egress"  # the lane's proxy, in Launch.lanes[lane name]
+
+
+def open_gate(
+    lane: LaneState, launch: Launch, config: dict[str, Any] | None
+) -> tuple[Gate | None, socket.socket | None]:
+    """For a worker about to start: its gate, and the bridge's end to pass it
+    (its number goes into ``config["bridge"]``); (None, None) for a lane
+    without an allow-list, or whose list the kernel cannot enforce (relaxed:
+    then its jobs get no network)."""
+    sandbox = lane.spec.sandbox
+    if config is None or not isinstance(sandbox, Sandbox) or not isinstance(sandbox.network, tuple):
+        return None, None
+    if "network" not in config["parts"]:
+        return None, None
+    kept = launch.lanes.setdefault(lane.name, {})
+    proxy = kept.get(_KEY) if isinstance(kept, dict) else None
+    if proxy is None:
+        proxy = EgressProxy(lane.name, AllowList(sandbox.network))
+        kept[_KEY] = proxy
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    gate = proxy.gate(ours)
+    config["bridge"] = theirs.fileno()
+    return gate, theirs
+
+
+def close_proxy(lane: LaneState, launch: Launch) -> None:
+    """The lane is closed and its workers reaped: stop its proxy."""
+    kept = launch.lanes.get(lane.name)
+    proxy = kept.pop(_KEY, None) if isinstance(kept, dict) else None
+    if proxy is not None:
+        proxy.close()
+
+
+def lane_refusals(launch: Launch, lane: str) -> dict[str, int]:
+    """The lane's refusals so far, by kind."""
+    kept = launch.lanes.get(lane)
+    proxy = kept.get(_KEY) if isinstance(kept, dict) else None
+    return dict(proxy.refused) if proxy is not None else {}
+
+
+def with_refusals(
+    entry: Entry, lane: str, outcome: Completed[Any] | Failed, refused: tuple[Refused, ...]
+) -> Completed[Any] | Failed:
+    """A job's outcome, told what the sandbox refused it: a failure's message
+    ends with the refusals; logged once at WARNING either way."""
+    if not refused:
+        return outcome
+    text = describe(refused)
+    _log.warning("job %r of lane %r: %s", entry.key, lane, text)
+    if isinstance(outcome, Failed):
+        failure = outcome.failure
+        return Failed(dataclasses.replace(failure, message=f"{failure.message} ({text})"))
+    return outcome

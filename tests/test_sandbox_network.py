@@ -1,0 +1,355 @@
+"""A sandbox's network allow-list (``Sandbox(network=[...])``): a job reaches
+the hosts listed, through procq's proxy, by every path a program takes
+(urllib, curl, CONNECT, SOCKS5, IPv6) and is refused every other, in every
+form (an address typed out for a listed name, a name that resolves to
+loopback, a ClientHello naming another host, a nested CONNECT, UDP, a
+connection around the proxy); each refusal is in the job's report, its
+failure and the log. Every server is a real one on a loopback address,
+started here."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import os
+import socket
+import socketserver
+import ssl
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jobs_egress as je
+import pytest
+from core_support import WAIT, failure_of, open_queue
+
+from procq import Job, Lane, ProcQueue, Sandbox
+from procq._model.network import AllowList, parse_entry
+from procq._system.egress_bridge import PORT
+from procq._system.sandbox import _parts, kernel
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
+
+
+# --- the list, checked when made ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "held"),
+    [
+        (["pypi.org"], ("pypi.org",)),
+        (["PyPI.org.:443", "pypi.org:443"], ("pypi.org:443",)),
+        (["*.example.com:8080"], ("*.example.com:8080",)),
+        (("127.0.0.1", "10.0.0.0/8:443"), ("127.0.0.1", "10.0.0.0/8:443")),
+        (["::1", "[::1]:8080", "[fd00::/8]"], ("::1", "[::1]:8080", "fd00::/8")),
+    ],
+)
+def test_an_allow_list_is_held_written_one_way(given: list[str], held: tuple[str, ...]) -> None:
+    sandbox = Sandbox(network=given)
+    assert sandbox.network == held
+    assert hash(sandbox) == hash(Sandbox(network=list(held)))
+
+
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        ([], r"network=\[\] allows no host: say network=False"),
+        (["*"], r"'\*' allows every host: say network=True"),
+        (["https://pypi.org"], "give a host \\(and a port\\), not a URL"),
+        (["pypi.org/simple"], "is not a host name, an IP address or a CIDR range"),
+        (["a..b"], "is not a host name"),
+        (["*.*.example.com"], "is not a host name"),
+        (["ex*ample.com"], "is not a host name"),
+        (["-a.org"], "is not a host name"),
+        (["pypi.org:0"], "the port '0' is not a number from 1 to 65535"),
+        (["pypi.org:65536"], "the port '65536' is not a number from 1 to 65535"),
+        (["pypi.org:https"], "the port 'https' is not a number"),
+        ([":443"], "no host before the port"),
+        (["10.0.0.1/8"], "has host bits set"),
+        (["1.2.3"], "is not an IP address or CIDR range"),
+        (["2130706433"], "is not an IP address or CIDR range"),
+        (["[::1"], "never closed"),
+        (["[::1]443"], "only ':PORT' may follow"),
+        (["[127.0.0.1]"], "'\\[...\\]' is for IPv6 addresses"),
+    ],
+)
+def test_a_malformed_entry_is_a_value_error_naming_it(given: list[str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Sandbox(network=given)
+
+
+@pytest.mark.parametrize("given", ["pypi.org", b"pypi.org", 443, [443], None])
+def test_a_network_that_is_no_list_is_a_type_error(given: Any) -> None:
+    with pytest.raises(TypeError, match="Sandbox network"):
+        Sandbox(network=given)
+
+
+def test_the_list_decides_by_name_port_and_address() -> None:
+    import ipaddress
+
+    allow = AllowList(["*.example.com", "api.test:8443", "10.0.0.0/8:22", "[::1]:9000"])
+    assert allow.name_allowed("a.example.com", 443) and allow.name_allowed("a.b.example.com", 80)
+    assert not allow.name_allowed("example.com", 443)  # a wildcard is for subdomains
+    assert not allow.name_allowed("evilexample.com", 443)
+    assert not allow.name_allowed("a.example.com", 8080)  # no port: 80 and 443 only
+    assert allow.name_allowed("api.test", 8443) and not allow.name_allowed("api.test", 443)
+    assert allow.address_allowed(ipaddress.ip_address("10.1.2.3"), 22)
+    assert allow.address_allowed(ipaddress.ip_address("::ffff:10.1.2.3"), 22)  # IPv4-mapped counts as IPv4
+    assert not allow.address_allowed(ipaddress.ip_address("11.0.0.1"), 22)
+    assert allow.address_allowed(ipaddress.ip_address("::1"), 9000)
+    assert allow.resolved_refusal(ipaddress.ip_address("93.184.215.14"), 443) is None
+    assert (
+        allow.resolved_refusal(ipaddress.ip_address("127.0.0.1"), 443)
+        == "resolves to loopback 127.0.0.1, not on the list"
+    )
+    assert "private" in (allow.resolved_refusal(ipaddress.ip_address("192.168.1.1"), 443) or "")
+    assert "link-local" in (allow.resolved_refusal(ipaddress.ip_address("169.254.169.254"), 80) or "")
+    assert allow.resolved_refusal(ipaddress.ip_address("10.9.9.9"), 22) is None  # listed itself
+    assert str(parse_entry("[::1]:9000")) == "[::1]:9000"
+
+
+def test_where_the_kernel_cannot_build_the_bridge_the_network_part_is_missing() -> None:
+    refused = {"landlock": 7, "seccomp": None, "namespaces": [28, "unshare: No space left on device"]}
+    have, lack = _parts(Sandbox(network=["pypi.org"]), refused)
+    assert "network" not in have
+    assert lack["network"].startswith("an allow-list needs a network namespace of the jobs' own: ")
+    have, lack = _parts(Sandbox(network=["pypi.org"]), {**refused, "namespaces": None})
+    assert have["network"].startswith("the allow-list: procq's filtering proxy")
+
+
+# --- servers on loopback addresses ----------------------------------------------------------------
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = f"hello from {self.server.server_address[0]} for {self.headers['Host']}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class _V6Server(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        while data := self.request.recv(65536):
+            self.request.sendall(data)
+
+
+class _EchoServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+@dataclass
+class Servers:
+    a: int  # HTTP on 127.0.0.2: on the list
+    b: int  # HTTP on 127.0.0.3: not on it
+    echo_a: int  # echo on 127.0.0.2: on the list
+    echo_b: int  # echo on 127.0.0.3: not on it
+    echo_local: int  # echo on 127.0.0.1, listed only as "localhost" (rebinding)
+    https: int  # HTTPS on 127.0.0.1, listed as "localhost" and its address
+    v6: int  # HTTP on ::1, on the list
+    udp: socket.socket  # a UDP socket on 127.0.0.2
+    cafile: str
+
+    def allow(self) -> list[str]:
+        return [
+            f"127.0.0.2:{self.a}", f"127.0.0.2:{self.echo_a}", f"localhost:{self.echo_local}",
+            f"localhost:{self.https}", f"127.0.0.1:{self.https}", f"[::1]:{self.v6}",
+        ]  # fmt: skip
+
+
+def _self_signed(directory: Path) -> tuple[str, str]:
+    key, cert = directory / "key.pem", directory / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    os.chmod(directory, 0o755)
+    os.chmod(cert, 0o644)
+    return str(key), str(cert)
+
+
+@pytest.fixture
+def servers(tmp_path: Path) -> Iterator[Servers]:
+    key, cert = _self_signed(tmp_path)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    https = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    https.socket = tls.wrap_socket(https.socket, server_side=True)
+    made: list[socketserver.BaseServer] = [
+        http.server.ThreadingHTTPServer(("127.0.0.2", 0), _Hello),
+        http.server.ThreadingHTTPServer(("127.0.0.3", 0), _Hello),
+        _EchoServer(("127.0.0.2", 0), _Echo),
+        _EchoServer(("127.0.0.3", 0), _Echo),
+        _EchoServer(("127.0.0.1", 0), _Echo),
+        https,
+        _V6Server(("::1", 0), _Hello),
+    ]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in made]
+    for t in threads:
+        t.start()
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.2", 0))
+    ports = [s.server_address[1] for s in made]  # type: ignore[attr-defined]
+    try:
+        yield Servers(*ports, udp=udp, cafile=cert)
+    finally:
+        for s in made:
+            s.shutdown()
+            s.server_close()
+        for t in threads:
+            t.join(10)
+        udp.close()
+
+
+@pytest.fixture
+def queue(servers: Servers) -> Iterator[ProcQueue]:
+    read = [os.path.dirname(servers.cafile)]
+    lane = Lane(workers=1, trusted=False, sandbox=Sandbox(read=read, network=servers.allow()))
+    with open_queue({"s": lane}) as q:
+        yield q
+
+
+def _run(q: ProcQueue, fn: Any, *args: Any) -> Any:
+    return q.push_and_wait(Job(f"{fn.__name__}:{os.urandom(4).hex()}", fn, args=args), timeout=WAIT)
+
+
+def _failed(q: ProcQueue, fn: Any, *args: Any) -> str:
+    """Run a job that raises: its failure's message."""
+    handle = q.push(Job(f"{fn.__name__}:{os.urandom(4).hex()}", fn, args=args)).handle  # type: ignore[union-attr]
+    return failure_of(handle, "error").message
+
+
+# --- reached and refused, path by path ------------------------------------------------------------
+
+
+def test_urllib_reaches_a_listed_host_and_is_refused_another(queue: ProcQueue, servers: Servers) -> None:
+    assert _run(queue, je.fetch, f"http://127.0.0.2:{servers.a}/x") == [
+        "ok",
+        f"hello from 127.0.0.2 for 127.0.0.2:{servers.a}",
+    ]
+    assert _run(queue, je.fetch, f"http://127.0.0.3:{servers.b}/x") == ["refused", 403]
+    assert _run(queue, je.fetch, f"http://127.0.0.2:{servers.b}/x") == ["refused", 403]  # a port not listed
+
+
+def test_urllib_reaches_a_listed_name_over_tls(queue: ProcQueue, servers: Servers) -> None:
+    said = _run(queue, je.fetch, f"https://localhost:{servers.https}/x", servers.cafile)
+    assert said == ["ok", f"hello from 127.0.0.1 for localhost:{servers.https}"]
+
+
+def test_curl_reaches_listed_hosts_and_is_refused_others(queue: ProcQueue, servers: Servers) -> None:
+    assert _run(queue, je.curl, f"http://127.0.0.2:{servers.a}/") == [
+        0,
+        f"hello from 127.0.0.2 for 127.0.0.2:{servers.a}",
+    ]
+    assert _run(queue, je.curl, "--cacert", servers.cafile, f"https://localhost:{servers.https}/")[1].startswith(
+        "hello from 127.0.0.1"
+    )
+    assert _run(queue, je.curl, "-f", f"http://127.0.0.3:{servers.b}/")[0] != 0
+    assert _run(queue, je.curl, "-k", f"https://127.0.0.3:{servers.b}/")[0] != 0  # CONNECT refused
+    assert _run(queue, je.curl, "-x", f"socks5h://127.0.0.1:{PORT}", f"http://127.0.0.2:{servers.a}/")[0] == 0
+    assert _run(queue, je.curl, "-x", f"socks5h://127.0.0.1:{PORT}", f"http://127.0.0.3:{servers.b}/")[0] != 0
+
+
+def test_connect_needs_a_client_hello_naming_the_host_connected_to(queue: ProcQueue, servers: Servers) -> None:
+    local = f"localhost:{servers.echo_local}"
+    ok = "HTTP/1.1 200 Connection established"
+    assert _run(queue, je.tunnel, f"127.0.0.2:{servers.echo_a}", None) == [ok, "echoed"]  # an address: no SNI
+    said = _run(queue, je.tunnel, f"127.0.0.2:{servers.echo_a}", "evil.example.com")
+    assert said[0] == ok and said[1] != "echoed"
+    said = _run(queue, je.tunnel, f"127.0.0.2:{servers.echo_a}", None, "http")  # a nested CONNECT
+    assert said[0] == ok and said[1] != "echoed"
+    assert _run(queue, je.tunnel, f"127.0.0.3:{servers.echo_b}", None)[0].startswith("HTTP/1.1 403")
+    assert _run(queue, je.tunnel, local, "localhost")[0].startswith("HTTP/1.1 403")  # rebinding: see below
+
+
+def test_socks5_by_name_and_by_address(queue: ProcQueue, servers: Servers) -> None:
+    assert _run(queue, je.socks, "127.0.0.2", servers.echo_a) == [0, "echoed"]
+    assert _run(queue, je.socks, "127.0.0.3", servers.echo_b)[0] == 2  # not allowed by the ruleset
+    assert _run(queue, je.socks, "localhost", servers.https, 1, b"") == [
+        0,
+        "connected",
+    ]  # a listed name, its address listed too
+    assert _run(queue, je.socks, "127.0.0.2", servers.echo_a, 3)[0] == 7  # UDP ASSOCIATE: not served
+
+
+def test_a_listed_name_that_resolves_to_loopback_is_refused_unless_its_address_is_listed(
+    queue: ProcQueue, servers: Servers
+) -> None:
+    assert _run(queue, je.socks, "localhost", servers.echo_local)[0] == 2
+    assert _run(queue, je.socks, "127.0.0.1", servers.echo_local)[0] == 2  # the address typed out: not listed
+
+
+def test_ipv6_forms(queue: ProcQueue, servers: Servers) -> None:
+    assert _run(queue, je.fetch, f"http://[::1]:{servers.v6}/")[0] == "ok"
+    assert _run(queue, je.socks, "::1", servers.v6, 1, b"") == [0, "connected"]
+    assert _run(queue, je.fetch, f"http://[::1]:{servers.a}/") == ["refused", 403]
+    assert _run(queue, je.socks, "::ffff:127.0.0.3", servers.echo_b)[0] == 2
+
+
+def test_a_program_that_ignores_the_proxy_reaches_nothing(queue: ProcQueue, servers: Servers) -> None:
+    said = _run(queue, je.around, "127.0.0.2", servers.udp.getsockname()[1])
+    assert said["tcp"].startswith("refused") and said["dns"].startswith("refused"), said
+    servers.udp.setblocking(False)
+    with pytest.raises(BlockingIOError):  # sent or refused, nothing arrived (loopback delivers at once)
+        servers.udp.recv(100)
+    said = _run(queue, je.around, "127.0.0.2", servers.a)
+    assert said["tcp"].startswith("refused"), said
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def test_a_failed_job_names_what_was_refused_and_the_log_says_it_once(
+    queue: ProcQueue, servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"http://127.0.0.3:{servers.b}/x"
+    with caplog.at_level(logging.WARNING, logger="procq.sandbox"):
+        message = _failed(queue, je.fail_after_fetch, url)
+    assert f"the sandbox refused: 127.0.0.3:{servers.b} (an address not on the list)" in message
+    warned = [r.getMessage() for r in caplog.records if r.name == "procq.sandbox"]
+    assert len(warned) == 1 and f"127.0.0.3:{servers.b}" in warned[0]
+
+
+def test_a_job_refused_nothing_reports_nothing(
+    queue: ProcQueue, servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="procq.sandbox"):
+        message = _failed(queue, je.fail_after_fetch, f"http://127.0.0.2:{servers.a}/x")
+    assert "refused" not in message.replace("could not fetch", "")
+    assert not [r for r in caplog.records if r.name == "procq.sandbox"]
+
+
+def test_a_flood_of_connections_is_refused_past_the_limit_and_the_next_job_is_served(
+    queue: ProcQueue, servers: Servers
+) -> None:
+    said = _run(queue, je.flood, f"127.0.0.2:{servers.echo_a}", 80)
+    assert said == {"taken": 64, "refused": 16}
+    assert _run(queue, je.socks, "127.0.0.2", servers.echo_a) == [0, "echoed"]
+
+
+def test_the_proxy_stops_with_the_queue(servers: Servers) -> None:
+    lane = Lane(workers=1, trusted=False, sandbox=Sandbox(network=servers.allow()))
+    with open_queue({"s": lane}) as q:
+        assert _run(q, je.socks, "127.0.0.2", servers.echo_a) == [0, "echoed"]
+        assert [t for t in threading.enumerate() if t.name == "procq-egress-s"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("procq-egress")]
+
+
+def test_the_lane_says_how_its_network_is_enforced(queue: ProcQueue) -> None:
+    assert kernel()["namespaces"] is None
+    enforced = queue.stats().lanes["s"].sandbox or {}
+    assert enforced["network"].startswith("the allow-list: procq's filtering proxy")
