@@ -76,6 +76,11 @@ def test_a_supervisor_running_as_an_ordinary_user_sandboxes_its_jobs(shared: str
     _sandboxed(said, shared)
     assert said["enforced"] == ["files", "namespaces", "network", "privileges", "processes"]
     assert os.stat(os.path.join(shared, "out", "b")).st_uid == 65534
+    egress = said["egress"]
+    assert egress["urllib"][0][0] == "ok" and egress["urllib"][0][1] == "hello from 127.0.0.2"
+    assert egress["urllib"][1] == ["refused", 403]
+    assert egress["curl"][0] == [0, "hello from 127.0.0.2"]
+    assert egress["curl"][1][0] != 0
 
 
 def test_where_user_namespaces_are_refused_a_sandbox_raises_unless_it_relaxes_them(shared: str) -> None:
@@ -91,3 +96,9 @@ def test_where_user_namespaces_are_refused_a_sandbox_raises_unless_it_relaxes_th
     relaxed = said["relaxed"]
     _sandboxed(relaxed, shared)
     assert relaxed["enforced"] == ["files", "network", "privileges", "processes"]
+    allow_list = said["allow-list"]
+    assert isinstance(allow_list, dict), f"an allow-list opened without a network namespace: {allow_list}"
+    assert allow_list["part"] == "network"
+    assert allow_list["message"].startswith(
+        "lane 's': the sandbox's network part cannot be enforced here: an allow-list needs a network namespace"
+    )
