@@ -130,6 +130,7 @@ _SOURCES = {
     "Retention": "procq._model.policies",
     "Retry": "procq._model.policies",
     "Sandbox": "procq._model.sandbox",
+    "Refused": "procq._model.network",
     "Cached": "procq._api.outcomes",
     "Completed": "procq._model.values",
     "Failed": "procq._model.values",
@@ -165,6 +166,7 @@ if TYPE_CHECKING:
         WrongProcess,
     )
     from procq._model.job import Job, Lane
+    from procq._model.network import Refused
     from procq._model.policies import Retention, Retry
     from procq._model.sandbox import Sandbox
     from procq._model.values import Completed, Failed, Failure, FailureKind, LaneStats, Pending, Processing, QueueStats
@@ -220,6 +222,7 @@ __all__ = [
     "QueueMetrics",
     "QueueStats",
     "Queued",
+    "Refused",
     "Retention",
     "Retry",
     "Sandbox",

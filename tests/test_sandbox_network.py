@@ -26,8 +26,9 @@ from typing import Any
 import jobs_egress as je
 import pytest
 from core_support import WAIT, failure_of, open_queue
+from observe_support import require
 
-from procq import Job, Lane, ProcQueue, Sandbox
+from procq import Job, Lane, ProcQueue, Refused, Sandbox
 from procq._model.network import AllowList, parse_entry
 from procq._system.egress_bridge import PORT
 from procq._system.sandbox import _parts, kernel
@@ -353,3 +354,54 @@ def test_the_lane_says_how_its_network_is_enforced(queue: ProcQueue) -> None:
     assert kernel()["namespaces"] is None
     enforced = queue.stats().lanes["s"].sandbox or {}
     assert enforced["network"].startswith("the allow-list: procq's filtering proxy")
+
+
+def _handle(q: ProcQueue, fn: Any, *args: Any) -> Any:
+    handle = q.push(Job(f"{fn.__name__}:{os.urandom(4).hex()}", fn, args=args)).handle  # type: ignore[union-attr]
+    handle.result(timeout=WAIT)
+    return handle
+
+
+def test_every_refusal_is_in_its_jobs_report_and_the_lanes_metrics(queue: ProcQueue, servers: Servers) -> None:
+    b, echo_a = f"127.0.0.3:{servers.b}", f"127.0.0.2:{servers.echo_a}"
+    local = f"localhost:{servers.echo_local}"
+    cases = [
+        (je.fetch, (f"http://{b}/",), Refused("not-listed", b, "an address not on the list", 1)),
+        (je.socks, ("localhost", servers.echo_local), Refused(
+            "rebinding", local, "resolves to loopback 127.0.0.1, not on the list", 1)),
+        (je.tunnel, (echo_a, "evil.example.com"), Refused(
+            "sni", echo_a, "the TLS ClientHello names 'evil.example.com', not the host connected to", 1)),
+        (je.tunnel, (echo_a, None, "http"), Refused(
+            "nested", echo_a, "plain HTTP inside a CONNECT tunnel (a nested CONNECT or request)", 1)),
+        (je.socks, ("127.0.0.2", servers.echo_a, 3), Refused("udp", echo_a, "UDP (SOCKS5 UDP ASSOCIATE)", 1)),
+        (je.socks, ("2130706433", servers.echo_b), Refused(
+            "malformed", f"2130706433:{servers.echo_b}", "not a host name or an IP address", 1)),
+        (je.flood, (echo_a, 66), Refused("limit", "a connection", "more than 64 at once", 2)),
+    ]  # fmt: skip
+    for fn, args, refused in cases:
+        handle = _handle(queue, fn, *args)
+        said = handle.sandbox_refused()
+        assert said == (refused,), fn.__name__
+    clean = _handle(queue, je.socks, "127.0.0.2", servers.echo_a)
+    assert clean.result() == [0, "echoed"] and clean.sandbox_refused() == ()
+    refused_by_kind = queue.metrics().lanes["s"].sandbox_refused
+    assert refused_by_kind == {
+        "not-listed": 1, "rebinding": 1, "sni": 1, "nested": 1, "udp": 1, "malformed": 1, "limit": 2,
+    }  # fmt: skip
+    prometheus = require("prometheus_client", "prometheus")
+    from procq.metrics import prometheus as exporter
+
+    registry = prometheus.CollectorRegistry()
+    exporter.register(queue, registry)
+    text = prometheus.generate_latest(registry).decode()
+    assert 'procq_sandbox_refused_total{lane="s",queue=' in text
+    assert any(
+        line.startswith("procq_sandbox_refused_total") and 'what="rebinding"' in line and line.endswith(" 1.0")
+        for line in text.splitlines()
+    ), text
+
+
+def test_a_job_refused_nothing_has_an_empty_report(queue: ProcQueue, servers: Servers) -> None:
+    handle = _handle(queue, je.fetch, f"http://127.0.0.2:{servers.a}/x")
+    assert handle.result()[0] == "ok" and handle.sandbox_refused() == ()
+    assert queue.metrics().lanes["s"].sandbox_refused == {}

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["DEFAULT_PORTS", "AllowList", "Entry", "check_network", "parse_entry"]
+__all__ = ["DEFAULT_PORTS", "AllowList", "Entry", "Refusals", "Refused", "check_network", "describe", "parse_entry"]
 
 #: The ports an entry without one allows.
 DEFAULT_PORTS: tuple[int, ...] = (80, 443)
@@ -190,3 +192,72 @@ class AllowList:
         if kind is None or self.address_allowed(address, port):
             return None
         return f"resolves to {kind} {address}, not on the list"
+
+
+# --- what was refused ---------------------------------------------------------------------------
+
+
+class Refused(NamedTuple):
+    """What a sandbox's allow-list refused a job, and how many times.
+
+    ``what`` is the kind (the ``what`` label of ``procq_sandbox_refused_total``):
+
+    - ``"not-listed"``: a host, address or port not on the list;
+    - ``"rebinding"``: a listed name that resolved to a loopback, private or
+      link-local address not on the list;
+    - ``"sni"``: a TLS ClientHello that named another host than the one connected to;
+    - ``"nested"``: a ``CONNECT`` tunnel that did not start with TLS (plain
+      HTTP, a nested ``CONNECT``);
+    - ``"udp"``: UDP asked of the proxy (SOCKS5 ``UDP ASSOCIATE``);
+    - ``"malformed"``: a request the proxy could not read, or that names a
+      destination in a form it does not take (a ``Host`` header naming
+      another host than the URL, a number for a name);
+    - ``"limit"``: a connection past the job's limit.
+    """
+
+    what: str
+    target: str  # "evil.example.com:443", or what the job asked where it named no destination
+    why: str  # in words
+    times: int
+
+    def __str__(self) -> str:
+        return f"{self.target} ({self.why})" + (f" x{self.times}" if self.times > 1 else "")
+
+
+def describe(refused: Iterable[Refused]) -> str:
+    """One line for a log or a failure message: "the sandbox refused: a:443 (not on the list) x3; ..."."""
+    return "the sandbox refused: " + "; ".join(str(r) for r in refused)
+
+
+class Refusals:
+    """A lane's record of what its allow-list refused: counts by kind (for
+    its metrics), and each job's refusals by key (for its handle), the last
+    ``keep`` jobs that had any. Written by the thread that reads a job's end,
+    read by any thread; its own lock guards it."""
+
+    def __init__(self, keep: int = 10_000) -> None:
+        self._lock = threading.Lock()
+        self._keep = keep
+        self._by_kind: Counter[str] = Counter()
+        self._by_key: OrderedDict[str, tuple[Refused, ...]] = OrderedDict()
+
+    def record(self, key: str, refused: tuple[Refused, ...]) -> None:
+        """Job ``key`` ended having been refused ``refused`` (maybe nothing)."""
+        with self._lock:
+            self._by_key.pop(key, None)
+            if not refused:
+                return
+            for r in refused:
+                self._by_kind[r.what] += r.times
+            self._by_key[key] = refused
+            if len(self._by_key) > self._keep:
+                self._by_key.popitem(last=False)
+
+    def of(self, key: str) -> tuple[Refused, ...] | None:
+        """The refusals of the last job of ``key`` that ended here, if it had any."""
+        with self._lock:
+            return self._by_key.get(key)
+
+    def by_kind(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._by_kind)

@@ -310,12 +310,13 @@ class UntrustedChannel(ProcessChannel):
         """The process that ran ``entry`` exited: the job ends with its
         answer, or as a crash (a ``"timeout"`` for SIGXCPU) if it gave none."""
         outcome, self._answer = self._answer, None
-        refused = self.gate.end() if self.gate is not None else ()
-        if outcome is not None:
-            return Report(entry.job_id, with_refusals(entry, worker.lane.name, outcome, refused), False, False)
-        who = f"the process running job {entry.key!r} (forked by worker {self.pid} of lane {worker.lane.name!r})"
-        failure = exit_failure(returncode, who, self.pid)
-        return Report(entry.job_id, with_refusals(entry, worker.lane.name, Failed(failure), refused), False, True)
+        crashed = outcome is None
+        if outcome is None:
+            who = f"the process running job {entry.key!r} (forked by worker {self.pid} of lane {worker.lane.name!r})"
+            outcome = Failed(exit_failure(returncode, who, self.pid))
+        if self.gate is not None:  # what the allow-list refused it, told
+            outcome = with_refusals(entry, worker.lane, outcome, self.gate.end())
+        return Report(entry.job_id, outcome, False, crashed)
 
 
 KINDS["untrusted"] = UntrustedChannel

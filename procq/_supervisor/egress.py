@@ -12,10 +12,10 @@ import logging
 import socket
 from typing import TYPE_CHECKING, Any
 
-from procq._model.network import AllowList
+from procq._model.network import AllowList, Refused, describe
 from procq._model.sandbox import Sandbox
 from procq._model.values import Completed, Failed
-from procq._system.egress_proxy import EgressProxy, Gate, Refused, describe
+from procq._system.egress_proxy import EgressProxy, Gate
 
 if TYPE_CHECKING:
     from procq._core.channel import Launch
@@ -58,22 +58,17 @@ def close_proxy(lane: LaneState, launch: Launch) -> None:
         proxy.close()
 
 
-def lane_refusals(launch: Launch, lane: str) -> dict[str, int]:
-    """The lane's refusals so far, by kind."""
-    kept = launch.lanes.get(lane)
-    proxy = kept.get(_KEY) if isinstance(kept, dict) else None
-    return dict(proxy.refused) if proxy is not None else {}
-
-
 def with_refusals(
-    entry: Entry, lane: str, outcome: Completed[Any] | Failed, refused: tuple[Refused, ...]
+    entry: Entry, lane: LaneState, outcome: Completed[Any] | Failed, refused: tuple[Refused, ...]
 ) -> Completed[Any] | Failed:
-    """A job's outcome, told what the sandbox refused it: a failure's message
-    ends with the refusals; logged once at WARNING either way."""
+    """A job's outcome, told what the sandbox refused it: recorded for its
+    handle and the lane's metrics (``LaneState.refusals``), logged once at
+    WARNING, and at the end of a failure's message."""
+    lane.refusals.record(entry.key, refused)
     if not refused:
         return outcome
     text = describe(refused)
-    _log.warning("job %r of lane %r: %s", entry.key, lane, text)
+    _log.warning("job %r of lane %r: %s", entry.key, lane.name, text)
     if isinstance(outcome, Failed):
         failure = outcome.failure
         return Failed(dataclasses.replace(failure, message=f"{failure.message} ({text})"))

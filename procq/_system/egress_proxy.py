@@ -37,10 +37,8 @@ import struct
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
-from typing import NamedTuple
 
-from procq._model.network import AllowList, host_name
+from procq._model.network import AllowList, Refused, host_name
 from procq._system.egress_wire import (
     HEAD_LIMIT,
     Malformed,
@@ -50,30 +48,13 @@ from procq._system.egress_wire import (
     split_authority,
 )
 
-__all__ = ["EgressProxy", "Gate", "Refused", "describe"]
+__all__ = ["EgressProxy", "Gate"]
 
 HANDSHAKE_TIMEOUT = 10.0
 IDLE_TIMEOUT = 300.0
 MAX_CONNECTIONS = 64
 _CHUNK = 1 << 18
 _HOP_BY_HOP = {"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "upgrade"}
-
-
-class Refused(NamedTuple):
-    """What the sandbox refused a job, and how often."""
-
-    what: str  # the kind: "not-listed", "rebinding", "sni", "nested", "udp", "malformed", "limit"
-    target: str  # "evil.example.com:443", or what the job sent where it named no destination
-    why: str  # in words
-    times: int
-
-    def __str__(self) -> str:
-        return f"{self.target} ({self.why})" + (f" x{self.times}" if self.times > 1 else "")
-
-
-def describe(refused: tuple[Refused, ...]) -> str:
-    """One line for a log or a failure message: "the sandbox refused: a:443 (not on the list) x3; ..."."""
-    return "the sandbox refused: " + "; ".join(str(r) for r in refused)
 
 
 class _Refusal(Exception):
@@ -171,7 +152,6 @@ class Gate:
 
     def _count(self, job: _Job, what: str, target: str, why: str) -> None:
         job.refused[(what, target, why)] += 1
-        self.proxy.count(what)
 
     def _serve(self, job: _Job, conn: socket.socket) -> None:
         try:
@@ -321,7 +301,7 @@ class _Connection:
         if upstream is None:
             return
         self.conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        self._relay(upstream, rest, host, tls=True)
+        self._relay(upstream, rest, (host, port), tls=True)
 
     def _opened(self, host: str, port: int, socks: bool) -> socket.socket | None:
         """``_open``, answering the job when it is refused or cannot connect."""
@@ -379,21 +359,21 @@ class _Connection:
         if upstream is None:
             return
         conn.sendall(_socks_reply(0))
-        self._relay(upstream, b"", host, tls=False)
+        self._relay(upstream, b"", (host, port), tls=False)
 
     # --- relaying ---------------------------------------------------------------------------
 
-    def _relay(self, upstream: socket.socket, first: bytes, host: str | None, tls: bool = False) -> None:
-        """Copy both ways until both ends are done. ``host`` (a tunnel's):
+    def _relay(self, upstream: socket.socket, first: bytes, tunnel: tuple[str, int] | None, tls: bool = False) -> None:
+        """Copy both ways until both ends are done. ``tunnel`` (host, port):
         the first bytes from the job, if TLS (required if ``tls``), must
-        name it (an address: name nothing)."""
+        name that host (an address: name nothing)."""
         idle = self.gate.proxy.idle_timeout
         self.conn.settimeout(idle)
         upstream.settimeout(idle)
         try:
             self.gate.hold(self.job, upstream)
-            if host is not None:
-                first = self._check_hello(upstream, first, host, tls)
+            if tunnel is not None:
+                first = self._check_hello(first, tunnel, tls)
             if first:
                 upstream.sendall(first)
             back = threading.Thread(target=self._pump, args=(upstream, self.conn), name="procq-egress", daemon=True)
@@ -404,8 +384,9 @@ class _Connection:
             self.gate.hold(self.job, upstream, False)
             upstream.close()
 
-    def _check_hello(self, upstream: socket.socket, data: bytes, host: str, tls: bool) -> bytes:
-        target = f"{host}"
+    def _check_hello(self, data: bytes, tunnel: tuple[str, int], tls: bool) -> bytes:
+        host, port = tunnel
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         while True:
             if data and not tls and data[:1] != b"\x16":
                 return data  # SOCKS5: not TLS, nothing to check
@@ -492,8 +473,7 @@ def _read_head(sock: socket.socket) -> tuple[bytes, bytes]:
 
 
 class EgressProxy:
-    """A sandboxed lane's egress proxy: its acceptor thread, its gates (one
-    per worker) and the lane's count of refusals by kind."""
+    """A sandboxed lane's egress proxy: its acceptor thread and its gates (one per worker)."""
 
     def __init__(
         self,
@@ -501,14 +481,11 @@ class EgressProxy:
         allow: AllowList,
         max_connections: int = MAX_CONNECTIONS,
         idle_timeout: float = IDLE_TIMEOUT,
-        on_refused: Callable[[str, str], None] | None = None,
     ) -> None:
         self.lane = lane
         self.allow = allow
         self.max_connections = max_connections
         self.idle_timeout = idle_timeout
-        self.refused: Counter[str] = Counter()  # by kind, for the lane's metrics
-        self._on_refused = on_refused
         self._lock = threading.Lock()
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
@@ -526,12 +503,6 @@ class EgressProxy:
 
     def forget(self, sock: socket.socket) -> None:
         self._submit("drop", sock, None)  # type: ignore[arg-type]
-
-    def count(self, what: str) -> None:
-        with self._lock:
-            self.refused[what] += 1
-        if self._on_refused is not None:
-            self._on_refused(self.lane, what)
 
     def _submit(self, op: str, sock: socket.socket, gate: Gate) -> None:
         with self._lock:
