@@ -10,6 +10,7 @@ started here."""
 from __future__ import annotations
 
 import http.server
+import json
 import logging
 import os
 import socket
@@ -405,3 +406,33 @@ def test_a_job_refused_nothing_has_an_empty_report(queue: ProcQueue, servers: Se
     handle = _handle(queue, je.fetch, f"http://127.0.0.2:{servers.a}/x")
     assert handle.result()[0] == "ok" and handle.sandbox_refused() == ()
     assert queue.metrics().lanes["s"].sandbox_refused == {}
+
+
+def _cli(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    return subprocess.run(
+        [sys.executable, "-m", "procq", "run", *args], cwd=Path(__file__).parent, input=stdin,
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+
+
+def test_procq_run_network_hosts_is_an_allow_list(servers: Servers) -> None:
+    listed, other = f"http://127.0.0.2:{servers.a}/", f"http://127.0.0.3:{servers.b}/"
+    done = _cli("jobs_egress:fetch", "--sandbox", "--network", f"127.0.0.2:{servers.a}", "-q",
+                stdin=json.dumps(listed) + "\n" + json.dumps(other) + "\n")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    outputs = [json.loads(line)["output"] for line in done.stdout.splitlines()]
+    assert outputs == [["ok", f"hello from 127.0.0.2 for 127.0.0.2:{servers.a}"], ["refused", 403]]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--network", "pypi.org"], "--network needs --sandbox"),
+        (["--sandbox", "--network", "--network", "pypi.org"], "give one or the other"),
+        (["--sandbox", "--network", "https://pypi.org"], "give a host (and a port), not a URL"),
+    ],
+)
+def test_procq_run_refuses_bad_network_options(args: list[str], message: str) -> None:
+    done = _cli("jobs_egress:fetch", *args, stdin="3\n")
+    assert done.returncode == 2 and message in done.stderr, done.stderr
