@@ -19,6 +19,7 @@ import ssl
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from observe_support import require
 from procq import Job, Lane, ProcQueue, Refused, Sandbox
 from procq._model.network import AllowList, parse_entry
 from procq._system.egress_bridge import PORT
+from procq._system.egress_proxy import EgressProxy, Gate
 from procq._system.sandbox import _parts, kernel
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
@@ -84,6 +86,20 @@ def test_a_malformed_entry_is_a_value_error_naming_it(given: list[str], match: s
         Sandbox(network=given)
 
 
+@pytest.mark.parametrize(
+    ("given", "error", "match"),
+    [
+        ({"network_bytes": 0, "network": ["pypi.org"]}, ValueError, "network_bytes must be at least 1, got 0"),
+        ({"network_bytes": 1.5, "network": ["pypi.org"]}, TypeError, "network_bytes must be an int or None, got float"),
+        ({"network_bytes": 1 << 20, "network": True}, ValueError, "network_bytes needs an allow-list"),
+        ({"network_bytes": 1 << 20}, ValueError, "network_bytes needs an allow-list"),
+    ],
+)
+def test_a_bad_network_bytes_is_refused(given: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        Sandbox(**given)
+
+
 @pytest.mark.parametrize("given", ["pypi.org", b"pypi.org", 443, [443], None])
 def test_a_network_that_is_no_list_is_a_type_error(given: Any) -> None:
     with pytest.raises(TypeError, match="Sandbox network"):
@@ -128,6 +144,14 @@ def test_where_the_kernel_cannot_build_the_bridge_the_network_part_is_missing() 
 
 class _Hello(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
+        if self.path.startswith("/mib/"):  # that many MiB
+            size = int(self.path[5:]) << 20
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            for _ in range(size >> 16):
+                self.wfile.write(bytes(1 << 16))
+            return
         body = f"hello from {self.server.server_address[0]} for {self.headers['Host']}".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -436,3 +460,77 @@ def test_procq_run_network_hosts_is_an_allow_list(servers: Servers) -> None:
 def test_procq_run_refuses_bad_network_options(args: list[str], message: str) -> None:
     done = _cli("jobs_egress:fetch", *args, stdin="3\n")
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_a_job_past_its_network_bytes_is_cut_off_and_the_next_job_is_served(servers: Servers) -> None:
+    sandbox = Sandbox(network=servers.allow(), network_bytes=1 << 20)
+    with open_queue({"s": Lane(workers=1, trusted=False, sandbox=sandbox)}) as q:
+        big = q.push(Job("big", je.fetch, args=(f"http://127.0.0.2:{servers.a}/mib/4",))).handle  # type: ignore[union-attr]
+        message = failure_of(big, "error").message  # urllib: IncompleteRead
+        assert "the sandbox refused: the network (more than its network_bytes of 1048576 bytes)" in message
+        assert [r.what for r in big.sandbox_refused()] == ["limit"]
+        assert _run(q, je.fetch, f"http://127.0.0.2:{servers.a}/x")[0] == "ok"  # each job its own count
+
+
+# --- the proxy alone: idle connections, stopping ------------------------------------------------
+
+
+def _gate(proxy: EgressProxy) -> tuple[Gate, tuple[str, int]]:
+    """A gate whose listener (on 127.0.0.1, here) is handed over as a worker hands its own."""
+    ours, theirs = socket.socketpair()
+    gate = proxy.gate(ours)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        socket.send_fds(theirs, [b"L"], [listener.fileno()])
+        theirs.close()
+        return gate, listener.getsockname()
+
+
+def _socks_to(address: tuple[str, int], host: str, port: int) -> socket.socket:
+    sock = socket.create_connection(address, timeout=WAIT)
+    sock.sendall(b"\x05\x01\x00\x05\x01\x00\x01" + socket.inet_aton(host) + port.to_bytes(2, "big"))
+    got = b""
+    while len(got) < 12:
+        more = sock.recv(12 - len(got))
+        assert more, f"closed after {got!r}"
+        got += more
+    assert got[:2] == b"\x05\x00" and got[3] == 0, got
+    return sock
+
+
+def test_an_idle_connection_is_closed_and_a_busy_one_is_not(servers: Servers) -> None:
+    proxy = EgressProxy("t", AllowList(servers.allow()), idle_timeout=0.5)
+    try:
+        gate, address = _gate(proxy)
+        gate.begin("k")
+        idle = _socks_to(address, "127.0.0.2", servers.echo_a)
+        busy = _socks_to(address, "127.0.0.2", servers.echo_a)
+        began = time.monotonic()
+        while time.monotonic() - began < 1.5:  # three idle timeouts of traffic on one connection
+            busy.sendall(b"x")
+            assert busy.recv(1) == b"x"
+        assert idle.recv(1) == b""  # closed (bounded by the socket's timeout)
+        busy.sendall(b"y")
+        assert busy.recv(1) == b"y"
+        idle.close()
+        busy.close()
+        assert gate.end() == ()
+    finally:
+        proxy.close()
+
+
+def test_a_gate_refuses_connections_between_jobs_and_closes_a_jobs_own_at_its_end(servers: Servers) -> None:
+    proxy = EgressProxy("t", AllowList(servers.allow()))
+    try:
+        gate, address = _gate(proxy)
+        with socket.create_connection(address, timeout=WAIT) as between:
+            assert between.recv(1) == b""  # no job: closed at once
+        gate.begin("k")
+        held = _socks_to(address, "127.0.0.2", servers.echo_a)
+        assert gate.end() == ()
+        assert held.recv(1) == b""  # the job ended: its connection with it
+        held.close()
+    finally:
+        proxy.close()
+    assert not [t for t in threading.enumerate() if t.name == "procq-egress-t"]

@@ -25,7 +25,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-__all__ = ["DEFAULT_PORTS", "AllowList", "Entry", "Refusals", "Refused", "check_network", "describe", "parse_entry"]
+__all__ = [
+    "DEFAULT_PORTS",
+    "AllowList",
+    "Entry",
+    "Refusals",
+    "Refused",
+    "check_network",
+    "check_network_bytes",
+    "describe",
+    "parse_entry",
+]
 
 #: The ports an entry without one allows.
 DEFAULT_PORTS: tuple[int, ...] = (80, 443)
@@ -148,6 +158,20 @@ def check_network(value: Any) -> bool | tuple[str, ...]:
     return tuple(entries)
 
 
+def check_network_bytes(value: Any, network: Any) -> None:
+    """``Sandbox(network_bytes=...)`` checked: a positive int, with an allow-list (the proxy counts them)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"Sandbox network_bytes must be an int or None, got {type(value).__name__}: {value!r}")
+    if value < 1:
+        raise ValueError(f"Sandbox network_bytes must be at least 1, got {value}")
+    if not isinstance(network, tuple):
+        raise ValueError(
+            "Sandbox network_bytes needs an allow-list (network=[...]): only procq's proxy counts a job's bytes"
+        )
+
+
 def unlisted_kind(address: IPAddress) -> str | None:
     """What kind of address a name must not resolve to unless it is listed: loopback, private, ...; None if public."""
     if address.version == 6 and address.ipv4_mapped is not None:
@@ -212,7 +236,8 @@ class Refused(NamedTuple):
     - ``"malformed"``: a request the proxy could not read, or that names a
       destination in a form it does not take (a ``Host`` header naming
       another host than the URL, a number for a name);
-    - ``"limit"``: a connection past the job's limit.
+    - ``"limit"``: a connection past the job's limit, or bytes past its
+      ``network_bytes`` (its connections are then closed).
     """
 
     what: str

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from procq._model.network import check_network
+from procq._model.network import check_network, check_network_bytes
 
 __all__ = ["PARTS", "Sandbox", "check_lane_sandbox"]
 
@@ -78,6 +78,9 @@ class Sandbox:
       True: the network as the supervisor has it. A list of hosts, addresses
       or ranges (``["pypi.org", "*.example.com:443", "10.0.0.0/8"]``): only
       those, through procq's filtering proxy (see ``_model.network``).
+    - ``network_bytes``: with an allow-list, how many bytes (both ways, all
+      connections) a job may move through the proxy; past it its
+      connections are closed and new ones refused. None (the default): no bound.
     - ``relax``: parts (of ``"files"``, ``"namespaces"``, ``"network"``,
       ``"processes"``, ``"privileges"``) the lane may run without where the
       kernel cannot enforce them. Without it, a part the kernel lacks makes
@@ -90,12 +93,14 @@ class Sandbox:
     write: Iterable[str | os.PathLike[str]] = ()
     # False, True, or the allow-list (any iterable of entries), held as a tuple of str (see _model.network).
     network: bool | Iterable[str] = False
+    network_bytes: int | None = None
     relax: Iterable[str] | str = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "read", _paths("read", self.read, False))
         object.__setattr__(self, "write", _paths("write", self.write, True))
         object.__setattr__(self, "network", check_network(self.network))
+        check_network_bytes(self.network_bytes, self.network)
         relax = self.relax
         if isinstance(relax, str):
             relax = (relax,)

@@ -42,7 +42,7 @@ def open_gate(
     kept = launch.lanes.setdefault(lane.name, {})
     proxy = kept.get(_KEY) if isinstance(kept, dict) else None
     if proxy is None:
-        proxy = EgressProxy(lane.name, AllowList(sandbox.network))
+        proxy = EgressProxy(lane.name, AllowList(sandbox.network), max_bytes=sandbox.network_bytes)
         kept[_KEY] = proxy
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     gate = proxy.gate(ours)

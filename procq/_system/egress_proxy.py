@@ -22,6 +22,8 @@ reads TLS payloads. Every refusal is counted for the job that made it
 (``Gate``) and for the lane; the job's worker reads them when the job ends.
 
 Limits: at most ``max_connections`` open connections per job (more are
+refused, counted as ``"limit"``), at most ``max_bytes`` relayed per job
+if set (past it every connection of the job is closed and new ones are
 refused, counted as ``"limit"``), a handshake must arrive within
 ``HANDSHAKE_TIMEOUT`` and a connection idle for ``idle_timeout`` is closed.
 When a job ends its connections are closed; when the lane closes, all.
@@ -71,10 +73,11 @@ class _Refusal(Exception):
 class _Job:
     """One job's use of the proxy (under its gate's lock)."""
 
-    __slots__ = ("conns", "key", "refused", "upstreams")
+    __slots__ = ("conns", "key", "moved", "refused", "upstreams")
 
     def __init__(self, key: str) -> None:
         self.key = key
+        self.moved = 0  # bytes relayed, both ways
         self.refused: Counter[tuple[str, str, str]] = Counter()
         self.conns: set[socket.socket] = set()  # from the job (their number is limited)
         self.upstreams: set[socket.socket] = set()  # to where they lead
@@ -135,6 +138,11 @@ class Gate:
             if job is None or self.closed:
                 conn.close()  # between jobs: nobody may connect
                 return
+            limit = self.proxy.max_bytes
+            if limit is not None and job.moved >= limit:
+                self._count(job, "limit", "a connection", f"the job moved its network_bytes of {limit} already")
+                conn.close()
+                return
             if len(job.conns) >= self.proxy.max_connections:
                 self._count(job, "limit", "a connection", f"more than {self.proxy.max_connections} at once")
                 conn.close()
@@ -150,6 +158,21 @@ class Gate:
                 job.upstreams.add(upstream)
             else:
                 job.upstreams.discard(upstream)
+
+    def spend(self, job: _Job, n: int) -> bool:
+        """``job`` moved ``n`` more bytes: False (and every connection of it
+        ended) once that takes it past ``max_bytes``."""
+        limit = self.proxy.max_bytes
+        with self._lock:
+            job.moved += n
+            if limit is None or job.moved <= limit:
+                return True
+            if job.moved - n <= limit:  # this took it past: once
+                self._count(job, "limit", "the network", f"more than its network_bytes of {limit} bytes")
+            conns = [*job.conns, *job.upstreams]
+        for conn in conns:
+            _shut(conn)
+        return False
 
     def refuse(self, job: _Job, refusal: _Refusal) -> None:
         with self._lock:
@@ -392,6 +415,8 @@ class _Connection:
             if tunnel is not None:
                 first = self._check_hello(first, tunnel, tls)
             if first:
+                if not self.gate.spend(self.job, len(first)):
+                    return
                 upstream.sendall(first)
             back = threading.Thread(target=self._pump, args=(upstream, self.conn), name="procq-egress", daemon=True)
             back.start()
@@ -453,7 +478,7 @@ class _Connection:
                     if not readable.poll(idle_ms) and time.monotonic() - self.last >= idle_ms / 1000:
                         break  # idle both ways
                     continue
-                if not n:
+                if not n or not self.gate.spend(self.job, n):
                     break
                 while n:
                     try:
@@ -503,10 +528,12 @@ class EgressProxy:
         allow: AllowList,
         max_connections: int = MAX_CONNECTIONS,
         idle_timeout: float = IDLE_TIMEOUT,
+        max_bytes: int | None = None,
     ) -> None:
         self.lane = lane
         self.allow = allow
         self.max_connections = max_connections
+        self.max_bytes = max_bytes  # per job, both ways (Sandbox.network_bytes)
         self.idle_timeout = idle_timeout
         self._lock = threading.Lock()
         self._selector = selectors.DefaultSelector()
