@@ -98,19 +98,9 @@ def _egress() -> dict[str, Any]:
     import threading
 
     import jobs_egress as je
+    from egress_servers import Hello
 
     from procq import Job, Lane, ProcQueue, Sandbox
-
-    class Hello(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = f"hello from {self.server.server_address[0]}".encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
 
     servers = [http.server.ThreadingHTTPServer((host, 0), Hello) for host in ("127.0.0.2", "127.0.0.3")]
     for server in servers:

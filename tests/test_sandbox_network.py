@@ -27,7 +27,8 @@ from typing import Any
 
 import jobs_egress as je
 import pytest
-from core_support import WAIT, failure_of, open_queue
+from core_support import WAIT, failure_of, open_queue, procq_run
+from egress_servers import Echo, EchoServer, Hello, V6Server
 from observe_support import require
 
 from procq import Job, Lane, ProcQueue, Refused, Sandbox
@@ -142,41 +143,6 @@ def test_where_the_kernel_cannot_build_the_bridge_the_network_part_is_missing() 
 # --- servers on loopback addresses ----------------------------------------------------------------
 
 
-class _Hello(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        if self.path.startswith("/mib/"):  # that many MiB
-            size = int(self.path[5:]) << 20
-            self.send_response(200)
-            self.send_header("Content-Length", str(size))
-            self.end_headers()
-            for _ in range(size >> 16):
-                self.wfile.write(bytes(1 << 16))
-            return
-        body = f"hello from {self.server.server_address[0]} for {self.headers['Host']}".encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
-class _V6Server(http.server.ThreadingHTTPServer):
-    address_family = socket.AF_INET6
-
-
-class _Echo(socketserver.BaseRequestHandler):
-    def handle(self) -> None:
-        while data := self.request.recv(65536):
-            self.request.sendall(data)
-
-
-class _EchoServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
 @dataclass
 class Servers:
     a: int  # HTTP on 127.0.0.2: on the list
@@ -213,16 +179,16 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
     key, cert = _self_signed(tmp_path)
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(cert, key)
-    https = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    https = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
     https.socket = tls.wrap_socket(https.socket, server_side=True)
     made: list[socketserver.BaseServer] = [
-        http.server.ThreadingHTTPServer(("127.0.0.2", 0), _Hello),
-        http.server.ThreadingHTTPServer(("127.0.0.3", 0), _Hello),
-        _EchoServer(("127.0.0.2", 0), _Echo),
-        _EchoServer(("127.0.0.3", 0), _Echo),
-        _EchoServer(("127.0.0.1", 0), _Echo),
+        http.server.ThreadingHTTPServer(("127.0.0.2", 0), Hello),
+        http.server.ThreadingHTTPServer(("127.0.0.3", 0), Hello),
+        EchoServer(("127.0.0.2", 0), Echo),
+        EchoServer(("127.0.0.3", 0), Echo),
+        EchoServer(("127.0.0.1", 0), Echo),
         https,
-        _V6Server(("::1", 0), _Hello),
+        V6Server(("::1", 0), Hello),
     ]
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in made]
     for t in threads:
@@ -432,17 +398,9 @@ def test_a_job_refused_nothing_has_an_empty_report(queue: ProcQueue, servers: Se
     assert queue.metrics().lanes["s"].sandbox_refused == {}
 
 
-def _cli(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    return subprocess.run(
-        [sys.executable, "-m", "procq", "run", *args], cwd=Path(__file__).parent, input=stdin,
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
-
-
 def test_procq_run_network_hosts_is_an_allow_list(servers: Servers) -> None:
     listed, other = f"http://127.0.0.2:{servers.a}/", f"http://127.0.0.3:{servers.b}/"
-    done = _cli("jobs_egress:fetch", "--sandbox", "--network", f"127.0.0.2:{servers.a}", "-q",
+    done = procq_run("jobs_egress:fetch", "--sandbox", "--network", f"127.0.0.2:{servers.a}", "-q",
                 stdin=json.dumps(listed) + "\n" + json.dumps(other) + "\n")  # fmt: skip
     assert done.returncode == 0, done.stderr
     outputs = [json.loads(line)["output"] for line in done.stdout.splitlines()]
@@ -458,7 +416,7 @@ def test_procq_run_network_hosts_is_an_allow_list(servers: Servers) -> None:
     ],
 )
 def test_procq_run_refuses_bad_network_options(args: list[str], message: str) -> None:
-    done = _cli("jobs_egress:fetch", *args, stdin="3\n")
+    done = procq_run("jobs_egress:fetch", *args, stdin="3\n")
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 

@@ -87,13 +87,19 @@ class Instrumentation:
             meter.create_observable_counter(name, [self._lane_callback(field, first)], "{job}", doc)
             first = False
         meter.create_observable_counter(
-            "procq.jobs.failed", [self._failed], "{job}", "Jobs that ended Failed, by failure kind"
+            "procq.jobs.failed",
+            [self._by_kind("failed", "procq.failure.kind")],
+            "{job}",
+            "Jobs that ended Failed, by failure kind",
         )
         meter.create_observable_counter(
             "procq.worker.deaths", [self._deaths], "{process}", "Worker processes that ended, by cause"
         )
         meter.create_observable_counter(
-            "procq.sandbox.refused", [self._refused], "{connection}", "What a sandbox's network allow-list refused"
+            "procq.sandbox.refused",
+            [self._by_kind("sandbox_refused", "procq.sandbox.what")],
+            "{connection}",
+            "What a sandbox's network allow-list refused",
         )
         for name, field, unit, doc in _GAUGES:
             meter.create_observable_up_down_counter(name, [self._lane_callback(field, False)], unit, doc)
@@ -130,25 +136,20 @@ class Instrumentation:
 
         return observe
 
-    def _failed(self, options: CallbackOptions) -> Iterable[Observation]:
-        m = self._take(False)
-        if m is None:
-            return []
-        return [
-            Observation(n, {**self._attrs(lane.name), "procq.failure.kind": kind})
-            for lane in m.lanes.values()
-            for kind, n in sorted(lane.failed.items())
-        ]
+    def _by_kind(self, field: str, attribute: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        """A callback observing each lane's counts by kind (``LaneMetrics.<field>``), the kind as ``attribute``."""
 
-    def _refused(self, options: CallbackOptions) -> Iterable[Observation]:
-        m = self._take(False)
-        if m is None:
-            return []
-        return [
-            Observation(n, {**self._attrs(lane.name), "procq.sandbox.what": what})
-            for lane in m.lanes.values()
-            for what, n in sorted(lane.sandbox_refused.items())
-        ]
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            m = self._take(False)
+            if m is None:
+                return []
+            return [
+                Observation(n, {**self._attrs(lane.name), attribute: kind})
+                for lane in m.lanes.values()
+                for kind, n in sorted(getattr(lane, field).items())
+            ]
+
+        return observe
 
     def _deaths(self, options: CallbackOptions) -> Iterable[Observation]:
         m = self._take(False)
