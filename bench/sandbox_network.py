@@ -29,6 +29,7 @@ import socket
 import socketserver
 import statistics
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -106,37 +107,31 @@ def connections(host: str, port: int, n: int) -> list[float]:
     return times
 
 
-def run(quick: bool) -> list[str]:
-    """The figures, as Markdown lines."""
-    mib, rounds, conns = (20, 2, 50) if quick else (100, 5, 200)
+def serve() -> None:
+    """The servers, in a process of their own (as they would be on another
+    machine: not sharing the supervisor's interpreter with the proxy): their
+    ports on stdout, then serve until stdin closes."""
     web = http.server.ThreadingHTTPServer(("127.0.0.2", 0), _Big)
     echo = _EchoServer(("127.0.0.2", 0), _Echo)
     for server in (web, echo):
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    web_port, echo_port = web.server_address[1], echo.server_address[1]
-    lanes = {
-        "direct": Lane(workers=1, trusted=False, sandbox=Sandbox(network=True)),
-        "proxied": Lane(workers=1, trusted=False, sandbox=Sandbox(network=[f"127.0.0.2:{web_port}",
-                                                                            f"127.0.0.2:{echo_port}"])),
-    }  # fmt: skip
-    rates: dict[str, list[float]] = {k: [] for k in lanes}
-    setups: dict[str, list[float]] = {k: [] for k in lanes}
-    url = f"http://127.0.0.2:{web_port}/{mib}"
+    print(web.server_address[1], echo.server_address[1], flush=True)
+    sys.stdin.read()
+
+
+def run(quick: bool) -> list[str]:
+    """The figures, as Markdown lines."""
+    mib, rounds, conns = (20, 2, 50) if quick else (100, 5, 200)
+    servers = subprocess.Popen(
+        [sys.executable, "-c", "from bench.sandbox_network import serve; serve()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
     try:
-        with ProcQueue(lanes) as q:
-            for lane in lanes:  # warm: the workers started, the proxy's first connection made
-                q.push_and_wait(Job(f"warm-{lane}", download, args=(f"http://127.0.0.2:{web_port}/1",), lane=lane))
-            for i in range(rounds):
-                for lane in lanes:
-                    took, got = q.push_and_wait(Job(f"d-{lane}-{i}", download, args=(url,), lane=lane))
-                    rates[lane].append(got / MIB / took)
-                    setups[lane] += q.push_and_wait(
-                        Job(f"c-{lane}-{i}", connections, args=("127.0.0.2", echo_port, conns // rounds), lane=lane)
-                    )
+        assert servers.stdout is not None
+        web_port, echo_port = (int(p) for p in servers.stdout.readline().split())
+        rates, setups = _measure(web_port, echo_port, mib, rounds, conns)
     finally:
-        for server in (web, echo):
-            server.shutdown()
-            server.server_close()
+        servers.communicate(timeout=30)  # stdin closed: it exits
     d_rate, p_rate = statistics.median(rates["direct"]), statistics.median(rates["proxied"])
     d_setup, p_setup = statistics.median(setups["direct"]), statistics.median(setups["proxied"])
     ratio, added = p_rate / d_rate, p_setup - d_setup
@@ -152,6 +147,30 @@ def run(quick: bool) -> list[str]:
         f"[{'MET' if ratio >= 0.8 else 'MISSED'}] download through the proxy at least 0.8x direct: {ratio:.2f}x",
         f"[{'MET' if added <= 1.0 else 'MISSED'}] connection set-up adds at most 1 ms: {added:+.3f} ms",
     ]
+
+
+def _measure(
+    web_port: int, echo_port: int, mib: int, rounds: int, conns: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    lanes = {
+        "direct": Lane(workers=1, trusted=False, sandbox=Sandbox(network=True)),
+        "proxied": Lane(workers=1, trusted=False, sandbox=Sandbox(network=[f"127.0.0.2:{web_port}",
+                                                                            f"127.0.0.2:{echo_port}"])),
+    }  # fmt: skip
+    rates: dict[str, list[float]] = {k: [] for k in lanes}
+    setups: dict[str, list[float]] = {k: [] for k in lanes}
+    url = f"http://127.0.0.2:{web_port}/{mib}"
+    with ProcQueue(lanes) as q:
+        for lane in lanes:  # warm: the workers started, the proxy's first connection made
+            q.push_and_wait(Job(f"warm-{lane}", download, args=(f"http://127.0.0.2:{web_port}/1",), lane=lane))
+        for i in range(rounds):
+            for lane in lanes:
+                took, got = q.push_and_wait(Job(f"d-{lane}-{i}", download, args=(url,), lane=lane))
+                rates[lane].append(got / MIB / took)
+                setups[lane] += q.push_and_wait(
+                    Job(f"c-{lane}-{i}", connections, args=("127.0.0.2", echo_port, conns // rounds), lane=lane)
+                )
+    return rates, setups
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,17 +2,14 @@
 its own: the handshake it speaks (HTTP forward proxy, ``CONNECT``, SOCKS5;
 see ``_system.egress_proxy`` for what each is allowed), the decision on its
 destination (``_model.network.AllowList``), the connection out, the TLS
-ClientHello check of a tunnel, and the relay both ways (``splice``).
+ClientHello check of a tunnel, and the relay both ways.
 Whatever it refuses it raises as ``Refusal``, which its gate counts.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import ipaddress
-import os
-import select
 import socket
 import struct
 import threading
@@ -36,8 +33,6 @@ __all__ = ["HANDSHAKE_TIMEOUT", "Connection", "Refusal", "shut"]
 
 HANDSHAKE_TIMEOUT = 10.0
 _CHUNK = 1 << 20
-_F_SETPIPE_SZ = 1031
-_SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 _HOP_BY_HOP = {"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "upgrade"}
 
 
@@ -306,42 +301,30 @@ class Connection:
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         """Copy ``src`` to ``dst`` until ``src`` ends (then end ``dst``'s
-        writing) or both ways have been idle for the idle timeout. The bytes
-        go through a pipe with ``splice``: the kernel moves them, never
-        Python (a copy in and out of a buffer here halves the throughput)."""
-        idle_ms = int(self.gate.proxy.idle_timeout * 1000)
-        src_fd, dst_fd = src.fileno(), dst.fileno()
-        r, w = os.pipe2(os.O_CLOEXEC)
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(w, _F_SETPIPE_SZ, _CHUNK)
-        readable, writable = select.poll(), select.poll()
-        readable.register(src_fd, select.POLLIN)
-        writable.register(dst_fd, select.POLLOUT)
+        writing) or both ways have been idle for the idle timeout. Plain
+        reads and writes of up to 1 MiB: measured here, they move more than
+        ``splice`` through a pipe does, with or without reading and writing
+        overlapped (bench.sandbox_network)."""
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        idle = self.gate.proxy.idle_timeout
         try:
             while True:
                 try:
-                    n = os.splice(src_fd, w, _CHUNK, flags=_SPLICE)
-                except BlockingIOError:
-                    if not readable.poll(idle_ms) and time.monotonic() - self.last >= idle_ms / 1000:
-                        break  # idle both ways
-                    continue
+                    n = src.recv_into(buf)
+                except TimeoutError:
+                    if time.monotonic() - self.last < idle:
+                        continue  # the other way is busy
+                    break
                 if not n or not self.gate.spend(self.job, n):
                     break
-                while n:
-                    try:
-                        n -= os.splice(r, dst_fd, n, flags=_SPLICE)
-                    except BlockingIOError:
-                        if not writable.poll(idle_ms):
-                            raise TimeoutError("the other end reads nothing") from None
+                dst.sendall(view[:n])
                 self.last = time.monotonic()
         except OSError:
             shut(src)
         finally:
-            os.close(r)
-            os.close(w)
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
-
 
 def _authority(text: str, default_port: int) -> tuple[str, int]:
     host, port = split_authority(text.strip(), default_port)
