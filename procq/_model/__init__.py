@@ -10,6 +10,8 @@ procq outside itself.
 - ``values``: where a key is (``Pending`` ... ``Failed``), ``Failure`` and its
   kinds, push outcomes, stats.
 - ``sandbox``: ``Sandbox``, what a sandboxed lane's jobs may reach.
+- ``network``: a sandbox's network allow-list (its entries, checked; the
+  decisions on them), and ``Refused``, what it refused a job.
 - ``errors``: the exception tree.
 - ``settings``: byte sizes, and a lane's worker settings (env, rlimits, cwd,
   worker counts against the descriptor limit).

@@ -51,7 +51,10 @@ def hand_over(bridge_fd: int) -> None:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind(("127.0.0.1", PORT))
             listener.listen(128)
-            socket.send_fds(bridge, [b"L"], [listener.fileno()])
+            try:
+                socket.send_fds(bridge, [b"L"], [listener.fileno()])
+            except (BrokenPipeError, ConnectionResetError) as exc:
+                raise OSError(exc.errno, "the supervisor closed its end of the bridge (its queue is closing)") from None
     finally:
         bridge.close()
 

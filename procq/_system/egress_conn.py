@@ -326,6 +326,7 @@ class Connection:
             with contextlib.suppress(OSError):
                 dst.shutdown(socket.SHUT_WR)
 
+
 def _authority(text: str, default_port: int) -> tuple[str, int]:
     host, port = split_authority(text.strip(), default_port)
     return host.lower().rstrip("."), port
