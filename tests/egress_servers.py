@@ -45,3 +45,12 @@ class Echo(socketserver.BaseRequestHandler):
 class EchoServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+
+class Banner(socketserver.BaseRequestHandler):
+    """A server that speaks first (as SSH and SMTP do): a banner, then an echo."""
+
+    def handle(self) -> None:
+        self.request.sendall(b"220 hello\r\n")
+        while data := self.request.recv(65536):
+            self.request.sendall(data)

@@ -159,3 +159,24 @@ def flood(target: str, n: int) -> dict[str, int]:
 def fail_after_fetch(url: str) -> None:
     """Fetch ``url`` (refused, say), then fail as a tool would that could not reach it."""
     raise RuntimeError(f"could not fetch: {fetch(url)}")
+
+
+def banner(host: str, port: int) -> str:
+    """SOCKS5 to a server that speaks first: its banner, read before the job sends a byte."""
+    with socket.create_connection(_proxy(), timeout=20) as sock:
+        sock.sendall(b"\x05\x01\x00\x05\x01\x00\x01" + socket.inet_aton(host) + struct.pack("!H", port))
+        got = b""
+        while not got.endswith(b"\r\n"):
+            more = sock.recv(4096)
+            if not more:
+                return f"closed after {got!r}"
+            got += more
+        return got[12:].decode()
+
+
+def raw_http(head: str) -> str:
+    """A request head sent to the proxy as it is: the status line it answers."""
+    with socket.create_connection(_proxy(), timeout=20) as sock:
+        sock.sendall(head.encode("latin-1"))
+        answer = sock.recv(4096)
+        return answer.split(b"\r\n")[0].decode()

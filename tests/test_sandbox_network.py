@@ -28,7 +28,7 @@ from typing import Any
 import jobs_egress as je
 import pytest
 from core_support import WAIT, failure_of, open_queue, procq_run
-from egress_servers import Echo, EchoServer, Hello, V6Server
+from egress_servers import Banner, Echo, EchoServer, Hello, V6Server
 from observe_support import require
 
 from procq import Job, Lane, ProcQueue, Refused, Sandbox
@@ -152,13 +152,14 @@ class Servers:
     echo_local: int  # echo on 127.0.0.1, listed only as "localhost" (rebinding)
     https: int  # HTTPS on 127.0.0.1, listed as "localhost" and its address
     v6: int  # HTTP on ::1, on the list
+    banner: int  # a server that speaks first, on 127.0.0.2: on the list
     udp: socket.socket  # a UDP socket on 127.0.0.2
     cafile: str
 
     def allow(self) -> list[str]:
         return [
             f"127.0.0.2:{self.a}", f"127.0.0.2:{self.echo_a}", f"localhost:{self.echo_local}",
-            f"localhost:{self.https}", f"127.0.0.1:{self.https}", f"[::1]:{self.v6}",
+            f"localhost:{self.https}", f"127.0.0.1:{self.https}", f"[::1]:{self.v6}", f"127.0.0.2:{self.banner}",
         ]  # fmt: skip
 
 
@@ -189,6 +190,7 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
         EchoServer(("127.0.0.1", 0), Echo),
         https,
         V6Server(("::1", 0), Hello),
+        EchoServer(("127.0.0.2", 0), Banner),
     ]
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in made]
     for t in threads:
@@ -276,6 +278,26 @@ def test_socks5_by_name_and_by_address(queue: ProcQueue, servers: Servers) -> No
         "connected",
     ]  # a listed name, its address listed too
     assert _run(queue, je.socks, "127.0.0.2", servers.echo_a, 3)[0] == 7  # UDP ASSOCIATE: not served
+
+
+def test_a_server_that_speaks_first_is_heard_through_socks5(queue: ProcQueue, servers: Servers) -> None:
+    assert _run(queue, je.banner, "127.0.0.2", servers.banner) == "220 hello\r\n"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "GET http://127.0.0.2:{a}/ HTTP/1.1\r\nX: 1\nHost: evil.test\r\n\r\n",  # a bare LF
+        "GET http://127.0.0.2:{a}/ HTTP/1.1\r\nHost: 127.0.0.2:{a}\r\nHost: evil.test\r\n\r\n",  # two Hosts
+        "GET http://127.0.0.2:{a}/ HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: 127.0.0.2:{a}\r\n\r\n",  # no absolute URI: not a proxy request
+        "GET http://evil.test@127.0.0.2:{a}/ HTTP/1.1\r\n\r\n",
+    ],
+)
+def test_a_request_whose_head_could_be_read_two_ways_is_refused(queue: ProcQueue, servers: Servers, head: str) -> None:
+    handle = _handle(queue, je.raw_http, head.format(a=servers.a))
+    assert handle.result().split(" ")[1] in ("400", "403")
+    assert [r.what for r in handle.sandbox_refused()] == ["malformed"]
 
 
 def test_a_listed_name_that_resolves_to_loopback_is_refused_unless_its_address_is_listed(

@@ -77,9 +77,8 @@ class Connection:
 
     # --- deciding and connecting --------------------------------------------------------
 
-    def _open(self, host: str, port: int) -> tuple[socket.socket, str | None]:
-        """A connection to ``host:port`` if the list allows it (and the name
-        the job gave, None for an address); else ``Refusal``."""
+    def _open(self, host: str, port: int) -> socket.socket:
+        """A connection to ``host:port`` if the list allows it; else ``Refusal``."""
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
             address = ipaddress.ip_address(host)
@@ -88,7 +87,7 @@ class Connection:
         if address is not None:
             if not self.allow.address_allowed(address, port):
                 raise Refusal("not-listed", target, "an address not on the list")
-            return self._connect([str(address)], port, target), None
+            return self._connect([str(address)], port, target)
         name = host_name(host)
         if name is None:
             raise Refusal("malformed", target, "not a host name or an IP address")
@@ -109,7 +108,7 @@ class Connection:
                 why = why or refusal
         if not addresses:
             raise Refusal("rebinding", target, why)
-        return self._connect(addresses, port, target), name
+        return self._connect(addresses, port, target)
 
     def _connect(self, addresses: list[str], port: int, target: str) -> socket.socket:
         error: OSError | None = None
@@ -178,7 +177,7 @@ class Connection:
     def _opened(self, host: str, port: int, socks: bool) -> socket.socket | None:
         """``_open``, answering the job when it is refused or cannot connect."""
         try:
-            upstream, _ = self._open(host, port)
+            upstream = self._open(host, port)
         except Refusal as refusal:
             if socks:
                 self.conn.sendall(_socks_reply(2))
@@ -248,23 +247,28 @@ class Connection:
     def _relay(self, upstream: socket.socket, first: bytes, tunnel: tuple[str, int] | None, tls: bool = False) -> None:
         """Copy both ways until both ends are done. ``tunnel`` (host, port):
         the first bytes from the job, if TLS (required if ``tls``), must
-        name that host (an address: name nothing)."""
+        name that host (an address: name nothing). What the far end sends
+        flows from the start: a protocol whose server speaks first (SSH,
+        SMTP) works through SOCKS5."""
         idle = self.gate.proxy.idle_timeout
         self.conn.settimeout(idle)
         upstream.settimeout(idle)
+        self.gate.hold(self.job, upstream)
+        back = threading.Thread(target=self._pump, args=(upstream, self.conn), name="procq-egress", daemon=True)
+        back.start()
         try:
-            self.gate.hold(self.job, upstream)
             if tunnel is not None:
                 first = self._check_hello(first, tunnel, tls)
             if first:
                 if not self.gate.spend(self.job, len(first)):
                     return
                 upstream.sendall(first)
-            back = threading.Thread(target=self._pump, args=(upstream, self.conn), name="procq-egress", daemon=True)
-            back.start()
             self._pump(self.conn, upstream)
-            back.join()
+        except BaseException:
+            shut(upstream)  # refused or broken: the way back ends too
+            raise
         finally:
+            back.join()
             self.gate.hold(self.job, upstream, False)
             upstream.close()
 

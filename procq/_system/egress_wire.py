@@ -37,6 +37,8 @@ def parse_request(head: bytes) -> Request:
     except UnicodeDecodeError:  # pragma: no cover - latin-1 decodes every byte
         raise Malformed("a request head that is not text") from None
     lines = text.split("\r\n")
+    if any("\r" in line or "\n" in line for line in lines):  # a bare CR or LF: read one way here, another upstream
+        raise Malformed("a request head with a bare CR or LF")
     parts = lines[0].split(" ")
     if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
         raise Malformed(f"a request line that is not 'METHOD TARGET HTTP/1.x': {lines[0][:200]!r}")
