@@ -180,3 +180,22 @@ def raw_http(head: str) -> str:
         sock.sendall(head.encode("latin-1"))
         answer = sock.recv(4096)
         return answer.split(b"\r\n")[0].decode()
+
+
+def fetch_with(library: str, url: str, cafile: str | None = None) -> list[Any]:
+    """``requests`` or ``httpx``, as a program would use them: ["ok", body] or ["refused", status or error]."""
+    if library == "requests":
+        import requests
+
+        try:
+            answer = requests.get(url, timeout=20, verify=cafile or True)
+        except requests.RequestException as exc:
+            return ["refused", repr(exc)[:300]]
+        return ["ok", answer.text] if answer.ok else ["refused", answer.status_code]
+    import httpx
+
+    try:
+        answer = httpx.get(url, timeout=20, verify=cafile or True)
+    except httpx.HTTPError as exc:
+        return ["refused", repr(exc)[:300]]
+    return ["ok", answer.text] if answer.is_success else ["refused", answer.status_code]

@@ -244,6 +244,19 @@ def test_urllib_reaches_a_listed_name_over_tls(queue: ProcQueue, servers: Server
     assert said == ["ok", f"hello from 127.0.0.1 for localhost:{servers.https}"]
 
 
+@pytest.mark.parametrize("library", ["requests", "httpx"])
+def test_requests_and_httpx_reach_a_listed_host_and_are_refused_another(
+    queue: ProcQueue, servers: Servers, library: str
+) -> None:
+    require(library, "test")
+    listed = f"http://127.0.0.2:{servers.a}/x"
+    assert _run(queue, je.fetch_with, library, listed) == ["ok", f"hello from 127.0.0.2 for 127.0.0.2:{servers.a}"]
+    tls = f"https://localhost:{servers.https}/x"
+    assert _run(queue, je.fetch_with, library, tls, servers.cafile)[0] == "ok"
+    assert _run(queue, je.fetch_with, library, f"http://127.0.0.3:{servers.b}/x") == ["refused", 403]
+    assert _run(queue, je.fetch_with, library, f"https://127.0.0.3:{servers.b}/x")[0] == "refused"
+
+
 def test_curl_reaches_listed_hosts_and_is_refused_others(queue: ProcQueue, servers: Servers) -> None:
     assert _run(queue, je.curl, f"http://127.0.0.2:{servers.a}/") == [
         0,

@@ -63,7 +63,9 @@ def proxy_env() -> dict[str, str]:
     """What a job's environment says so that urllib, requests, httpx, pip and
     curl send everything through the proxy: both spellings (curl reads only
     the lower-case ``http_proxy``), and an empty ``NO_PROXY`` (an inherited
-    one would send those hosts around it, to nothing)."""
+    one would send those hosts around it, to nothing). ``ALL_PROXY`` names
+    the proxy as an HTTP one too: as ``socks5h://`` (which it also serves,
+    at the same address) httpx would refuse to start without ``socksio``."""
     http = f"http://127.0.0.1:{PORT}"
-    env = {"HTTP_PROXY": http, "HTTPS_PROXY": http, "ALL_PROXY": f"socks5h://127.0.0.1:{PORT}", "NO_PROXY": ""}
+    env = {"HTTP_PROXY": http, "HTTPS_PROXY": http, "ALL_PROXY": http, "NO_PROXY": ""}
     return {**env, **{name.lower(): value for name, value in env.items()}}
