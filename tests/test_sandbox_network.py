@@ -438,7 +438,7 @@ def test_procq_run_network_hosts_is_an_allow_list(servers: Servers) -> None:
     done = procq_run("jobs_egress:fetch", "--sandbox", "--network", f"127.0.0.2:{servers.a}", "-q",
                 stdin=json.dumps(listed) + "\n" + json.dumps(other) + "\n")  # fmt: skip
     assert done.returncode == 0, done.stderr
-    outputs = [json.loads(line)["output"] for line in done.stdout.splitlines()]
+    outputs = sorted((json.loads(line)["output"] for line in done.stdout.splitlines()), key=str)  # (as they end)
     assert outputs == [["ok", f"hello from 127.0.0.2 for 127.0.0.2:{servers.a}"], ["refused", 403]]
 
 

@@ -189,6 +189,8 @@ class UntrustedChannel(ProcessChannel):
         close_proxy(lane, launch)
 
     def send_job(self, core: Core, worker: WorkerSlot, entry: Entry) -> None:
+        # An untrusted worker is never sent a job ahead of the one it runs
+        # (Dispatch._top_up): the job sent is the one its connections are from.
         if self.gate is not None:
             self.gate.begin(entry.key)
         super().send_job(core, worker, entry)
