@@ -199,3 +199,11 @@ def fetch_with(library: str, url: str, cafile: str | None = None) -> list[Any]:
     except httpx.HTTPError as exc:
         return ["refused", repr(exc)[:300]]
     return ["ok", answer.text] if answer.is_success else ["refused", answer.status_code]
+
+
+def fetch_then_hang(url: str) -> None:
+    """Fetch ``url`` (refused, say), then run until the job's timeout kills it."""
+    import threading
+
+    fetch(url)
+    threading.Event().wait()

@@ -27,7 +27,7 @@ from typing import Any
 
 import jobs_egress as je
 import pytest
-from core_support import WAIT, failure_of, open_queue, procq_run
+from core_support import WAIT, failure_of, open_queue, procq_run, wait_until
 from egress_servers import Banner, Echo, EchoServer, Hello, V6Server
 from observe_support import require
 
@@ -527,3 +527,16 @@ def test_a_gate_refuses_connections_between_jobs_and_closes_a_jobs_own_at_its_en
     finally:
         proxy.close()
     assert not [t for t in threading.enumerate() if t.name == "procq-egress-t"]
+
+
+def test_a_job_killed_for_its_timeout_still_has_its_refusals_told(
+    queue: ProcQueue, servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"http://127.0.0.3:{servers.b}/x"
+    with caplog.at_level(logging.WARNING, logger="procq.sandbox"):
+        handle = queue.push(Job("hangs", je.fetch_then_hang, args=(url,), timeout=2)).handle  # type: ignore[union-attr]
+        failure_of(handle, "timeout")
+        refused = Refused("not-listed", f"127.0.0.3:{servers.b}", "an address not on the list", 1)
+        wait_until(lambda: handle.sandbox_refused() == (refused,))
+    assert queue.metrics().lanes["s"].sandbox_refused == {"not-listed": 1}
+    assert [r.name for r in caplog.records if r.name == "procq.sandbox"] == ["procq.sandbox"]

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from procq._core.channel import Launch
 from procq._model.values import Completed, Failed, Failure
 from procq._supervisor.channels import KINDS, ProcessChannel
-from procq._supervisor.egress import close_proxy, open_gate, with_refusals
+from procq._supervisor.egress import close_proxy, open_gate, tell, with_refusals
 from procq._supervisor.failures import exit_failure
 from procq._system.processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
 from procq._system.sandbox import sandbox_config
@@ -128,6 +128,7 @@ class UntrustedChannel(ProcessChannel):
         self.sandboxed = False
         # A lane with a network allow-list: this worker's way out (see _system.egress_proxy).
         self.gate: Gate | None = None
+        self.lane: LaneState | None = None  # (with a gate: where its jobs' refusals are told)
 
     @classmethod
     def start(cls, lane: LaneState, launch: Launch) -> UntrustedChannel:
@@ -182,6 +183,7 @@ class UntrustedChannel(ProcessChannel):
         channel = cls(process, parent_conn, reader, spec.max_result, spec.max_result_values)
         channel.sandboxed = spec.sandbox is not None
         channel.gate = gate
+        channel.lane = lane if gate is not None else None
         return channel
 
     @classmethod
@@ -198,7 +200,9 @@ class UntrustedChannel(ProcessChannel):
     def close(self) -> None:
         super().close()
         if self.gate is not None:
-            self.gate.close()
+            held = self.gate.close()
+            if held is not None and self.lane is not None:  # a job killed with its worker: its refusals still told
+                tell(self.lane, *held)
 
     def memory_base(self) -> int:
         """A sandboxed worker is two processes: the one started here, which

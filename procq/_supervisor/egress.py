@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from procq._core.channel import Launch
     from procq._core.entries import Entry, LaneState
 
-__all__ = ["close_proxy", "open_gate", "with_refusals"]
+__all__ = ["close_proxy", "open_gate", "tell", "with_refusals"]
 
 _log = logging.getLogger("procq.sandbox")
 _KEY = "egress"  # the lane's proxy, in Launch.lanes[lane name]
@@ -58,18 +58,26 @@ def close_proxy(lane: LaneState, launch: Launch) -> None:
         proxy.close()
 
 
+def tell(lane: LaneState, key: str, refused: tuple[Refused, ...]) -> str | None:
+    """Job ``key`` ended, refused ``refused``: recorded for its handle and
+    the lane's metrics (``LaneState.refusals``) and logged once at WARNING;
+    the words, if it was refused anything."""
+    lane.refusals.record(key, refused)
+    if not refused:
+        return None
+    text = describe(refused)
+    _log.warning("job %r of lane %r: %s", key, lane.name, text)
+    return text
+
+
 def with_refusals(
     entry: Entry, lane: LaneState, outcome: Completed[Any] | Failed, refused: tuple[Refused, ...]
 ) -> Completed[Any] | Failed:
     """A job's outcome, told what the sandbox refused it: recorded for its
     handle and the lane's metrics (``LaneState.refusals``), logged once at
     WARNING, and at the end of a failure's message."""
-    lane.refusals.record(entry.key, refused)
-    if not refused:
-        return outcome
-    text = describe(refused)
-    _log.warning("job %r of lane %r: %s", entry.key, lane.name, text)
-    if isinstance(outcome, Failed):
+    text = tell(lane, entry.key, refused)
+    if text is not None and isinstance(outcome, Failed):
         failure = outcome.failure
         return Failed(dataclasses.replace(failure, message=f"{failure.message} ({text})"))
     return outcome

@@ -21,12 +21,17 @@ import fcntl
 import socket
 import struct
 
-__all__ = ["PORT", "hand_over", "loopback_up", "proxy_env"]
+__all__ = ["PORT", "BridgeClosed", "hand_over", "loopback_up", "proxy_env"]
 
 #: Where a job reaches the proxy, in its own network namespace.
 PORT = 3128
 _SIOCGIFFLAGS, _SIOCSIFFLAGS = 0x8913, 0x8914
 _IFF_UP, _IFF_RUNNING = 0x1, 0x40
+
+
+class BridgeClosed(OSError):
+    """The supervisor closed its end of the bridge before the worker handed
+    its listener over: it gave up on this worker (its queue is closing)."""
 
 
 def loopback_up() -> None:
@@ -54,7 +59,7 @@ def hand_over(bridge_fd: int) -> None:
             try:
                 socket.send_fds(bridge, [b"L"], [listener.fileno()])
             except (BrokenPipeError, ConnectionResetError) as exc:
-                raise OSError(exc.errno, "the supervisor closed its end of the bridge (its queue is closing)") from None
+                raise BridgeClosed(exc.errno, "the supervisor closed its end of the bridge") from None
     finally:
         bridge.close()
 

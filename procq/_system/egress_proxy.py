@@ -86,12 +86,7 @@ class Gate:
         with self._lock:
             job, self._job = self._job, None
             self._drain()
-            conns = [*job.conns, *job.upstreams] if job is not None else []
-        if job is None:
-            return ()
-        for conn in conns:  # their threads close them
-            shut(conn)
-        return tuple(Refused(what, target, why, n) for (what, target, why), n in job.refused.items())
+        return _ended(job)
 
     def _drain(self) -> None:
         listener = self.listener
@@ -165,17 +160,26 @@ class Gate:
                 job.conns.discard(conn)
             conn.close()
 
-    def close(self) -> None:
-        """The worker is gone: close its listener and every connection."""
+    def close(self) -> tuple[str, tuple[Refused, ...]] | None:
+        """The worker is gone: close its listener and every connection. The
+        key and refusals of the job it still held (killed: a timeout, a
+        memory limit, a cancel), if any."""
         with self._lock:
             self.closed = True
             job, self._job = self._job, None
-            conns = [*job.conns, *job.upstreams] if job is not None else []
-        for conn in conns:
-            shut(conn)
         for sock in (self.bridge, self.listener):
             if sock is not None:
                 self.proxy.forget(sock)
+        return None if job is None else (job.key, _ended(job))
+
+
+def _ended(job: Job | None) -> tuple[Refused, ...]:
+    """An ended job's connections closed (their threads close the sockets), and what it was refused."""
+    if job is None:
+        return ()
+    for conn in [*job.conns, *job.upstreams]:  # (sets that only shrink now: nobody adds to an ended job)
+        shut(conn)
+    return tuple(Refused(what, target, why, n) for (what, target, why), n in job.refused.items())
 
 
 class EgressProxy:

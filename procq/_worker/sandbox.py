@@ -11,7 +11,7 @@ import tempfile
 from typing import Any
 
 from procq._system import seccomp as _seccomp
-from procq._system.egress_bridge import PORT, hand_over, proxy_env
+from procq._system.egress_bridge import PORT, BridgeClosed, hand_over, proxy_env
 from procq._system.privileges import set_pdeathsig
 from procq._system.sandbox_linux import SHM, confine, default_reads, isolate, reap_leftovers
 
@@ -97,6 +97,8 @@ def enter(config: dict[str, Any], import_path: list[str], pipes: set[int]) -> Wo
         set_pdeathsig()  # in a PID namespace of its own now, under a process that waits for it
         if os.getppid() != worker:  # pragma: no cover - that process died first
             os._exit(1)
+    except BridgeClosed:
+        os._exit(1)  # the supervisor gave up on this worker: nobody to tell
     except OSError as exc:
         print(f"procq: a sandboxed worker could not enter its sandbox: {exc}", file=sys.stderr)
         sys.stderr.flush()
