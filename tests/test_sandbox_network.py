@@ -175,9 +175,15 @@ def _self_signed(directory: Path) -> tuple[str, str]:
     return str(key), str(cert)
 
 
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A key and a self-signed certificate for "localhost", made once per module (RSA key generation is slow)."""
+    return _self_signed(tmp_path_factory.mktemp("tls"))
+
+
 @pytest.fixture
-def servers(tmp_path: Path) -> Iterator[Servers]:
-    key, cert = _self_signed(tmp_path)
+def servers(certificate: tuple[str, str]) -> Iterator[Servers]:
+    key, cert = certificate
     tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     tls.load_cert_chain(cert, key)
     https = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
