@@ -287,6 +287,9 @@ def test_connect_needs_a_client_hello_naming_the_host_connected_to(queue: ProcQu
     assert said[0] == ok and said[1] != "echoed"
     assert _run(queue, je.tunnel, f"127.0.0.3:{servers.echo_b}", None)[0].startswith("HTTP/1.1 403")
     assert _run(queue, je.tunnel, local, "localhost")[0].startswith("HTTP/1.1 403")  # rebinding: see below
+    # Relayed: the proxy asked to reach itself, by the address the job knows it at (on the host, unlisted).
+    assert _run(queue, je.tunnel, f"127.0.0.1:{PORT}", None)[0].startswith("HTTP/1.1 403")
+    assert _run(queue, je.socks, "127.0.0.1", PORT)[0] == 2
 
 
 def test_socks5_by_name_and_by_address(queue: ProcQueue, servers: Servers) -> None:
