@@ -202,6 +202,7 @@ class EgressProxy:
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # a wake-up never blocks whoever sends it (the I/O thread among them)
         self._pending: list[tuple[str, socket.socket, Gate]] = []  # registrations for the acceptor
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"procq-egress-{lane}", daemon=True)
