@@ -1,6 +1,6 @@
 """What a sandboxed lane costs over today's untrusted lane.
 
-    python -m bench.sandbox            # about 30 s here
+    python -m bench.sandbox            # about 40 s here
     python -m bench.sandbox --quick    # a few seconds
 
 round trip
@@ -25,6 +25,10 @@ where the time goes
     step); a job's process joining its worker's cgroups (where this process
     may make them). The worker's own per-job steps (a temporary directory
     made and removed, leftovers reaped) are timed in this process.
+
+a network allow-list
+    A download and connection set-up, straight out and through procq's
+    proxy: see ``bench.sandbox_network``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from bench import sandbox_network
 from bench.jobs import noop
 from procq import Job, Lane, ProcQueue, Sandbox
 from procq._system.processes import import_path
@@ -200,6 +205,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|")
     for name, ms in steps(samples).items():
         print(f"| {name} | {ms:.3f} |")
+    print()
+    print("\n".join(sandbox_network.run(args.quick)))  # a network allow-list: through procq's proxy
     sys.stdout.flush()
 
 

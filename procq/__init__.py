@@ -80,6 +80,9 @@ thread                  as they get room); the feed's own waiting calls, under i
 a queue's monitor       its socket and clients alone (``_api.monitor``); ``Core``'s
 thread                  counters only to copy them, under ``Core.lock``
                         (``_core.metrics.metrics``)
+a lane's egress proxy   (a lane with a network allow-list) its listeners and the
+(an acceptor thread,    job's sockets; a worker's gate under the gate's lock;
+one per connection)     never ``Core``, never user code
 ======================  ==========================================================
 
 With a store, ``StoreCore.db_lock`` serialises the queue's database
@@ -90,8 +93,8 @@ thread its commits, a ``q.transaction()`` holds it while open; the
 ``Core.lock``; the committer's ``Commits`` lock is a leaf.
 
 Lock order: ``Core.lock`` is the only lock the core has; a worker's write lock
-(``ProcessChannel.write_lock``) and a decode thread's queue lock are taken
-with no other lock held. No lock is
+(``ProcessChannel.write_lock``), a decode thread's queue lock, an egress
+gate's lock and a lane's ``Refusals`` lock are taken with no other lock held. No lock is
 held across user code, pickling, a pipe send or an await.
 """
 
@@ -130,6 +133,7 @@ _SOURCES = {
     "Retention": "procq._model.policies",
     "Retry": "procq._model.policies",
     "Sandbox": "procq._model.sandbox",
+    "Refused": "procq._model.network",
     "Cached": "procq._api.outcomes",
     "Completed": "procq._model.values",
     "Failed": "procq._model.values",
@@ -165,6 +169,7 @@ if TYPE_CHECKING:
         WrongProcess,
     )
     from procq._model.job import Job, Lane
+    from procq._model.network import Refused
     from procq._model.policies import Retention, Retry
     from procq._model.sandbox import Sandbox
     from procq._model.values import Completed, Failed, Failure, FailureKind, LaneStats, Pending, Processing, QueueStats
@@ -220,6 +225,7 @@ __all__ = [
     "QueueMetrics",
     "QueueStats",
     "Queued",
+    "Refused",
     "Retention",
     "Retry",
     "Sandbox",

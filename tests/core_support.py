@@ -7,11 +7,13 @@ import asyncio
 import os
 import re
 import select
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
+from pathlib import Path
 from typing import Any, TypeVar
 
 import jobs
@@ -245,3 +247,13 @@ def wait_until(check: Callable[[], Any], timeout: float = WAIT, what: str = "the
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} did not hold within {timeout}s")
         time.sleep(0.005)
+
+
+def procq_run(*args: str, stdin: str) -> subprocess.CompletedProcess[str]:
+    """``python -m procq run ARGS`` in the tests' directory (its modules importable), fed ``stdin``."""
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": str(here.parent)}
+    return subprocess.run(
+        [sys.executable, "-m", "procq", "run", *args], cwd=here, input=stdin,
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip

@@ -151,6 +151,40 @@ def _bounds() -> dict[str, Any]:
     return said
 
 
+def _egress() -> dict[str, Any]:
+    """A lane with a network allow-list: urllib and curl reach the listed
+    server (127.0.0.2) and are refused the other (127.0.0.3)."""
+    import http.server
+    import threading
+
+    import jobs_egress as je
+    from egress_servers import Hello
+
+    from procq import Job, Lane, ProcQueue, Sandbox
+
+    servers = [http.server.ThreadingHTTPServer((host, 0), Hello) for host in ("127.0.0.2", "127.0.0.3")]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    listed, other = (f"http://{s.server_address[0]}:{s.server_address[1]}/" for s in servers)
+    try:
+        lane = Lane(workers=1, trusted=False, sandbox=Sandbox(network=[listed[7:-1]]))
+        with ProcQueue({"s": lane}) as q:
+            return {
+                "urllib": [
+                    q.push_and_wait(Job(f"u{i}", je.fetch, args=(url,)), timeout=60)
+                    for i, url in enumerate((listed, other))
+                ],
+                "curl": [
+                    q.push_and_wait(Job(f"c{i}", je.curl, args=("-f", url)), timeout=60)
+                    for i, url in enumerate((listed, other))
+                ],
+            }
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
 def main() -> None:
     mode, directory, here, root = sys.argv[1:5]
     if mode == "nobody":
@@ -163,6 +197,7 @@ def main() -> None:
     if mode == "nobody":
         said = _scenario(directory)
         said["bounds"] = _bounds()
+        said["egress"] = _egress()
     else:
         from procq import SandboxUnavailable
 
@@ -178,6 +213,11 @@ def main() -> None:
             said["without namespaces"] = {"part": exc.part, "message": str(exc)}
         said["relaxed"] = _scenario(directory, relax=("namespaces", "max_tmp"))
         said["relaxed"].update(_scenario(directory, leftover=True, relax=("namespaces", "max_tmp")))
+        try:
+            _scenario(directory, network=["pypi.org"], relax=("namespaces", "max_tmp"))
+            said["allow-list"] = "opened"
+        except SandboxUnavailable as exc:
+            said["allow-list"] = {"part": exc.part, "message": str(exc)}
     print()
     print(json.dumps(said))
 

@@ -93,6 +93,11 @@ def test_a_supervisor_running_as_an_ordinary_user_sandboxes_its_jobs(shared: str
     assert "Sandbox(relax=('max_memory',))" in refused["message"]
     relaxed = bounds["relaxed max_memory"]
     assert relaxed["did"] == 64 << 20 and relaxed["enforced"] == "(relaxed)", relaxed
+    egress = said["egress"]
+    assert egress["urllib"][0][0] == "ok" and egress["urllib"][0][1].startswith("hello from 127.0.0.2 for ")
+    assert egress["urllib"][1] == ["refused", 403]
+    assert egress["curl"][0][0] == 0 and egress["curl"][0][1].startswith("hello from 127.0.0.2 for ")
+    assert egress["curl"][1][0] != 0
 
 
 def test_where_user_namespaces_are_refused_a_sandbox_raises_unless_it_relaxes_them(shared: str) -> None:
@@ -113,3 +118,9 @@ def test_where_user_namespaces_are_refused_a_sandbox_raises_unless_it_relaxes_th
     # Without a PID namespace, the worker's cgroup ends what a job left running (when it has one: root here).
     assert relaxed["leftover ended"] is ("max_processes" in relaxed["enforced"] and os.getuid() == 0)
     assert relaxed["enforced"] == ["files", "max_memory", "max_processes", "network", "privileges", "processes"]
+    allow_list = said["allow-list"]
+    assert isinstance(allow_list, dict), f"an allow-list opened without a network namespace: {allow_list}"
+    assert allow_list["part"] == "network"
+    assert allow_list["message"].startswith(
+        "lane 's': the sandbox's network part cannot be enforced here: an allow-list needs a network namespace"
+    )

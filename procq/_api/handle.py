@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from procq._api.queue import ProcQueue
     from procq._core.core import Core
     from procq._core.entries import Ended
+    from procq._model.network import Refused
 
 __all__ = ["JobHandle"]
 
@@ -128,6 +129,22 @@ class JobHandle(Generic[T]):
         except JobFailed as failed:
             return failed
         return None
+
+    def sandbox_refused(self) -> tuple[Refused, ...]:
+        """What the network allow-list of the job's sandbox refused it, once it
+        has ended (``()`` before): each destination, why, and how many times
+        (``procq.Refused``); ``()`` if nothing was, or its lane has none. It is
+        the record of the last job of this key that ended; a lane keeps those
+        of its last 10,000 jobs that were refused anything (a failed job's
+        message names them too)."""
+        if not self.done():
+            return ()
+        key = self.key
+        for lane in self._core.lanes.values():
+            found = lane.refusals.of(key)
+            if found is not None:
+                return found
+        return ()
 
     def add_done_callback(self, fn: Callable[[JobHandle[T]], object]) -> None:
         """Call ``fn(handle)`` when the job ends, or at once if it has.

@@ -94,8 +94,9 @@ sandbox: with --sandbox each item runs as in an untrusted lane, confined by
          the kernel (Landlock, namespaces, seccomp): it reads Python, the
          directories of sys.path, system libraries and the --read paths; it
          writes only a private temporary directory and the --write
-         directories; no network (unless --network), no other process, no
-         privilege. Where the kernel lacks a part, the run stops with the
+         directories; no network (unless --network: all of it, or with
+         --network HOST[:PORT] only those hosts, through procq's filtering
+         proxy), no other process, no privilege. Where the kernel lacks a part, the run stops with the
          reason (exit 2) rather than run weaker. See docs/untrusted.md.
 
 examples:
@@ -104,6 +105,9 @@ examples:
 
   # a stage you do not trust: it reads data/, writes only out/
   procq run plugin:stage --sandbox --read data --write out -i items.jsonl
+
+  # ... that may reach one package index and nothing else
+  procq run plugin:stage --sandbox --network pypi.org --network files.pythonhosted.org -i items.jsonl
 
   # your own stage: def clean(item): ... in mystage.py in this directory;
   # run it again after a crash or Ctrl-C and only the unfinished items run
@@ -161,7 +165,11 @@ def parser(prog: str = "procq run") -> argparse.ArgumentParser:
         "--write", action="append", default=[], metavar="DIR",
         help="with --sandbox: a directory items may write in (repeat)",
     )  # fmt: skip
-    p.add_argument("--network", action="store_true", help="with --sandbox: leave items the network")
+    p.add_argument(
+        "--network", action="append", nargs="?", const=True, metavar="HOST[:PORT]",
+        help="with --sandbox: alone, leave items the whole network; with a host, *.domain, address or CIDR range "
+        "(and a port; else 80 and 443), only those, through procq's filtering proxy (repeat)",
+    )  # fmt: skip
     p.add_argument(
         "--store", metavar="FILE",
         help="SQLite file of completed items: a re-run of the same command skips them (resume)",
@@ -201,10 +209,14 @@ def _sandbox(p: argparse.ArgumentParser, args: argparse.Namespace) -> Sandbox | 
             if getattr(args, option):
                 p.error(f"--{option} needs --sandbox")
         return None
+    given: list[str | bool] = args.network or []
+    hosts = [h for h in given if isinstance(h, str)]
+    if hosts and len(hosts) < len(given):
+        p.error("--network alone leaves items the whole network; --network HOST, only HOST: give one or the other")
     return Sandbox(
         read=tuple(os.path.abspath(path) for path in args.read),
         write=tuple(os.path.abspath(path) for path in args.write),
-        network=args.network,
+        network=hosts or bool(given),
     )
 
 

@@ -165,7 +165,7 @@ class View:
         )
         lanes = Table(title="lanes", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
         for col in ("lane", "workers", "waiting", "sched", "running", "done/s", "fail/s", "done", "failed", "cached",
-                    "joined", "avg run"):  # fmt: skip
+                    "joined", "avg run", "refused"):  # fmt: skip
             lanes.add_column(col, justify="left" if col == "lane" else "right")
         for name, lane in snap["lanes"].items():
             failed = sum(lane["failed"].values())
@@ -180,6 +180,7 @@ class View:
                 name, f"{lane['workers_alive']}/{lane['workers']}", str(lane["waiting"]), str(lane["scheduled"]),
                 str(lane["running"]), done_rate, fail_rate, str(lane["completed"]), str(failed), str(lane["cached"]),
                 str(lane["joined"]), _seconds(run["sum"] / runs) if runs else "-",
+                str(sum(lane.get("sandbox_refused", {}).values())),
             )  # fmt: skip
         workers = Table(
             title="workers", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from procq._core.metrics import Tally
 from procq._model.job import Job, Lane
+from procq._model.network import Refusals
 from procq._model.values import (
     Completed,
     Failed,
@@ -302,6 +303,7 @@ class LaneState:
         "overdue",
         "prefetched",
         "ready",
+        "refusals",
         "restarts",
         "retries",
         "running",
@@ -318,6 +320,8 @@ class LaneState:
         self.name = name
         self.spec = spec
         self.memory_limit = spec.memory_limit_bytes  # (read for every entry: see Entry)
+        # What a sandbox's network allow-list refused the lane's jobs (its own lock; see _model.network).
+        self.refusals = Refusals()
         # Jobs accepted into the lane, waiting for a worker: len(ready) <= capacity.
         self.ready: deque[Entry] = deque()
         # Scheduled jobs and retries that fell due while ready was full. They

@@ -203,6 +203,8 @@ class LaneMetrics:
     memory_bytes: int  # its workers' resident memory, summed
     run_seconds: HistogramSnapshot
     wait_seconds: HistogramSnapshot
+    # What a sandbox's network allow-list refused the lane's jobs, by kind (see procq.Refused).
+    sandbox_refused: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -280,6 +282,7 @@ def metrics(core: Core, name: str, read_store: bool = True) -> QueueMetrics:
                 "workers": lane.spec.workers, "workers_alive": s.workers_alive, "worker_starts": t.starts,
                 "worker_deaths": {f"{c}:{sig}" if sig else c: n for (c, sig), n in t.deaths.items()},
                 "run_seconds": t.run.snapshot(), "wait_seconds": t.wait.snapshot(), "_unlocked": t.cached_unlocked,
+                "sandbox_refused": lane.refusals.by_kind(),
             }  # fmt: skip
             for w in lane.workers:
                 e = w.entry

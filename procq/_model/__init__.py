@@ -11,6 +11,8 @@ procq outside itself.
   kinds, push outcomes, stats.
 - ``sandbox``: ``Sandbox``, what a sandboxed lane's jobs may reach.
 - ``sandbox_bounds``: a ``Sandbox``'s bounds on how much they may take, checked.
+- ``network``: a sandbox's network allow-list (its entries, checked; the
+  decisions on them), and ``Refused``, what it refused a job.
 - ``errors``: the exception tree.
 - ``settings``: byte sizes, and a lane's worker settings (env, rlimits, cwd,
   worker counts against the descriptor limit).

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from procq._model.network import check_network, check_network_bytes
 from procq._model.sandbox_bounds import BOUNDS, DEFAULT_MAX_PROCESSES, DEFAULT_MAX_TMP, check_bounds
 
 __all__ = ["PARTS", "Sandbox", "check_lane_sandbox"]
@@ -80,7 +81,12 @@ class Sandbox:
       temporary directory made for the job (its ``TMPDIR``), removed after it.
     - ``network``: False (the default): no socket but ``AF_UNIX`` and no
       network interface; a job's UNIX sockets reach only its own tree.
-      True: the network as the supervisor has it.
+      True: the network as the supervisor has it. A list of hosts, addresses
+      or ranges (``["pypi.org", "*.example.com:443", "10.0.0.0/8"]``): only
+      those, through procq's filtering proxy (see ``_model.network``).
+    - ``network_bytes``: with an allow-list, how many bytes (both ways, all
+      connections) a job may move through the proxy; past it its
+      connections are closed and new ones refused. None (the default): no bound.
     - ``max_processes``: how many processes and threads a job's tree may
       run at once (256; None: unbounded). A lane's ``rlimits["nproc"]``, if
       lower, bounds it the same way.
@@ -102,7 +108,9 @@ class Sandbox:
     # normalized str paths once checked (so a Sandbox hashes and compares).
     read: Iterable[str | os.PathLike[str]] = ()
     write: Iterable[str | os.PathLike[str]] = ()
-    network: bool = False
+    # False, True, or the allow-list (any iterable of entries), held as a tuple of str (see _model.network).
+    network: bool | Iterable[str] = False
+    network_bytes: int | None = None
     relax: Iterable[str] | str = ()
     max_processes: int | None = DEFAULT_MAX_PROCESSES
     max_memory: int | str | None = None
@@ -111,8 +119,8 @@ class Sandbox:
     def __post_init__(self) -> None:
         object.__setattr__(self, "read", _paths("read", self.read, False))
         object.__setattr__(self, "write", _paths("write", self.write, True))
-        if not isinstance(self.network, bool):
-            raise TypeError(f"Sandbox network must be a bool, got {type(self.network).__name__}")
+        object.__setattr__(self, "network", check_network(self.network))
+        check_network_bytes(self.network_bytes, self.network)
         relax = self.relax
         if isinstance(relax, str):
             relax = (relax,)

@@ -16,7 +16,9 @@ never the API above it.
   ``procq.worker`` and ``procq.job`` loggers, silent by default).
 - ``channels``: the registry of worker kinds (``KINDS``, ``channel_kind``)
   and ``ProcessChannel``, what the local kinds share; ``channel_trusted`` and
-  ``channel_untrusted``: the two local kinds.
+  ``channel_untrusted``: the two local kinds. ``egress``: a lane's network
+  allow-list as its untrusted channel uses it (the lane's proxy, a gate per
+  worker, what a refused job's outcome says).
 - ``undertaker``: the small process per queue that kills the workers'
   process groups should the supervisor's process die.
 """

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from procq._core.channel import Launch
 from procq._model.values import Completed, Failed, Failure
 from procq._supervisor.channels import KINDS, ProcessChannel
+from procq._supervisor.egress import close_proxy, open_gate, tell, with_refusals
 from procq._supervisor.failures import exit_failure, sandbox_memory_failure, unstarted_failure
 from procq._system import cgroups
 from procq._system.processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
@@ -44,7 +45,9 @@ from procq._wire.protocol import (
 from procq._wire.startmark import StartMark, Unstarted
 
 if TYPE_CHECKING:
+    from procq._core.core import Core
     from procq._core.entries import Entry, LaneState, WorkerSlot
+    from procq._system.egress_proxy import Gate
 
 __all__ = ["INLINE_JSON_BYTES", "MESSAGE_SLACK", "UntrustedChannel", "decode_job_message", "json_values"]
 
@@ -130,6 +133,9 @@ class UntrustedChannel(ProcessChannel):
         self.sandboxed = False
         # The worker's cgroups (``_system.cgroups``), removed once it is reaped.
         self.cgroups: list[str] = []
+        # A lane with a network allow-list: this worker's way out (see _system.egress_proxy).
+        self.gate: Gate | None = None
+        self.lane: LaneState | None = None  # (with a gate: where its jobs' refusals are told)
 
     @classmethod
     def start(cls, lane: LaneState, launch: Launch) -> UntrustedChannel:
@@ -143,12 +149,16 @@ class UntrustedChannel(ProcessChannel):
         config = worker_config(spec)
         config["sandbox"] = sandbox_config(spec.sandbox, spec)  # type: ignore[arg-type]  # a Sandbox or None once made
         made = _make_cgroups(config["sandbox"])
+        gate, bridge = open_gate(lane, launch, config["sandbox"])
         code = (
             "import sys, json; sys.path[:0] = json.loads(sys.argv[4]); "
             "from procq._worker.untrusted import exec_main; exec_main()"
         )
         # (Its jobs' processes say which job they start: see _wire.startmark.)
         mark = StartMark.create()
+        passed = [child_conn.fileno(), launch.alive_fd]
+        passed += [] if bridge is None else [bridge.fileno()]
+        passed += [] if mark is None else [mark.fileno()]
         argv = [
             sys.executable,
             "-I",
@@ -167,7 +177,7 @@ class UntrustedChannel(ProcessChannel):
                 cwd=spec.cwd,
                 stdin=subprocess.DEVNULL,
                 close_fds=True,
-                pass_fds=(child_conn.fileno(), launch.alive_fd, *(() if mark is None else (mark.fileno(),))),
+                pass_fds=passed,
                 start_new_session=True,
             )
         except BaseException:
@@ -175,11 +185,15 @@ class UntrustedChannel(ProcessChannel):
             if mark is not None:
                 mark.close()
             cgroups.remove(made)
+            if gate is not None:
+                gate.close()
             raise
         finally:
             child_conn.close()
             if mark is not None:
                 mark.close_fd()
+            if bridge is not None:
+                bridge.close()
         process = ExecProcess(popen)
         limit = (spec.max_result or 0) + MESSAGE_SLACK
         what = f"the lane's max_result_bytes of {spec.max_result}"
@@ -187,6 +201,8 @@ class UntrustedChannel(ProcessChannel):
         channel = cls(process, parent_conn, reader, spec.max_result, spec.max_result_values, mark)
         channel.sandboxed = spec.sandbox is not None
         channel.cgroups = made
+        channel.gate = gate
+        channel.lane = lane if gate is not None else None
         return channel
 
     def reap(self) -> int | None:
@@ -197,6 +213,24 @@ class UntrustedChannel(ProcessChannel):
             made, self.cgroups = self.cgroups, []
             cgroups.remove(made)
         return exitcode
+
+    @classmethod
+    def close_lane(cls, lane: LaneState, launch: Launch) -> None:
+        close_proxy(lane, launch)
+
+    def send_job(self, core: Core, worker: WorkerSlot, entry: Entry) -> None:
+        # An untrusted worker is never sent a job ahead of the one it runs
+        # (Dispatch._top_up): the job sent is the one its connections are from.
+        if self.gate is not None:
+            self.gate.begin(entry.key)
+        super().send_job(core, worker, entry)
+
+    def close(self) -> None:
+        super().close()
+        if self.gate is not None:
+            held = self.gate.close()
+            if held is not None and self.lane is not None:  # a job killed with its worker: its refusals still told
+                tell(self.lane, *held)
 
     def memory_base(self) -> int:
         """A sandboxed worker is two processes: the one started here, which
@@ -312,17 +346,20 @@ class UntrustedChannel(ProcessChannel):
         ``"memory"`` when its sandbox's memory cgroup killed it)."""
         outcome, self._answer = self._answer, None
         returncode = message.returncode
+        crashed = outcome is None
         if outcome is not None:
-            return Report(entry.job_id, outcome, False, False)
-        if message.memory_killed:
-            return Report(entry.job_id, Failed(sandbox_memory_failure(worker, entry, returncode)), False, False)
-        mark = self.mark
-        if mark is not None and mark.started() != entry.job_id:  # it died before the job could start
+            pass
+        elif message.memory_killed:
+            outcome, crashed = Failed(sandbox_memory_failure(worker, entry, returncode)), False
+        elif self.mark is not None and self.mark.started() != entry.job_id:  # it died before the job could start
             who = f"the process forked for job {entry.key!r} by worker {self.pid} of lane {worker.lane.name!r}"
-            return Report(entry.job_id, Unstarted(unstarted_failure(entry, returncode, who, self.pid)), False, True)
-        who = f"the process running job {entry.key!r} (forked by worker {self.pid} of lane {worker.lane.name!r})"
-        failure = exit_failure(returncode, who, self.pid)
-        return Report(entry.job_id, Failed(failure), False, True)
+            outcome = Unstarted(unstarted_failure(entry, returncode, who, self.pid))
+        else:
+            who = f"the process running job {entry.key!r} (forked by worker {self.pid} of lane {worker.lane.name!r})"
+            outcome = Failed(exit_failure(returncode, who, self.pid))
+        if self.gate is not None:  # what the allow-list refused it, told
+            outcome = with_refusals(entry, worker.lane, outcome, self.gate.end())
+        return Report(entry.job_id, outcome, False, crashed)
 
 
 def _make_cgroups(config: dict[str, Any] | None) -> list[str]:

@@ -98,10 +98,19 @@ def _parts(sandbox: Sandbox, k: dict[str, Any]) -> tuple[dict[str, str], dict[st
     else:
         lack["files"] = f"needs Landlock ABI 3 (Linux 6.2), this kernel has {abi or 'no Landlock'}"
     if ns is None:
-        have["namespaces"] = "user, mount, PID, IPC, UTS" + ("" if sandbox.network else " and network") + " namespaces"
+        net = "" if sandbox.network is True else " and network"
+        have["namespaces"] = f"user, mount, PID, IPC, UTS{net} namespaces"
     else:
         lack["namespaces"] = f"needs unprivileged user namespaces, which this kernel refused: {_refusal(ns)}"
-    if not sandbox.network:
+    if isinstance(sandbox.network, tuple):
+        if ns is not None:
+            lack["network"] = f"an allow-list needs a network namespace of the jobs' own: {_refusal(ns)}"
+        elif seccomp is not None:
+            lack["network"] = f"an allow-list needs a seccomp filter: {seccomp[1]}"
+        else:
+            how = ["procq's filtering proxy, a network namespace with only loopback"]
+            have["network"] = "the allow-list: " + ", ".join(how + (["Landlock TCP rules"] if abi >= 4 else []))
+    elif not sandbox.network:
         if seccomp is None:
             how = ["seccomp socket families"] + (["Landlock TCP rules"] if abi >= 4 else [])
             have["network"] = "none: " + ", ".join(how + (["a network namespace"] if ns is None else []))
@@ -175,7 +184,8 @@ def sandbox_config(sandbox: Sandbox | None, lane: Lane) -> dict[str, Any] | None
         "bounds": plan,
         "read": [os.fspath(p) for p in sandbox.read],
         "write": [os.fspath(p) for p in sandbox.write],
-        "network": sandbox.network,
+        # A list relaxed (the kernel lacks what it needs) is no network at all, never all of it.
+        "network": sandbox.network is True,
         "parts": sorted(parts),
         "landlock": kernel()["landlock"],
     }

@@ -43,7 +43,7 @@ from typing import Any, NamedTuple, NoReturn
 from procq._system import seccomp as _seccomp
 from procq._system.privileges import landlock_abi, libc, set_dumpable
 
-__all__ = ["SHM", "Gate", "confine", "default_reads", "isolate", "probe_main", "reap_leftovers"]
+__all__ = ["SHM", "Admission", "confine", "default_reads", "isolate", "probe_main", "reap_leftovers"]
 
 _CLONE_NEWNS = 0x00020000
 _CLONE_NEWUTS = 0x04000000
@@ -122,7 +122,7 @@ def _existing(paths: list[str]) -> list[str]:
 # --- once per worker: namespaces and the view -------------------------------------------------
 
 
-class Gate:
+class Admission:
     """The worker's leave, asked of the process outside before each job
     (``admit``). The supervisor knows the worker as that process: once it
     is killed, the worker must start no job, although it lives on until the
@@ -145,7 +145,7 @@ class Gate:
 
 def isolate(
     reads: list[str], writes: list[str], network: bool, cwd: str | None, keep: set[int], tmp_size: int | None = None
-) -> Gate:
+) -> Admission:
     """Enter the worker's namespaces and make the view its root. Returns in
     the worker, now PID 1 of its PID namespace; the process that called it
     stays outside and never returns (``_mirror``). Raises ``OSError``
@@ -168,7 +168,7 @@ def isolate(
         _mirror(pid, keep, ask_r, answer_w)
     os.close(ask_r)
     os.close(answer_w)
-    gate = Gate(ask_w, answer_r)
+    gate = Admission(ask_w, answer_r)
     _build(plan, tmp_size)
     visible = cwd is not None and any(_under(os.path.realpath(cwd), os.path.realpath(p)) for p in reads + writes)
     os.chdir(cwd if visible and cwd else "/")
@@ -187,7 +187,7 @@ def _map_ids(uid: int, gid: int) -> None:
 
 
 def _mirror(pid: int, keep: set[int], ask: int, answer: int) -> NoReturn:
-    """The process outside the namespaces: answer the worker's ``Gate``
+    """The process outside the namespaces: answer the worker's ``Admission``
     until it exits, then end as it ended. A SIGTERM for the worker's process
     group reaches the worker too; this process ignores it and waits."""
     for fd in keep:
@@ -334,18 +334,22 @@ def reap_leftovers() -> None:
 # --- once per job: Landlock and seccomp ----------------------------------------------------------
 
 
-def confine(abi: int, reads: list[str], writes: list[str], proc: bool, network: bool, filt: bytes | None) -> None:
+def confine(
+    abi: int, reads: list[str], writes: list[str], proc: bool, network: bool, filt: bytes | None,
+    connect: tuple[int, ...] = (),
+) -> None:  # fmt: skip
     """The job's process, before job code runs: a Landlock domain that allows
     reading ``reads`` (and ``/proc`` if ``proc``), everything in ``writes``,
-    no TCP unless ``network``, no signal or abstract UNIX socket outside it;
-    then the seccomp filter ``filt``. Raises ``OSError`` if the kernel refuses."""
+    no TCP unless ``network`` (but connecting to the ports ``connect``), no
+    signal or abstract UNIX socket outside it; then the seccomp filter
+    ``filt``. Raises ``OSError`` if the kernel refuses."""
     if abi >= 1:
-        _landlock(abi, reads + (["/proc"] if proc else []), writes, network)
+        _landlock(abi, reads + (["/proc"] if proc else []), writes, network, connect)
     if filt is not None:
         _seccomp.install(filt)
 
 
-def _landlock(abi: int, reads: list[str], writes: list[str], network: bool) -> None:
+def _landlock(abi: int, reads: list[str], writes: list[str], network: bool, connect: tuple[int, ...] = ()) -> None:
     fs = _FS_ALL[max(k for k in _FS_ALL if k <= abi)]
     net = 0 if network or abi < 4 else _NET_BIND_TCP | _NET_CONNECT_TCP
     scoped = _SCOPE_ABSTRACT_UNIX_SOCKET | _SCOPE_SIGNAL if abi >= 6 else 0
@@ -371,6 +375,11 @@ def _landlock(abi: int, reads: list[str], writes: list[str], network: bool) -> N
                 _check(lib.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _RULE_PATH_BENEATH, rule, 0), f"landlock rule {path}")
             finally:
                 os.close(parent)
+        for port in connect if net else ():
+            rule = ctypes.create_string_buffer(
+                _NET_CONNECT_TCP.to_bytes(8, sys.byteorder) + port.to_bytes(8, sys.byteorder), 16
+            )
+            _check(lib.syscall(_SYS_LANDLOCK_ADD_RULE, fd, _RULE_NET_PORT, rule, 0), f"landlock rule TCP port {port}")
         _check(lib.prctl(38, 1, 0, 0, 0), "no_new_privs")
         _check(lib.syscall(_SYS_LANDLOCK_RESTRICT_SELF, fd, 0), "landlock_restrict_self")
     finally:

@@ -13,8 +13,9 @@ from typing import Any
 
 from procq._system import seccomp as _seccomp
 from procq._system.cgroups import JobCgroup
+from procq._system.egress_bridge import PORT, BridgeClosed, hand_over, proxy_env
 from procq._system.privileges import set_pdeathsig
-from procq._system.sandbox_linux import SHM, Gate, confine, default_reads, isolate, reap_leftovers
+from procq._system.sandbox_linux import SHM, Admission, confine, default_reads, isolate, reap_leftovers
 
 __all__ = ["WorkerSandbox", "enter"]
 
@@ -37,11 +38,14 @@ class WorkerSandbox:
         parts = set(config["parts"])
         self.abi: int = config["landlock"]
         self.network: bool = config["network"]
-        self.reads: list[str] = [*config["read"], *default_reads(import_path, self.network)]
+        # With an allow-list: the bridge to the supervisor's egress proxy (see _system.egress_bridge).
+        bridge: int | None = config.get("bridge")
+        self.egress = bridge is not None
+        self.reads: list[str] = [*config["read"], *default_reads(import_path, self.network or self.egress)]
         self.writes: list[str] = list(config["write"])
         self.namespaces = "namespaces" in parts
         wants_filter = "privileges" in parts or ("network" in parts and not self.network)
-        self.filter = _seccomp.program(self.network) if wants_filter else None
+        self.filter = _seccomp.program(self.network or self.egress) if wants_filter else None
         bounds = config.get("bounds") or {}
         #: RLIMIT_NPROC for each job, counted in its user namespace (None: a pids cgroup, or no bound).
         self.nproc: int | None = bounds.get("nproc")
@@ -55,19 +59,26 @@ class WorkerSandbox:
         # The job's working directory: the worker's, if the job may read it; else its own temporary directory.
         cwd = os.getcwd()
         self.visible_cwd = _under_any(cwd, self.reads + self.writes)
-        self.gate: Gate | None = None
+        self.admission: Admission | None = None
         if self.namespaces:
-            self.gate = isolate(
-                self.reads, self.writes, self.network, cwd if self.visible_cwd else None, keep, bounds.get("tmp_size")
+            self.admission = isolate(
+                self.reads,
+                self.writes,
+                self.network,
+                cwd if self.visible_cwd else None,
+                keep | ({bridge} if bridge is not None else set()),
+                bounds.get("tmp_size"),
             )
             self.tmp_root = "/tmp"  # the view's own tmpfs, private to this worker
+            if bridge is not None:
+                hand_over(bridge)
         else:
             self.tmp_root = tempfile.gettempdir()
 
     def admit(self) -> bool:
         """Before each job: False if the process outside the namespaces, the
-        one the supervisor knows as this worker, is gone (see ``Gate``)."""
-        return self.gate is None or self.gate.admit()
+        one the supervisor knows as this worker, is gone (see ``Admission``)."""
+        return self.admission is None or self.admission.admit()
 
     def job_dir(self) -> str:
         """A new private temporary directory for the next job (in the worker)."""
@@ -90,10 +101,13 @@ class WorkerSandbox:
         """In the job's process, before job code runs."""
         os.environ["TMPDIR"] = tmp
         tempfile.tempdir = tmp
+        if self.egress:
+            os.environ.update(proxy_env())
         if not self.visible_cwd:
             os.chdir(tmp)
         writes = [*self.writes, tmp, SHM] if self.namespaces else [*self.writes, tmp]
-        confine(self.abi, self.reads, writes, self.namespaces, self.network, self.filter)
+        connect = (PORT,) if self.egress else ()
+        confine(self.abi, self.reads, writes, self.namespaces, self.network, self.filter, connect)
 
     def after(self, tmp: str) -> None:
         """In the worker, once the job's process has exited: note whether the
@@ -120,6 +134,8 @@ def enter(config: dict[str, Any], import_path: list[str], pipes: set[int]) -> Wo
         set_pdeathsig()  # in a PID namespace of its own now, under a process that waits for it
         if os.getppid() != worker:  # pragma: no cover - that process died first
             os._exit(1)
+    except BridgeClosed:
+        os._exit(1)  # the supervisor gave up on this worker: nobody to tell
     except OSError as exc:
         print(f"procq: a sandboxed worker could not enter its sandbox: {exc}", file=sys.stderr)
         sys.stderr.flush()

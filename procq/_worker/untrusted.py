@@ -72,7 +72,8 @@ def exec_main() -> None:
     mark_fd = int(sys.argv[5])
     _mark = open_mark(None if mark_fd < 0 else mark_fd)  # (mapped, its descriptor closed: nothing to keep)
     conn = Connection(conn_fd)
-    setup({**config, "rlimits": None}, {conn_fd, alive_fd})
+    bridge = (config.get("sandbox") or {}).get("bridge")  # to the egress proxy (see _worker.sandbox)
+    setup({**config, "rlimits": None}, {conn_fd, alive_fd} | ({bridge} if bridge is not None else set()))
     # Several workers share the liveness pipe's read end: whoever reads a byte
     # someone wrote into it takes it, and the others must not block on it.
     os.set_blocking(alive_fd, False)

@@ -10,8 +10,9 @@ collects; nothing is computed between collections), with the attributes
 ``procq.queue`` and ``procq.lane``: the counters ``procq.jobs.pushed``,
 ``.joined``, ``.cached``, ``.started``, ``.completed``, ``.failed`` (with
 ``procq.failure.kind``), ``.retried``, ``procq.worker.starts`` and
-``procq.worker.deaths`` (with ``procq.worker.cause`` and ``procq.signal``);
-the up-down counters ``procq.jobs.waiting``, ``.scheduled``, ``.running``,
+``procq.worker.deaths`` (with ``procq.worker.cause`` and ``procq.signal``),
+``procq.sandbox.refused`` (with ``procq.sandbox.what``: what a network
+allow-list refused); the up-down counters ``procq.jobs.waiting``, ``.scheduled``, ``.running``,
 ``procq.workers.alive``, ``procq.workers.memory`` (bytes) and
 ``procq.keys`` (with ``procq.state``). The API has no observable histogram,
 so ``procq.job.run_time`` and ``procq.job.wait_time`` (seconds) are
@@ -86,10 +87,19 @@ class Instrumentation:
             meter.create_observable_counter(name, [self._lane_callback(field, first)], "{job}", doc)
             first = False
         meter.create_observable_counter(
-            "procq.jobs.failed", [self._failed], "{job}", "Jobs that ended Failed, by failure kind"
+            "procq.jobs.failed",
+            [self._by_kind("failed", "procq.failure.kind")],
+            "{job}",
+            "Jobs that ended Failed, by failure kind",
         )
         meter.create_observable_counter(
             "procq.worker.deaths", [self._deaths], "{process}", "Worker processes that ended, by cause"
+        )
+        meter.create_observable_counter(
+            "procq.sandbox.refused",
+            [self._by_kind("sandbox_refused", "procq.sandbox.what")],
+            "{connection}",
+            "What a sandbox's network allow-list refused",
         )
         for name, field, unit, doc in _GAUGES:
             meter.create_observable_up_down_counter(name, [self._lane_callback(field, False)], unit, doc)
@@ -126,15 +136,20 @@ class Instrumentation:
 
         return observe
 
-    def _failed(self, options: CallbackOptions) -> Iterable[Observation]:
-        m = self._take(False)
-        if m is None:
-            return []
-        return [
-            Observation(n, {**self._attrs(lane.name), "procq.failure.kind": kind})
-            for lane in m.lanes.values()
-            for kind, n in sorted(lane.failed.items())
-        ]
+    def _by_kind(self, field: str, attribute: str) -> Callable[[CallbackOptions], Iterable[Observation]]:
+        """A callback observing each lane's counts by kind (``LaneMetrics.<field>``), the kind as ``attribute``."""
+
+        def observe(options: CallbackOptions) -> Iterable[Observation]:
+            m = self._take(False)
+            if m is None:
+                return []
+            return [
+                Observation(n, {**self._attrs(lane.name), attribute: kind})
+                for lane in m.lanes.values()
+                for kind, n in sorted(getattr(lane, field).items())
+            ]
+
+        return observe
 
     def _deaths(self, options: CallbackOptions) -> Iterable[Observation]:
         m = self._take(False)

@@ -101,6 +101,16 @@ def families(m: QueueMetrics) -> Iterator[Metric]:
             deaths.add_metric([q, lane.name, what, sig], n)
     yield failed
     yield deaths
+    refused = CounterMetricFamily(
+        "procq_sandbox_refused",
+        "Connections a sandbox's network allow-list refused, by kind (not-listed, rebinding, sni, nested, udp, "
+        "malformed, limit).",
+        labels=["queue", "lane", "what"],
+    )  # fmt: skip
+    for lane in lanes:
+        for what, n in sorted(lane.sandbox_refused.items()):
+            refused.add_metric([q, lane.name, what], n)
+    yield refused
     for name, doc, field in _LANE_GAUGES:
         gauge = GaugeMetricFamily(name, doc, labels=["queue", "lane"])
         for lane in lanes:

@@ -1,0 +1,56 @@
+"""Servers the network allow-list tests start on loopback addresses: HTTP
+(a greeting naming the server and the Host it was asked for, or ``/mib/N``:
+N MiB), over IPv6 too, and a TCP echo."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import socketserver
+from typing import Any
+
+
+class Hello(http.server.BaseHTTPRequestHandler):
+    """GET: "hello from <server address> for <Host>", or /mib/N: N MiB of zeros."""
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/mib/"):  # that many MiB
+            size = int(self.path[5:]) << 20
+            self.send_response(200)
+            self.send_header("Content-Length", str(size))
+            self.end_headers()
+            for _ in range(size >> 16):
+                self.wfile.write(bytes(1 << 16))
+            return
+        body = f"hello from {self.server.server_address[0]} for {self.headers['Host']}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+class V6Server(http.server.ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        while data := self.request.recv(65536):
+            self.request.sendall(data)
+
+
+class EchoServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class Banner(socketserver.BaseRequestHandler):
+    """A server that speaks first (as SSH and SMTP do): a banner, then an echo."""
+
+    def handle(self) -> None:
+        self.request.sendall(b"220 hello\r\n")
+        while data := self.request.recv(65536):
+            self.request.sendall(data)

@@ -1,0 +1,551 @@
+"""A sandbox's network allow-list (``Sandbox(network=[...])``): a job reaches
+the hosts listed, through procq's proxy, by every path a program takes
+(urllib, curl, CONNECT, SOCKS5, IPv6) and is refused every other, in every
+form (an address typed out for a listed name, a name that resolves to
+loopback, a ClientHello naming another host, a nested CONNECT, UDP, a
+connection around the proxy); each refusal is in the job's report, its
+failure and the log. Every server is a real one on a loopback address,
+started here."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import logging
+import os
+import socket
+import socketserver
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jobs_egress as je
+import pytest
+from core_support import WAIT, failure_of, open_queue, procq_run, wait_until
+from egress_servers import Banner, Echo, EchoServer, Hello, V6Server
+from observe_support import require
+
+from procq import Job, Lane, ProcQueue, Refused, Sandbox
+from procq._model.network import AllowList, parse_entry
+from procq._system.egress_bridge import PORT
+from procq._system.egress_proxy import EgressProxy, Gate
+from procq._system.sandbox import _parts, kernel
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
+
+
+# --- the list, checked when made ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "held"),
+    [
+        (["pypi.org"], ("pypi.org",)),
+        (["PyPI.org.:443", "pypi.org:443"], ("pypi.org:443",)),
+        (["*.example.com:8080"], ("*.example.com:8080",)),
+        (("127.0.0.1", "10.0.0.0/8:443"), ("127.0.0.1", "10.0.0.0/8:443")),
+        (["::1", "[::1]:8080", "[fd00::/8]"], ("::1", "[::1]:8080", "fd00::/8")),
+    ],
+)
+def test_an_allow_list_is_held_written_one_way(given: list[str], held: tuple[str, ...]) -> None:
+    sandbox = Sandbox(network=given)
+    assert sandbox.network == held
+    assert hash(sandbox) == hash(Sandbox(network=list(held)))
+
+
+@pytest.mark.parametrize(
+    ("given", "match"),
+    [
+        ([], r"network=\[\] allows no host: say network=False"),
+        (["*"], r"'\*' allows every host: say network=True"),
+        (["https://pypi.org"], "give a host \\(and a port\\), not a URL"),
+        (["pypi.org/simple"], "is not a host name, an IP address or a CIDR range"),
+        (["a..b"], "is not a host name"),
+        (["*.*.example.com"], "is not a host name"),
+        (["ex*ample.com"], "is not a host name"),
+        (["-a.org"], "is not a host name"),
+        (["pypi.org:0"], "the port '0' is not a number from 1 to 65535"),
+        (["pypi.org:65536"], "the port '65536' is not a number from 1 to 65535"),
+        (["pypi.org:https"], "the port 'https' is not a number"),
+        ([":443"], "no host before the port"),
+        (["10.0.0.1/8"], "has host bits set"),
+        (["1.2.3"], "is not an IP address or CIDR range"),
+        (["2130706433"], "is not an IP address or CIDR range"),
+        (["[::1"], "never closed"),
+        (["[::1]443"], "only ':PORT' may follow"),
+        (["[127.0.0.1]"], "'\\[...\\]' is for IPv6 addresses"),
+    ],
+)
+def test_a_malformed_entry_is_a_value_error_naming_it(given: list[str], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Sandbox(network=given)
+
+
+@pytest.mark.parametrize(
+    ("given", "error", "match"),
+    [
+        ({"network_bytes": 0, "network": ["pypi.org"]}, ValueError, "network_bytes must be at least 1, got 0"),
+        ({"network_bytes": 1.5, "network": ["pypi.org"]}, TypeError, "network_bytes must be an int or None, got float"),
+        ({"network_bytes": 1 << 20, "network": True}, ValueError, "network_bytes needs an allow-list"),
+        ({"network_bytes": 1 << 20}, ValueError, "network_bytes needs an allow-list"),
+    ],
+)
+def test_a_bad_network_bytes_is_refused(given: dict[str, Any], error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        Sandbox(**given)
+
+
+@pytest.mark.parametrize("given", ["pypi.org", b"pypi.org", 443, [443], None])
+def test_a_network_that_is_no_list_is_a_type_error(given: Any) -> None:
+    with pytest.raises(TypeError, match="Sandbox network"):
+        Sandbox(network=given)
+
+
+def test_the_list_decides_by_name_port_and_address() -> None:
+    import ipaddress
+
+    allow = AllowList(["*.example.com", "api.test:8443", "10.0.0.0/8:22", "[::1]:9000"])
+    assert allow.name_allowed("a.example.com", 443) and allow.name_allowed("a.b.example.com", 80)
+    assert not allow.name_allowed("example.com", 443)  # a wildcard is for subdomains
+    assert not allow.name_allowed("evilexample.com", 443)
+    assert not allow.name_allowed("a.example.com", 8080)  # no port: 80 and 443 only
+    assert allow.name_allowed("api.test", 8443) and not allow.name_allowed("api.test", 443)
+    assert allow.address_allowed(ipaddress.ip_address("10.1.2.3"), 22)
+    assert allow.address_allowed(ipaddress.ip_address("::ffff:10.1.2.3"), 22)  # IPv4-mapped counts as IPv4
+    assert not allow.address_allowed(ipaddress.ip_address("11.0.0.1"), 22)
+    assert allow.address_allowed(ipaddress.ip_address("::1"), 9000)
+    assert allow.resolved_refusal(ipaddress.ip_address("93.184.215.14"), 443) is None
+    assert (
+        allow.resolved_refusal(ipaddress.ip_address("127.0.0.1"), 443)
+        == "resolves to loopback 127.0.0.1, not on the list"
+    )
+    assert "private" in (allow.resolved_refusal(ipaddress.ip_address("192.168.1.1"), 443) or "")
+    assert "link-local" in (allow.resolved_refusal(ipaddress.ip_address("169.254.169.254"), 80) or "")
+    assert allow.resolved_refusal(ipaddress.ip_address("10.9.9.9"), 22) is None  # listed itself
+    assert str(parse_entry("[::1]:9000")) == "[::1]:9000"
+
+
+def test_where_the_kernel_cannot_build_the_bridge_the_network_part_is_missing() -> None:
+    refused = {"landlock": 7, "seccomp": None, "namespaces": [28, "unshare: No space left on device"]}
+    have, lack = _parts(Sandbox(network=["pypi.org"]), refused)
+    assert "network" not in have
+    assert lack["network"].startswith("an allow-list needs a network namespace of the jobs' own: ")
+    have, lack = _parts(Sandbox(network=["pypi.org"]), {**refused, "namespaces": None})
+    assert have["network"].startswith("the allow-list: procq's filtering proxy")
+
+
+# --- servers on loopback addresses ----------------------------------------------------------------
+
+
+@dataclass
+class Servers:
+    a: int  # HTTP on 127.0.0.2: on the list
+    b: int  # HTTP on 127.0.0.3: not on it
+    echo_a: int  # echo on 127.0.0.2: on the list
+    echo_b: int  # echo on 127.0.0.3: not on it
+    echo_local: int  # echo on 127.0.0.1, listed only as "localhost" (rebinding)
+    https: int  # HTTPS on 127.0.0.1, listed as "localhost" and its address
+    v6: int  # HTTP on ::1, on the list
+    banner: int  # a server that speaks first, on 127.0.0.2: on the list
+    udp: socket.socket  # a UDP socket on 127.0.0.2
+    cafile: str
+
+    def allow(self) -> list[str]:
+        return [
+            f"127.0.0.2:{self.a}", f"127.0.0.2:{self.echo_a}", f"localhost:{self.echo_local}",
+            f"localhost:{self.https}", f"127.0.0.1:{self.https}", f"[::1]:{self.v6}", f"127.0.0.2:{self.banner}",
+        ]  # fmt: skip
+
+
+def _self_signed(directory: Path) -> tuple[str, str]:
+    key, cert = directory / "key.pem", directory / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    os.chmod(directory, 0o755)
+    os.chmod(cert, 0o644)
+    return str(key), str(cert)
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A key and a self-signed certificate for "localhost", made once per module (RSA key generation is slow)."""
+    return _self_signed(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture
+def servers(certificate: tuple[str, str]) -> Iterator[Servers]:
+    key, cert = certificate
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    https = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
+    https.socket = tls.wrap_socket(https.socket, server_side=True)
+    made: list[socketserver.BaseServer] = [
+        http.server.ThreadingHTTPServer(("127.0.0.2", 0), Hello),
+        http.server.ThreadingHTTPServer(("127.0.0.3", 0), Hello),
+        EchoServer(("127.0.0.2", 0), Echo),
+        EchoServer(("127.0.0.3", 0), Echo),
+        EchoServer(("127.0.0.1", 0), Echo),
+        https,
+        V6Server(("::1", 0), Hello),
+        EchoServer(("127.0.0.2", 0), Banner),
+    ]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in made]
+    for t in threads:
+        t.start()
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.2", 0))
+    ports = [s.server_address[1] for s in made]  # type: ignore[attr-defined]
+    try:
+        yield Servers(*ports, udp=udp, cafile=cert)
+    finally:
+        for s in made:
+            s.shutdown()
+            s.server_close()
+        for t in threads:
+            t.join(10)
+        udp.close()
+
+
+@pytest.fixture
+def queue(servers: Servers) -> Iterator[ProcQueue]:
+    read = [os.path.dirname(servers.cafile)]
+    lane = Lane(workers=1, trusted=False, sandbox=Sandbox(read=read, network=servers.allow()))
+    with open_queue({"s": lane}) as q:
+        yield q
+
+
+def _run(q: ProcQueue, fn: Any, *args: Any) -> Any:
+    return q.push_and_wait(Job(f"{fn.__name__}:{os.urandom(4).hex()}", fn, args=args), timeout=WAIT)
+
+
+def _failed(q: ProcQueue, fn: Any, *args: Any) -> str:
+    """Run a job that raises: its failure's message."""
+    handle = q.push(Job(f"{fn.__name__}:{os.urandom(4).hex()}", fn, args=args)).handle  # type: ignore[union-attr]
+    return failure_of(handle, "error").message
+
+
+# --- reached and refused, path by path ------------------------------------------------------------
+
+
+def test_urllib_reaches_a_listed_host_and_is_refused_another(queue: ProcQueue, servers: Servers) -> None:
+    assert _run(queue, je.fetch, f"http://127.0.0.2:{servers.a}/x") == [
+        "ok",
+        f"hello from 127.0.0.2 for 127.0.0.2:{servers.a}",
+    ]
+    assert _run(queue, je.fetch, f"http://127.0.0.3:{servers.b}/x") == ["refused", 403]
+    assert _run(queue, je.fetch, f"http://127.0.0.2:{servers.b}/x") == ["refused", 403]  # a port not listed
+
+
+def test_urllib_reaches_a_listed_name_over_tls(queue: ProcQueue, servers: Servers) -> None:
+    said = _run(queue, je.fetch, f"https://localhost:{servers.https}/x", servers.cafile)
+    assert said == ["ok", f"hello from 127.0.0.1 for localhost:{servers.https}"]
+
+
+@pytest.mark.parametrize("library", ["requests", "httpx"])
+def test_requests_and_httpx_reach_a_listed_host_and_are_refused_another(
+    queue: ProcQueue, servers: Servers, library: str
+) -> None:
+    require(library, "test")
+    listed = f"http://127.0.0.2:{servers.a}/x"
+    assert _run(queue, je.fetch_with, library, listed) == ["ok", f"hello from 127.0.0.2 for 127.0.0.2:{servers.a}"]
+    tls = f"https://localhost:{servers.https}/x"
+    assert _run(queue, je.fetch_with, library, tls, servers.cafile)[0] == "ok"
+    assert _run(queue, je.fetch_with, library, f"http://127.0.0.3:{servers.b}/x") == ["refused", 403]
+    assert _run(queue, je.fetch_with, library, f"https://127.0.0.3:{servers.b}/x")[0] == "refused"
+
+
+def test_curl_reaches_listed_hosts_and_is_refused_others(queue: ProcQueue, servers: Servers) -> None:
+    assert _run(queue, je.curl, f"http://127.0.0.2:{servers.a}/") == [
+        0,
+        f"hello from 127.0.0.2 for 127.0.0.2:{servers.a}",
+    ]
+    assert _run(queue, je.curl, "--cacert", servers.cafile, f"https://localhost:{servers.https}/")[1].startswith(
+        "hello from 127.0.0.1"
+    )
+    assert _run(queue, je.curl, "-f", f"http://127.0.0.3:{servers.b}/")[0] != 0
+    assert _run(queue, je.curl, "-k", f"https://127.0.0.3:{servers.b}/")[0] != 0  # CONNECT refused
+    assert _run(queue, je.curl, "-x", f"socks5h://127.0.0.1:{PORT}", f"http://127.0.0.2:{servers.a}/")[0] == 0
+    assert _run(queue, je.curl, "-x", f"socks5h://127.0.0.1:{PORT}", f"http://127.0.0.3:{servers.b}/")[0] != 0
+
+
+def test_connect_needs_a_client_hello_naming_the_host_connected_to(queue: ProcQueue, servers: Servers) -> None:
+    local = f"localhost:{servers.echo_local}"
+    ok = "HTTP/1.1 200 Connection established"
+    assert _run(queue, je.tunnel, f"127.0.0.2:{servers.echo_a}", None) == [ok, "echoed"]  # an address: no SNI
+    said = _run(queue, je.tunnel, f"127.0.0.2:{servers.echo_a}", "evil.example.com")
+    assert said[0] == ok and said[1] != "echoed"
+    said = _run(queue, je.tunnel, f"127.0.0.2:{servers.echo_a}", None, "http")  # a nested CONNECT
+    assert said[0] == ok and said[1] != "echoed"
+    assert _run(queue, je.tunnel, f"127.0.0.3:{servers.echo_b}", None)[0].startswith("HTTP/1.1 403")
+    assert _run(queue, je.tunnel, local, "localhost")[0].startswith("HTTP/1.1 403")  # rebinding: see below
+    # Relayed: the proxy asked to reach itself, by the address the job knows it at (on the host, unlisted).
+    assert _run(queue, je.tunnel, f"127.0.0.1:{PORT}", None)[0].startswith("HTTP/1.1 403")
+    assert _run(queue, je.socks, "127.0.0.1", PORT)[0] == 2
+
+
+def test_socks5_by_name_and_by_address(queue: ProcQueue, servers: Servers) -> None:
+    assert _run(queue, je.socks, "127.0.0.2", servers.echo_a) == [0, "echoed"]
+    assert _run(queue, je.socks, "127.0.0.3", servers.echo_b)[0] == 2  # not allowed by the ruleset
+    assert _run(queue, je.socks, "localhost", servers.https, 1, b"") == [
+        0,
+        "connected",
+    ]  # a listed name, its address listed too
+    assert _run(queue, je.socks, "127.0.0.2", servers.echo_a, 3)[0] == 7  # UDP ASSOCIATE: not served
+
+
+def test_a_server_that_speaks_first_is_heard_through_socks5(queue: ProcQueue, servers: Servers) -> None:
+    assert _run(queue, je.banner, "127.0.0.2", servers.banner) == "220 hello\r\n"
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "GET http://127.0.0.2:{a}/ HTTP/1.1\r\nX: 1\nHost: evil.test\r\n\r\n",  # a bare LF
+        "GET http://127.0.0.2:{a}/ HTTP/1.1\r\nHost: 127.0.0.2:{a}\r\nHost: evil.test\r\n\r\n",  # two Hosts
+        "GET http://127.0.0.2:{a}/ HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: 127.0.0.2:{a}\r\n\r\n",  # no absolute URI: not a proxy request
+        "GET http://evil.test@127.0.0.2:{a}/ HTTP/1.1\r\n\r\n",
+    ],
+)
+def test_a_request_whose_head_could_be_read_two_ways_is_refused(queue: ProcQueue, servers: Servers, head: str) -> None:
+    handle = _handle(queue, je.raw_http, head.format(a=servers.a))
+    assert handle.result().split(" ")[1] in ("400", "403")
+    assert [r.what for r in handle.sandbox_refused()] == ["malformed"]
+
+
+def test_a_listed_name_that_resolves_to_loopback_is_refused_unless_its_address_is_listed(
+    queue: ProcQueue, servers: Servers
+) -> None:
+    assert _run(queue, je.socks, "localhost", servers.echo_local)[0] == 2
+    assert _run(queue, je.socks, "127.0.0.1", servers.echo_local)[0] == 2  # the address typed out: not listed
+
+
+def test_ipv6_forms(queue: ProcQueue, servers: Servers) -> None:
+    assert _run(queue, je.fetch, f"http://[::1]:{servers.v6}/")[0] == "ok"
+    assert _run(queue, je.socks, "::1", servers.v6, 1, b"") == [0, "connected"]
+    assert _run(queue, je.fetch, f"http://[::1]:{servers.a}/") == ["refused", 403]
+    assert _run(queue, je.socks, "::ffff:127.0.0.3", servers.echo_b)[0] == 2
+
+
+def test_a_program_that_ignores_the_proxy_reaches_nothing(queue: ProcQueue, servers: Servers) -> None:
+    said = _run(queue, je.around, "127.0.0.2", servers.udp.getsockname()[1])
+    assert said["tcp"].startswith("refused") and said["dns"].startswith("refused"), said
+    servers.udp.setblocking(False)
+    with pytest.raises(BlockingIOError):  # sent or refused, nothing arrived (loopback delivers at once)
+        servers.udp.recv(100)
+    said = _run(queue, je.around, "127.0.0.2", servers.a)
+    assert said["tcp"].startswith("refused"), said
+
+
+# --- the report ---------------------------------------------------------------------------------
+
+
+def test_a_failed_job_names_what_was_refused_and_the_log_says_it_once(
+    queue: ProcQueue, servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"http://127.0.0.3:{servers.b}/x"
+    with caplog.at_level(logging.WARNING, logger="procq.sandbox"):
+        message = _failed(queue, je.fail_after_fetch, url)
+    assert f"the sandbox refused: 127.0.0.3:{servers.b} (an address not on the list)" in message
+    warned = [r.getMessage() for r in caplog.records if r.name == "procq.sandbox"]
+    assert len(warned) == 1 and f"127.0.0.3:{servers.b}" in warned[0]
+
+
+def test_a_job_refused_nothing_reports_nothing(
+    queue: ProcQueue, servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="procq.sandbox"):
+        message = _failed(queue, je.fail_after_fetch, f"http://127.0.0.2:{servers.a}/x")
+    assert "refused" not in message.replace("could not fetch", "")
+    assert not [r for r in caplog.records if r.name == "procq.sandbox"]
+
+
+def test_a_flood_of_connections_is_refused_past_the_limit_and_the_next_job_is_served(
+    queue: ProcQueue, servers: Servers
+) -> None:
+    said = _run(queue, je.flood, f"127.0.0.2:{servers.echo_a}", 80)
+    assert said == {"taken": 64, "refused": 16}
+    assert _run(queue, je.socks, "127.0.0.2", servers.echo_a) == [0, "echoed"]
+
+
+def test_the_proxy_stops_with_the_queue(servers: Servers) -> None:
+    lane = Lane(workers=1, trusted=False, sandbox=Sandbox(network=servers.allow()))
+    with open_queue({"s": lane}) as q:
+        assert _run(q, je.socks, "127.0.0.2", servers.echo_a) == [0, "echoed"]
+        assert [t for t in threading.enumerate() if t.name == "procq-egress-s"]
+    assert not [t for t in threading.enumerate() if t.name.startswith("procq-egress")]
+
+
+def test_the_lane_says_how_its_network_is_enforced(queue: ProcQueue) -> None:
+    assert kernel()["namespaces"] is None
+    enforced = queue.stats().lanes["s"].sandbox or {}
+    assert enforced["network"].startswith("the allow-list: procq's filtering proxy")
+
+
+def _handle(q: ProcQueue, fn: Any, *args: Any) -> Any:
+    handle = q.push(Job(f"{fn.__name__}:{os.urandom(4).hex()}", fn, args=args)).handle  # type: ignore[union-attr]
+    handle.result(timeout=WAIT)
+    return handle
+
+
+def test_every_refusal_is_in_its_jobs_report_and_the_lanes_metrics(queue: ProcQueue, servers: Servers) -> None:
+    b, echo_a = f"127.0.0.3:{servers.b}", f"127.0.0.2:{servers.echo_a}"
+    local = f"localhost:{servers.echo_local}"
+    cases = [
+        (je.fetch, (f"http://{b}/",), Refused("not-listed", b, "an address not on the list", 1)),
+        (je.socks, ("localhost", servers.echo_local), Refused(
+            "rebinding", local, "resolves to loopback 127.0.0.1, not on the list", 1)),
+        (je.tunnel, (echo_a, "evil.example.com"), Refused(
+            "sni", echo_a, "the TLS ClientHello names 'evil.example.com', not the host connected to", 1)),
+        (je.tunnel, (echo_a, None, "http"), Refused(
+            "nested", echo_a, "plain HTTP inside a CONNECT tunnel (a nested CONNECT or request)", 1)),
+        (je.socks, ("127.0.0.2", servers.echo_a, 3), Refused("udp", echo_a, "UDP (SOCKS5 UDP ASSOCIATE)", 1)),
+        (je.socks, ("2130706433", servers.echo_b), Refused(
+            "malformed", f"2130706433:{servers.echo_b}", "not a host name or an IP address", 1)),
+        (je.flood, (echo_a, 66), Refused("limit", "a connection", "more than 64 at once", 2)),
+    ]  # fmt: skip
+    for fn, args, refused in cases:
+        handle = _handle(queue, fn, *args)
+        said = handle.sandbox_refused()
+        assert said == (refused,), fn.__name__
+    clean = _handle(queue, je.socks, "127.0.0.2", servers.echo_a)
+    assert clean.result() == [0, "echoed"] and clean.sandbox_refused() == ()
+    refused_by_kind = queue.metrics().lanes["s"].sandbox_refused
+    assert refused_by_kind == {
+        "not-listed": 1, "rebinding": 1, "sni": 1, "nested": 1, "udp": 1, "malformed": 1, "limit": 2,
+    }  # fmt: skip
+    prometheus = require("prometheus_client", "prometheus")
+    from procq.metrics import prometheus as exporter
+
+    registry = prometheus.CollectorRegistry()
+    exporter.register(queue, registry)
+    text = prometheus.generate_latest(registry).decode()
+    assert 'procq_sandbox_refused_total{lane="s",queue=' in text
+    assert any(
+        line.startswith("procq_sandbox_refused_total") and 'what="rebinding"' in line and line.endswith(" 1.0")
+        for line in text.splitlines()
+    ), text
+
+
+def test_a_job_refused_nothing_has_an_empty_report(queue: ProcQueue, servers: Servers) -> None:
+    handle = _handle(queue, je.fetch, f"http://127.0.0.2:{servers.a}/x")
+    assert handle.result()[0] == "ok" and handle.sandbox_refused() == ()
+    assert queue.metrics().lanes["s"].sandbox_refused == {}
+
+
+def test_procq_run_network_hosts_is_an_allow_list(servers: Servers) -> None:
+    listed, other = f"http://127.0.0.2:{servers.a}/", f"http://127.0.0.3:{servers.b}/"
+    done = procq_run("jobs_egress:fetch", "--sandbox", "--network", f"127.0.0.2:{servers.a}", "-q",
+                stdin=json.dumps(listed) + "\n" + json.dumps(other) + "\n")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    outputs = sorted((json.loads(line)["output"] for line in done.stdout.splitlines()), key=str)  # (as they end)
+    assert outputs == [["ok", f"hello from 127.0.0.2 for 127.0.0.2:{servers.a}"], ["refused", 403]]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--network", "pypi.org"], "--network needs --sandbox"),
+        (["--sandbox", "--network", "--network", "pypi.org"], "give one or the other"),
+        (["--sandbox", "--network", "https://pypi.org"], "give a host (and a port), not a URL"),
+    ],
+)
+def test_procq_run_refuses_bad_network_options(args: list[str], message: str) -> None:
+    done = procq_run("jobs_egress:fetch", *args, stdin="3\n")
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_a_job_past_its_network_bytes_is_cut_off_and_the_next_job_is_served(servers: Servers) -> None:
+    sandbox = Sandbox(network=servers.allow(), network_bytes=1 << 20)
+    with open_queue({"s": Lane(workers=1, trusted=False, sandbox=sandbox)}) as q:
+        big = q.push(Job("big", je.fetch, args=(f"http://127.0.0.2:{servers.a}/mib/4",))).handle  # type: ignore[union-attr]
+        message = failure_of(big, "error").message  # urllib: IncompleteRead
+        assert "the sandbox refused: the network (more than its network_bytes of 1048576 bytes)" in message
+        assert [r.what for r in big.sandbox_refused()] == ["limit"]
+        assert _run(q, je.fetch, f"http://127.0.0.2:{servers.a}/x")[0] == "ok"  # each job its own count
+
+
+# --- the proxy alone: idle connections, stopping ------------------------------------------------
+
+
+def _gate(proxy: EgressProxy) -> tuple[Gate, tuple[str, int]]:
+    """A gate whose listener (on 127.0.0.1, here) is handed over as a worker hands its own."""
+    ours, theirs = socket.socketpair()
+    gate = proxy.gate(ours)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        socket.send_fds(theirs, [b"L"], [listener.fileno()])
+        theirs.close()
+        return gate, listener.getsockname()
+
+
+def _socks_to(address: tuple[str, int], host: str, port: int) -> socket.socket:
+    sock = socket.create_connection(address, timeout=WAIT)
+    sock.sendall(b"\x05\x01\x00\x05\x01\x00\x01" + socket.inet_aton(host) + port.to_bytes(2, "big"))
+    got = b""
+    while len(got) < 12:
+        more = sock.recv(12 - len(got))
+        assert more, f"closed after {got!r}"
+        got += more
+    assert got[:2] == b"\x05\x00" and got[3] == 0, got
+    return sock
+
+
+def test_an_idle_connection_is_closed_and_a_busy_one_is_not(servers: Servers) -> None:
+    proxy = EgressProxy("t", AllowList(servers.allow()), idle_timeout=0.5)
+    try:
+        gate, address = _gate(proxy)
+        gate.begin("k")
+        idle = _socks_to(address, "127.0.0.2", servers.echo_a)
+        busy = _socks_to(address, "127.0.0.2", servers.echo_a)
+        began = time.monotonic()
+        while time.monotonic() - began < 1.5:  # three idle timeouts of traffic on one connection
+            busy.sendall(b"x")
+            assert busy.recv(1) == b"x"
+        assert idle.recv(1) == b""  # closed (bounded by the socket's timeout)
+        busy.sendall(b"y")
+        assert busy.recv(1) == b"y"
+        idle.close()
+        busy.close()
+        assert gate.end() == ()
+    finally:
+        proxy.close()
+
+
+def test_a_gate_refuses_connections_between_jobs_and_closes_a_jobs_own_at_its_end(servers: Servers) -> None:
+    proxy = EgressProxy("t", AllowList(servers.allow()))
+    try:
+        gate, address = _gate(proxy)
+        with socket.create_connection(address, timeout=WAIT) as between:
+            assert between.recv(1) == b""  # no job: closed at once
+        gate.begin("k")
+        held = _socks_to(address, "127.0.0.2", servers.echo_a)
+        assert gate.end() == ()
+        assert held.recv(1) == b""  # the job ended: its connection with it
+        held.close()
+    finally:
+        proxy.close()
+    assert not [t for t in threading.enumerate() if t.name == "procq-egress-t"]
+
+
+def test_a_job_killed_for_its_timeout_still_has_its_refusals_told(
+    queue: ProcQueue, servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = f"http://127.0.0.3:{servers.b}/x"
+    with caplog.at_level(logging.WARNING, logger="procq.sandbox"):
+        handle = queue.push(Job("hangs", je.fetch_then_hang, args=(url,), timeout=2)).handle  # type: ignore[union-attr]
+        failure_of(handle, "timeout")
+        refused = Refused("not-listed", f"127.0.0.3:{servers.b}", "an address not on the list", 1)
+        wait_until(lambda: handle.sandbox_refused() == (refused,))
+    assert queue.metrics().lanes["s"].sandbox_refused == {"not-listed": 1}
+    assert [r.name for r in caplog.records if r.name == "procq.sandbox"] == ["procq.sandbox"]
