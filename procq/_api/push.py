@@ -45,6 +45,7 @@ from procq._model.job import Job
 from procq._model.values import Failed
 from procq._wire.fingerprint import fn_name
 from procq._wire.main_ref import dumps_shared
+from procq._wire.oob import dumps_args
 from procq._wire.protocol import digest, dumps, dumps_fn, pickled_by_reference
 
 if TYPE_CHECKING:
@@ -306,7 +307,12 @@ class Pusher:
             raise JobPicklingError(f"job {job.key!r}: its function {fn!r} could not be pickled: {exc}") from exc
         try:
             args, kwargs = job.args, job.kwargs
-            entry.args_bytes = NO_ARGS if not args and kwargs is None else dumps((args, kwargs))
+            if not args and kwargs is None:
+                entry.args_bytes = NO_ARGS
+            elif entry.lane.shared_memory:  # large buffers through shared memory (_wire.oob)
+                entry.args_bytes, entry.segment = dumps_args((args, kwargs), dumps_fn)
+            else:
+                entry.args_bytes = dumps((args, kwargs))
         except Exception as exc:
             raise JobPicklingError(f"job {job.key!r}: its arguments could not be pickled: {exc}") from exc
 

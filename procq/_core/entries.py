@@ -28,6 +28,7 @@ from procq._system.sandbox import enforced
 if TYPE_CHECKING:
     from procq._core.channel import WorkerChannel
     from procq._core.retention import Done, Record
+    from procq._wire.oob import Segment
 
 __all__ = [
     "ABANDONED",
@@ -117,6 +118,7 @@ class Entry:
         "pid",
         "prev",
         "rss_base",
+        "segment",
         "since",
         "started",
         "status",
@@ -144,6 +146,9 @@ class Entry:
         self.fn_id = b""
         self.fn_bytes = b""
         self.args_bytes = b""
+        # The shared-memory segment holding its arguments' large buffers
+        # (``_wire.oob.Segment``), or None; removed as the entry ends.
+        self.segment: Segment | None = None
         # The job's fingerprint (see _fingerprint), None when not checked.
         self.fp: bytes | None = None
         # Waiters: a threading.Event made on demand by a blocking result(), and
@@ -302,6 +307,7 @@ class LaneState:
         "retries",
         "running",
         "service",
+        "shared_memory",
         "spares",
         "spares_on",
         "spec",
@@ -314,6 +320,9 @@ class LaneState:
         self.name = name
         self.spec = spec
         self.memory_limit = spec.memory_limit_bytes  # (read for every entry: see Entry)
+        # Do its jobs' large buffers travel through shared memory (``_wire.oob``)?
+        # Only a trusted lane's local workers may map the supervisor's memory.
+        self.shared_memory = spec.trusted and not spec.remote
         # Jobs accepted into the lane, waiting for a worker: len(ready) <= capacity.
         self.ready: deque[Entry] = deque()
         # Scheduled jobs and retries that fell due while ready was full. They

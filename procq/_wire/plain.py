@@ -21,7 +21,8 @@ import re
 import struct
 from typing import Any
 
-from procq._wire.protocol import OK, OK_OBJECTS, TRAILER, dumps
+from procq._wire.oob import MappedFrame, dumps_oob
+from procq._wire.protocol import OK, OK_MAPPED, OK_OBJECTS, TRAILER, dumps, dumps_fn
 
 __all__ = [
     "BuiltinExceptions",
@@ -29,6 +30,7 @@ __all__ = [
     "NeedsCode",
     "Parts",
     "load_data",
+    "mapped_trailer",
     "names_nothing",
     "result_frame",
     "send_frame",
@@ -101,13 +103,21 @@ def load_data(data: bytes | bytearray, unpickler: type[pickle.Unpickler] = DataO
     return unpickler(io.BytesIO(data)).load()
 
 
-def result_frame(job_id: int, result: Any) -> bytes | Parts:
+def result_frame(job_id: int, result: Any, prefix: str | None = None) -> bytes | Parts | MappedFrame:
     """A trusted worker's OK message: the result pickled once, then the
     trailer, whose tag says whether unpickling it may run code (``OK_OBJECTS``).
     A pickle the byte scan cannot clear (a number or a string may hold such a
     byte) is tried with ``DataOnly`` here, in the worker, so plain data is
-    never sent to a decode thread for nothing."""
-    data = dumps(result)
+    never sent to a decode thread for nothing. A result with large buffers
+    sends them through a shared-memory segment whose names start with
+    ``prefix`` (``MappedFrame``: always decoded by a decode thread); with no
+    ``prefix``, in the pipe."""
+    if prefix is None:
+        data = dumps(result)
+    else:
+        data, buffers = dumps_oob(result, dumps_fn)
+        if buffers:
+            return MappedFrame(job_id, data, buffers, prefix)
     plain = names_nothing(data)
     if not plain and len(data) <= CHECKED_BYTES:
         try:
@@ -119,6 +129,11 @@ def result_frame(job_id: int, result: Any) -> bytes | Parts:
     if len(data) < SPLIT_BYTES:
         return data + trailer
     return Parts(data, trailer)
+
+
+def mapped_trailer(job_id: int) -> bytes:
+    """The trailer of a ``MappedFrame``'s message."""
+    return TRAILER.pack(job_id, OK_MAPPED)
 
 
 #: From this size on a result's pickle and its trailer are written with one

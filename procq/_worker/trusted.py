@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from procq._model.job import format_size
 from procq._system.privileges import set_dumpable
-from procq._wire.plain import Parts, result_frame, send_frame
+from procq._wire.oob import MappedFrame
+from procq._wire.plain import Parts, mapped_trailer, result_frame, send_frame
 from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 from procq._worker.parent import die_with_parent, parent_process
 
@@ -249,7 +250,8 @@ def forked_worker(
         return
     if init is not None:
         init.run()  # (still booting: one that kills the process is a worker that died as it started)
-    run_until_eof(lambda: _serve(conn, config, _Pickled(_main_fallback()), init))
+    codec = _Pickled(_main_fallback(), config.get("shm_prefix"))
+    run_until_eof(lambda: _serve(conn, config, codec, init))
 
 
 def _main_fallback() -> str:
@@ -299,14 +301,17 @@ class _Codec:
 
 
 class _Pickled(_Codec):
-    def __init__(self, note: str = "") -> None:
+    def __init__(self, note: str = "", shm_prefix: str | None = None) -> None:
         self.note = note  # said with READY: why the main module was imported here, if it was
+        # How the names of its results' segments start (``_wire.oob``); None:
+        # results stay in the pipe (a remote worker shares no memory with the supervisor).
+        self.shm_prefix = shm_prefix
 
     def ready(self) -> bytes:
         return self.note.encode("utf-8", "replace") + TRAILER.pack(0, READY)
 
-    def ok(self, job_id: int, result: Any) -> bytes | Parts:  # type: ignore[override]
-        return result_frame(job_id, result)
+    def ok(self, job_id: int, result: Any) -> bytes | Parts | MappedFrame:  # type: ignore[override]
+        return result_frame(job_id, result, self.shm_prefix)
 
     def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
         exc_bytes = None
@@ -331,9 +336,11 @@ class _Json(_Codec):
 def _serve(conn: Connection, config: dict[str, Any], codec: _Codec, init: WorkerInit | None = None) -> None:
     recv, send_bytes, fd = conn.recv_bytes, conn.send_bytes, conn.fileno()
 
-    def send(frame: bytes | Parts) -> None:
+    def send(frame: bytes | Parts | MappedFrame) -> None:
         if isinstance(frame, Parts):
             send_frame(fd, frame)
+        elif isinstance(frame, MappedFrame):
+            send_bytes(frame.write(mapped_trailer))
         else:
             send_bytes(frame)
 

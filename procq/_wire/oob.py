@@ -1,0 +1,338 @@
+"""Large buffers outside the pickle stream, through shared memory.
+
+A trusted lane's job arguments and results are pickled with protocol 5 and a
+``buffer_callback``: the buffers an object hands to pickle as a
+``PickleBuffer`` (a numpy array, anything built on one, an Arrow buffer, ...)
+leave the stream when they come to ``OOB_BYTES`` or more in all. ``bytes``
+and ``bytearray`` values of ``OOB_BYTES`` or more leave it too
+(``_BufferPickler``), and a ``memoryview``, which plain pickle refuses,
+pickles (in band when small).
+
+The buffers of one message go into one *segment*: a file in ``SHM_DIR``
+(``/dev/shm``, a tmpfs: memory, never a disk), written with one vectored
+write, each buffer at an offset aligned to ``ALIGN`` bytes. What travels on
+the pipe is the small pickle that is left, the segment's name and where each
+buffer lies in it (``Spans``). The receiver opens the file and maps it
+copy-on-write (``MAP_PRIVATE``): a numpy array comes back as a view of that
+mapping, writable as an unpickled one is, with no copy (pages are copied
+only where the receiver writes to them); ``bytes`` and ``bytearray`` are
+copied out of it once, as they own their memory.
+
+Who removes a segment's name, and when (nothing else holds one's memory but
+the mappings of it, which go with the objects made from them):
+
+- Arguments: ``procq-<supervisor pid>-a<n>``, made by the pushing thread.
+  The supervisor removes it when the job ends, however it ends (the claim's
+  entry holds the ``Segment``; a finalizer removes it should the entry be
+  dropped otherwise). A worker only maps it, so a retry maps it again.
+- Results: ``procq-<supervisor pid>-w<worker pid>-<n>``, made by the worker
+  as it sends the result. The supervisor's I/O thread maps it and removes
+  its name as it reads the message. A worker that dies with one written and
+  not read: the supervisor removes every name of that worker's as it reaps it
+  (``sweep``), when nothing of it can write any more.
+- The supervisor killed: its undertaker (``_supervisor.undertaker``) kills
+  the workers, waits for them to be gone, and removes every name of that
+  supervisor's pid.
+
+Untrusted and remote lanes never use segments: what they send is never
+unpickled, and they may not map the supervisor's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import mmap
+import os
+import pickle
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "ALIGN",
+    "OOB_BYTES",
+    "SHM_DIR",
+    "MappedFrame",
+    "Segment",
+    "Spans",
+    "dumps_args",
+    "dumps_oob",
+    "load_mapped",
+    "map_segment",
+    "segment_prefix",
+    "sweep",
+    "write_segment",
+]
+
+#: Where segments live: a tmpfs, so their pages are memory and never touch a disk.
+SHM_DIR = "/dev/shm"
+#: A buffer of this many bytes or more travels through a segment; a smaller
+#: one stays in the pickle (a segment costs a few system calls on each side,
+#: about what the pipe takes to carry this much).
+OOB_BYTES = 1 << 18
+#: Each buffer starts at a multiple of this in its segment: any dtype's
+#: alignment, and a cache line.
+ALIGN = 64
+#: Bytes written per call: Linux writes at most 2 GiB less a page per write.
+_MAX_WRITE = 0x7FFFF000
+_PADDING = bytes(ALIGN)
+_counter = itertools.count()
+
+#: Where each buffer lies in its segment: (offset, length) pairs.
+Spans = list[tuple[int, int]]
+
+
+def segment_prefix(pid: int | None = None) -> str:
+    """The start of every segment name a supervisor's queues use (its pid)."""
+    return f"procq-{os.getpid() if pid is None else pid}-"
+
+
+class _BufferPickler(pickle.Pickler):
+    """Protocol 5 with ``bytes``, ``bytearray`` and ``memoryview`` as
+    ``PickleBuffer``: out of band when large, and a ``memoryview`` at all."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        t = type(obj)
+        if (t is bytes or t is bytearray) and len(obj) >= OOB_BYTES:
+            return t, (pickle.PickleBuffer(obj),)
+        if t is memoryview and obj.c_contiguous:
+            return _memoryview, (pickle.PickleBuffer(obj), obj.format, obj.shape)
+        return NotImplemented
+
+
+def _memoryview(buffer: Any, fmt: str, shape: tuple[int, ...]) -> memoryview:
+    view: Any = memoryview(buffer)
+    if view.format != fmt or view.shape != shape:
+        view = view.cast("B").cast(fmt, shape)
+    result: memoryview = view
+    return result
+
+
+def dumps_oob(obj: Any, fallback: Callable[..., bytes]) -> tuple[bytes, list[pickle.PickleBuffer]]:
+    """Pickle ``obj`` with its buffers out of band when they come to
+    ``OOB_BYTES`` or more in all: the pickle and the buffers it left out (in
+    order; none when they are fewer bytes, kept in the pickle then).
+    ``fallback(obj, buffer_callback=...)`` pickles what the standard pickler
+    refuses (cloudpickle); raises what it raises.
+
+    The common case, a small value without buffers, costs one ``pickle.dumps``
+    with a ``buffer_callback``: the cheapest that still sees every buffer."""
+    buffers: list[pickle.PickleBuffer] = []
+    how: Callable[..., bytes] = _dumps_plain
+    try:
+        data = pickle.dumps(obj, 5, buffer_callback=buffers.append)
+    except Exception:
+        how = _dumps_buffers
+        try:
+            buffers = []
+            data = _dumps_buffers(obj, buffer_callback=buffers.append)
+        except Exception:
+            how = fallback
+            buffers = []
+            data = fallback(obj, buffer_callback=buffers.append)
+    else:
+        if len(data) >= OOB_BYTES:
+            # Large in band: bytes or bytearray values, which pickle writes into
+            # the stream itself. Pickled again, with them out of band.
+            how = _dumps_buffers
+            buffers = []
+            data = _dumps_buffers(obj, buffer_callback=buffers.append)
+    if buffers and sum(buffer.raw().nbytes for buffer in buffers) < OOB_BYTES:
+        return how(obj, buffer_callback=_in_band), []  # too few bytes to be worth a segment
+    return data, buffers
+
+
+def _dumps_plain(obj: Any, buffer_callback: Callable[[pickle.PickleBuffer], Any]) -> bytes:
+    return pickle.dumps(obj, 5, buffer_callback=buffer_callback)
+
+
+def _in_band(buffer: pickle.PickleBuffer) -> bool:
+    return True
+
+
+def _dumps_buffers(obj: Any, buffer_callback: Callable[[pickle.PickleBuffer], Any]) -> bytes:
+    out = io.BytesIO()
+    _BufferPickler(out, 5, buffer_callback=buffer_callback).dump(obj)
+    return out.getvalue()
+
+
+def write_segment(name: str, buffers: list[pickle.PickleBuffer]) -> Spans:
+    """Write ``buffers`` into a new segment ``name``; where each lies in it.
+    The segment is removed again if the write fails."""
+    path = os.path.join(SHM_DIR, name)
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        # Left by a process that had this pid before and was killed: the pid
+        # is ours now, so nothing of that process can be using it.
+        _unlink(path)
+        fd = os.open(path, flags, 0o600)
+    try:
+        spans: Spans = []
+        pieces: list[Any] = []
+        offset = 0
+        for buffer in buffers:
+            raw = buffer.raw()
+            pad = -offset % ALIGN
+            if pad:
+                pieces.append(_PADDING[:pad])
+                offset += pad
+            spans.append((offset, raw.nbytes))
+            if raw.nbytes:
+                pieces.append(raw)
+            offset += raw.nbytes
+        _write_all(fd, pieces)
+        return spans
+    except BaseException:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, pieces: list[Any]) -> None:
+    """One ``pwritev`` for all the pieces (more only past the kernel's limit per call)."""
+    offset = 0
+    pending = [memoryview(piece).cast("B") for piece in pieces]
+    while pending:
+        batch: list[memoryview] = []
+        size = 0
+        for piece in pending:
+            if size + len(piece) > _MAX_WRITE and batch:
+                break
+            batch.append(piece)
+            size += len(piece)
+        written = os.pwritev(fd, batch, offset)
+        if written <= 0:
+            raise OSError(f"could not write a shared-memory segment (wrote {written} bytes)")
+        offset += written
+        while pending and written >= len(pending[0]):
+            written -= len(pending[0])
+            pending.pop(0)
+        if pending and written:
+            pending[0] = pending[0][written:]
+
+
+def map_segment(name: str, spans: Spans, unlink: bool) -> list[memoryview]:
+    """Map segment ``name`` copy-on-write and return a view of each buffer in
+    it; with ``unlink``, remove its name at once (the mapping keeps its pages
+    until the last view of it goes)."""
+    path = os.path.join(SHM_DIR, name)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if unlink:
+            os.unlink(path)
+        size = os.fstat(fd).st_size
+        if not size:  # every buffer is empty: nothing to map
+            return [memoryview(b"") for _ in spans]
+        mapped = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    whole = memoryview(mapped)
+    if any(offset + length > size for offset, length in spans):
+        raise ValueError(f"shared-memory segment {name} is {size} bytes, shorter than its buffers")
+    return [whole[offset : offset + length] for offset, length in spans]
+
+
+def load_mapped(name: str, spans: Spans, data: bytes) -> Any:
+    """Unpickle ``data`` with its out-of-band buffers from segment ``name``
+    (the segment stays: its owner removes it). What a job's arguments that
+    went through shared memory unpickle to, in the worker."""
+    return pickle.loads(data, buffers=map_segment(name, spans, unlink=False))
+
+
+class Segment:
+    """A segment of a job's arguments, owned by the supervisor: ``unlink``
+    removes its name (idempotent). Should the owner never call it, the
+    segment is removed when this object is collected, or at exit."""
+
+    __slots__ = ("__weakref__", "_finalizer", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._finalizer = weakref.finalize(self, _unlink, os.path.join(SHM_DIR, name))
+
+    def unlink(self) -> None:
+        self._finalizer()
+
+    def __reduce__(self) -> Any:
+        raise TypeError("a shared-memory Segment belongs to the process that made it")
+
+
+class _MappedArgs:
+    """What a job's arguments pickle to when their buffers are in a segment:
+    unpickled in the worker, it is the arguments (``load_mapped``)."""
+
+    __slots__ = ("data", "name", "spans")
+
+    def __init__(self, name: str, spans: Spans, data: bytes) -> None:
+        self.name = name
+        self.spans = spans
+        self.data = data
+
+    def __reduce__(self) -> Any:
+        return load_mapped, (self.name, self.spans, self.data)
+
+
+def dumps_args(obj: Any, fallback: Callable[..., bytes]) -> tuple[bytes, Segment | None]:
+    """A job's ``(args, kwargs)`` pickled for a trusted worker: large buffers
+    in a new segment (returned, for the caller to ``unlink`` once the job has
+    ended), the rest as ``pickle.loads`` in the worker takes it."""
+    data, buffers = dumps_oob(obj, fallback)
+    if not buffers:
+        return data, None
+    name = f"{segment_prefix()}a{next(_counter)}"
+    spans = write_segment(name, buffers)
+    segment = Segment(name)
+    return pickle.dumps(_MappedArgs(name, spans, data), 5), segment
+
+
+class MappedFrame:
+    """A trusted worker's OK message whose result has buffers out of band:
+    written to a segment only as it is sent (``write``), so a result refused
+    for its size (``max_result_bytes``) leaves nothing behind. ``len`` is
+    the result's whole size, buffers included."""
+
+    __slots__ = ("buffers", "data", "job_id", "prefix")
+
+    def __init__(self, job_id: int, data: bytes, buffers: list[pickle.PickleBuffer], prefix: str) -> None:
+        self.job_id = job_id
+        self.data = data
+        self.buffers = buffers
+        self.prefix = prefix
+
+    def __len__(self) -> int:
+        return len(self.data) + sum(buffer.raw().nbytes for buffer in self.buffers)
+
+    def write(self, trailer: Callable[[int], bytes]) -> bytes:
+        """Write the segment; the message that names it (``trailer(job_id)`` after it)."""
+        name = f"{self.prefix}w{os.getpid()}-{next(_counter)}"
+        spans = write_segment(name, self.buffers)
+        self.buffers = []
+        return pickle.dumps((name, spans, self.data), 5) + trailer(self.job_id)
+
+
+def _unlink(path: str) -> None:
+    # (Removed already, by a sweep, or SHM_DIR is gone: nothing is left to free.)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def sweep(prefix: str) -> int:
+    """Remove every segment whose name starts with ``prefix``; how many."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return 0
+    removed = 0
+    for name in names:
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed += 1
+            except OSError:
+                pass
+    return removed
