@@ -1,0 +1,125 @@
+"""Large arguments and results of trusted lanes travel out of band, through
+shared-memory segments (``procq._wire.oob``): every kind of buffer comes back
+equal and of its type, large arrays arrive as views of a mapping (no copy),
+small ones stay in the pipe, and no segment outlives the job."""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any
+
+import jobs
+import jobs_arrays
+import numpy as np
+import pytest
+from core_support import WAIT, open_queue
+
+from procq import Job, JobFailed, Lane
+from procq._wire.oob import OOB_BYTES, SHM_DIR, segment_prefix
+
+BIG = OOB_BYTES // 8 * 4  # float64 values: four times the threshold
+
+
+def segments() -> list[str]:
+    """This process's segments (its queues' and their workers')."""
+    return sorted(name for name in os.listdir(SHM_DIR) if name.startswith(segment_prefix()))
+
+
+def same(a: Any, b: Any) -> None:
+    """Equal values of the same types, all the way down."""
+    assert type(a) is type(b), (type(a), type(b))
+    if isinstance(a, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
+    elif isinstance(a, memoryview):
+        assert (a.format, a.shape, a.tobytes()) == (b.format, b.shape, b.tobytes())
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            same(x, y)
+    else:
+        assert a == b
+
+
+_rng = np.random.default_rng(38)
+VALUES = {
+    "float64": _rng.standard_normal(BIG),
+    "int8": _rng.integers(-128, 127, size=BIG * 8, dtype=np.int8),
+    "complex128": _rng.standard_normal(BIG // 2) + 1j,
+    "bool": _rng.integers(0, 2, size=BIG * 8).astype(bool),
+    "datetime64": np.arange(BIG).astype("datetime64[s]"),
+    "structured": np.zeros(BIG // 2, dtype=[("a", "<i4"), ("b", "<f8"), ("c", "S4")]),
+    "3-d": _rng.standard_normal((64, 64, BIG // 4096)),
+    "fortran": np.asfortranarray(_rng.standard_normal((512, BIG // 512))),
+    "non-contiguous": _rng.standard_normal((BIG // 256, 512))[::2, ::3],
+    "zero-size": np.zeros((0, 5)),
+    "zero-size beside a large one": [np.zeros(0), np.ones(BIG), np.zeros((3, 0), dtype=np.int16)],
+    "bytes": os.urandom(OOB_BYTES * 2),
+    "bytearray": bytearray(os.urandom(OOB_BYTES * 2)),
+    "memoryview": memoryview(os.urandom(OOB_BYTES * 2)),
+    "memoryview of doubles": memoryview(np.arange(BIG, dtype=np.float64)).cast("B").cast("d", [BIG // 4, 4]),
+    "small memoryview": memoryview(b"abc"),
+    "nested": {"x": [(_rng.standard_normal(BIG), b"k" * OOB_BYTES)], "y": {"z": np.arange(10)}, "n": None},
+}
+
+
+@pytest.mark.parametrize("value", VALUES.values(), ids=VALUES.keys())
+def test_values_go_out_and_come_back_equal(value: Any) -> None:
+    with open_queue(1) as q:
+        out = q.push_and_wait(Job("echo", jobs.identity, args=(value,)), timeout=WAIT)
+        same(value, out)
+        out2 = q.push_and_wait(Job("kw", jobs_arrays.total, kwargs={"array": np.ones(BIG)}), timeout=WAIT)
+        assert out2 == BIG
+        assert segments() == []  # the arguments' removed as each job ended, the results' as they were read
+    del out
+
+
+def test_a_large_argument_arrives_as_a_writable_view_of_a_segment() -> None:
+    array = np.arange(BIG, dtype=np.float64)
+    with open_queue(1) as q:
+        total, mapped, writable = q.push_and_wait(Job("m", jobs_arrays.how_it_came, args=(array,)), timeout=WAIT)
+        assert (total, mapped, writable) == (array.sum(), True, True)
+        # Copy-on-write: the job's writes are its own, the caller's array is untouched.
+        out = q.push_and_wait(Job("w", jobs_arrays.add_one_in_place, args=(array,)), timeout=WAIT)
+        assert np.array_equal(out, array + 1) and array[0] == 0
+
+
+def test_a_small_argument_stays_in_the_pipe() -> None:
+    with open_queue(1) as q:
+        small = np.arange(100, dtype=np.float64)
+        came = q.push_and_wait(Job("s", jobs_arrays.how_it_came, args=(small,)), timeout=WAIT)
+        assert came == (small.sum(), False, True)
+
+
+def test_a_large_result_is_a_view_of_a_mapping_freed_with_it() -> None:
+    with open_queue(1) as q:
+        out = q.push_and_wait(Job("r", jobs_arrays.zeros, args=(BIG,)), timeout=WAIT)
+        assert out.shape == (BIG,) and out.flags.writeable
+        assert jobs_arrays.in_segment(out)  # no copy: the supervisor maps the worker's segment
+        assert segments() == []  # its name went as the message was read
+        out[:] = 7  # (writable, as any unpickled array)
+        assert q.forget("r")
+        del out
+        gc.collect()
+        assert jobs_arrays.mapped_ranges() == []  # the memory went with the last object made from it
+
+
+def test_a_result_too_large_for_the_lane_leaves_no_segment() -> None:
+    with open_queue({"a": Lane(workers=1, max_result_bytes=OOB_BYTES)}) as q:
+        with pytest.raises(JobFailed, match="max_result_bytes") as info:
+            q.push_and_wait(Job("big", jobs_arrays.zeros, args=(BIG,)), timeout=WAIT)
+        assert info.value.failure.kind == "protocol"
+        assert segments() == []
+
+
+def test_an_untrusted_lane_takes_large_arguments_in_the_pipe() -> None:
+    with open_queue({"u": Lane(workers=1, trusted=False)}) as q:
+        value = b"u" * (OOB_BYTES * 2)
+        # (Its result comes back as JSON: the length says the bytes arrived whole.)
+        assert q.push_and_wait(Job("u", len, args=(value,)), timeout=WAIT) == len(value)
+        assert segments() == []
