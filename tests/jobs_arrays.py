@@ -54,6 +54,23 @@ def zeros(n: int) -> Any:
     return np.zeros(n)
 
 
+_kept: list[Any] = []
+
+
+def keep(array: Any) -> int:
+    """Keep the argument in the worker after the job (as a cache would)."""
+    _kept.append(array)
+    return len(array)
+
+
+def kept_total() -> float:
+    return float(_kept[0].sum())
+
+
+def drop_kept() -> None:
+    _kept.clear()
+
+
 def hold(array: Any, started: str, go: str) -> float:
     """Hold a large argument until the test lets it go."""
     jobs.signal_and_wait(started, go)

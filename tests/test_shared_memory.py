@@ -1,7 +1,8 @@
 """Large arguments and results of trusted lanes travel out of band, through
 shared-memory segments (``procq._wire.oob``): every kind of buffer comes back
 equal and of its type, large arrays arrive as views of a mapping (no copy),
-small ones stay in the pipe, and no segment outlives the job."""
+small ones stay in the pipe; a result's segment is gone once it is read, an
+argument's is kept for reuse while the queue is open and gone when it closes."""
 
 from __future__ import annotations
 
@@ -24,6 +25,11 @@ BIG = OOB_BYTES // 8 * 4  # float64 values: four times the threshold
 def segments() -> list[str]:
     """This process's segments (its queues' and their workers')."""
     return sorted(name for name in os.listdir(SHM_DIR) if name.startswith(segment_prefix()))
+
+
+def result_segments() -> list[str]:
+    """This process's workers' segments (results)."""
+    return [name for name in segments() if name.startswith(f"{segment_prefix()}w")]
 
 
 def same(a: Any, b: Any) -> None:
@@ -75,7 +81,11 @@ def test_values_go_out_and_come_back_equal(value: Any) -> None:
         same(value, out)
         out2 = q.push_and_wait(Job("kw", jobs_arrays.total, kwargs={"array": np.ones(BIG)}), timeout=WAIT)
         assert out2 == BIG
-        assert segments() == []  # the arguments' removed as each job ended, the results' as they were read
+        assert result_segments() == []  # removed as they were read
+        # The arguments': kept for reuse, and reused when large enough (the
+        # second job's may be larger than the first's).
+        assert len(segments()) <= 2
+    assert segments() == []
     del out
 
 
@@ -87,6 +97,23 @@ def test_a_large_argument_arrives_as_a_writable_view_of_a_segment() -> None:
         # Copy-on-write: the job's writes are its own, the caller's array is untouched.
         out = q.push_and_wait(Job("w", jobs_arrays.add_one_in_place, args=(array,)), timeout=WAIT)
         assert np.array_equal(out, array + 1) and array[0] == 0
+        # The segment written again for the next job: what the last job wrote into its
+        # (private) pages is not in it.
+        assert q.push_and_wait(Job("again", jobs_arrays.total, args=(array,)), timeout=WAIT) == array.sum()
+        assert len(segments()) == 1
+
+
+def test_a_segment_still_mapped_by_a_job_that_kept_its_argument_is_not_reused() -> None:
+    with open_queue(1) as q:
+        first, second = np.full(BIG, 1.0), np.full(BIG, 2.0)
+        assert q.push_and_wait(Job("keep", jobs_arrays.keep, args=(first,)), timeout=WAIT) == BIG
+        assert q.push_and_wait(Job("other", jobs_arrays.total, args=(second,)), timeout=WAIT) == 2 * BIG
+        assert len(segments()) == 2  # the kept one is passed over: a second one is made
+        assert q.push_and_wait(Job("kept", jobs_arrays.kept_total), timeout=WAIT) == BIG  # unchanged
+        assert q.push_and_wait(Job("drop", jobs_arrays.drop_kept), timeout=WAIT) is None
+        q.push_and_wait(Job("third", jobs_arrays.total, args=(second,)), timeout=WAIT)
+        assert len(segments()) == 2  # (no third)
+    assert segments() == []
 
 
 def test_a_small_argument_stays_in_the_pipe() -> None:
@@ -101,7 +128,7 @@ def test_a_large_result_is_a_view_of_a_mapping_freed_with_it() -> None:
         out = q.push_and_wait(Job("r", jobs_arrays.zeros, args=(BIG,)), timeout=WAIT)
         assert out.shape == (BIG,) and out.flags.writeable
         assert jobs_arrays.in_segment(out)  # no copy: the supervisor maps the worker's segment
-        assert segments() == []  # its name went as the message was read
+        assert result_segments() == []  # its name went as the message was read
         out[:] = 7  # (writable, as any unpickled array)
         assert q.forget("r")
         del out
@@ -114,7 +141,7 @@ def test_a_result_too_large_for_the_lane_leaves_no_segment() -> None:
         with pytest.raises(JobFailed, match="max_result_bytes") as info:
             q.push_and_wait(Job("big", jobs_arrays.zeros, args=(BIG,)), timeout=WAIT)
         assert info.value.failure.kind == "protocol"
-        assert segments() == []
+        assert result_segments() == []
 
 
 def test_an_untrusted_lane_takes_large_arguments_in_the_pipe() -> None:
@@ -122,4 +149,4 @@ def test_an_untrusted_lane_takes_large_arguments_in_the_pipe() -> None:
         value = b"u" * (OOB_BYTES * 2)
         # (Its result comes back as JSON: the length says the bytes arrived whole.)
         assert q.push_and_wait(Job("u", len, args=(value,)), timeout=WAIT) == len(value)
-        assert segments() == []
+        assert segments() == []  # (none made: an untrusted job's arguments stay in the pipe)

@@ -2,7 +2,9 @@
 in the middle of a job (its argument's segment, a result's it never sent), a
 job cancelled or timed out, a result never read, a handle dropped, a queue
 closed without waiting, and the supervisor itself killed (its undertaker
-removes what it and its workers left)."""
+removes what it and its workers left). An argument's segment is kept for
+reuse while its queue is open: a death frees it for the next job, and
+closing the queue removes it."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import psutil
 import pytest
 from core_support import WAIT, Gates, open_queue
 from process_support import descendants_tagged, kill_and_reap, linux_only, tagged_program
-from test_shared_memory import BIG, segments
+from test_shared_memory import BIG, result_segments, segments
 
 from procq import Job, JobFailed, Lane, ProcQueue
 
@@ -42,7 +44,11 @@ def test_a_worker_killed_holding_a_large_argument(gates: Gates) -> None:
         with pytest.raises(JobFailed) as info:
             handle.result(timeout=WAIT)
         assert info.value.failure.kind == "crashed"
-        assert segments() == []
+        held = segments()
+        # The dead worker's hold on it went with it: the next job reuses it.
+        assert q.push_and_wait(Job("next", jobs_arrays.total, args=(_big(),)), timeout=WAIT) == BIG
+        assert segments() == held
+    assert segments() == []
 
 
 def test_a_worker_killed_after_writing_a_result_it_never_sent() -> None:
@@ -50,7 +56,7 @@ def test_a_worker_killed_after_writing_a_result_it_never_sent() -> None:
         with pytest.raises(JobFailed) as info:
             q.push_and_wait(Job("d", jobs_arrays.write_result_segment_and_die, args=(os.getpid(), BIG)), timeout=WAIT)
         assert info.value.failure.kind == "crashed"
-        assert segments() == []  # removed as the worker was reaped
+        assert result_segments() == []  # removed as the worker was reaped
 
 
 def test_a_cancelled_job_running_and_one_waiting(gates: Gates) -> None:
@@ -65,7 +71,8 @@ def test_a_cancelled_job_running_and_one_waiting(gates: Gates) -> None:
             with pytest.raises(JobFailed, match="cancel"):
                 handle.result(timeout=WAIT)
         q.push_and_wait(Job("after", jobs_arrays.total, args=(np.ones(3),)), timeout=WAIT)  # (the run's worker is gone)
-        assert segments() == []
+        assert len(segments()) == 2  # kept for reuse
+    assert segments() == []
 
 
 def test_a_job_timed_out(gates: Gates) -> None:
@@ -77,7 +84,7 @@ def test_a_job_timed_out(gates: Gates) -> None:
             handle.result(timeout=WAIT)
         assert info.value.failure.kind == "timeout"
         q.push_and_wait(Job("after", jobs_arrays.total, args=(np.ones(3),)), timeout=WAIT)
-        assert segments() == []
+    assert segments() == []
 
 
 def test_a_result_never_read_and_a_handle_dropped() -> None:
@@ -87,11 +94,12 @@ def test_a_result_never_read_and_a_handle_dropped() -> None:
         gc.collect()
         q.push_and_wait(Job("after", jobs_arrays.total, args=(np.ones(3),)), timeout=WAIT)  # (the lane runs in order)
         assert handle.done() and q.state("dropped") is not None
-        assert segments() == []  # the results are the records' now: mapped, with no name left
+        assert result_segments() == []  # the results are the records' now: mapped, with no name left
         assert q.forget("unread") and q.forget("dropped")
         del handle
         gc.collect()
         assert jobs_arrays.mapped_ranges() == []
+    assert segments() == []
 
 
 def test_close_without_waiting(gates: Gates) -> None:

@@ -31,6 +31,7 @@ def test_map_without_keys() -> None:
     arrays = _arrays(4)
     with open_queue(2) as q:
         out = list(q.map(jobs_arrays.how_it_came, arrays, timeout=WAIT))
+    assert segments() == []
     assert out == [(a.sum(), True, True) for a in arrays]
     assert segments() == []
 

@@ -45,7 +45,7 @@ from procq._model.job import Job
 from procq._model.values import Failed
 from procq._wire.fingerprint import fn_name
 from procq._wire.main_ref import dumps_shared
-from procq._wire.oob import dumps_args
+from procq._wire.oob import ArgSegments, dumps_args
 from procq._wire.protocol import digest, dumps, dumps_fn, pickled_by_reference
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ class Pusher:
     (and closed) at once.
     """
 
-    __slots__ = ("_core", "_fns", "on_fresh")
+    __slots__ = ("_core", "_fns", "on_fresh", "segments")
 
     def __init__(self, core: Core) -> None:
         self._core = core
@@ -161,6 +161,8 @@ class Pusher:
         # at every push): a function pickled by reference lives as long as its
         # module anyway. Bounded, for a program that makes such functions anew.
         self._fns: dict[Callable[..., Any], tuple[bytes, bytes]] = {}
+        # The queue's shared-memory segments for large arguments, kept for reuse (closed with the queue).
+        self.segments = ArgSegments()
 
     def push(
         self, job: Job[Any], timeout: float | None, wake: bool, room: MakeRoom[R], owner: ProcQueue
@@ -310,7 +312,7 @@ class Pusher:
             if not args and kwargs is None:
                 entry.args_bytes = NO_ARGS
             elif entry.lane.shared_memory:  # large buffers through shared memory (_wire.oob)
-                entry.args_bytes, entry.segment = dumps_args((args, kwargs), dumps_fn)
+                entry.args_bytes, entry.segment = dumps_args((args, kwargs), dumps_fn, self.segments)
             else:
                 entry.args_bytes = dumps((args, kwargs))
         except Exception as exc:

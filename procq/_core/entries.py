@@ -147,7 +147,7 @@ class Entry:
         self.fn_bytes = b""
         self.args_bytes = b""
         # The shared-memory segment holding its arguments' large buffers
-        # (``_wire.oob.Segment``), or None; removed as the entry ends.
+        # (``_wire.oob.Segment``), or None; given back as the entry ends.
         self.segment: Segment | None = None
         # The job's fingerprint (see _fingerprint), None when not checked.
         self.fp: bytes | None = None

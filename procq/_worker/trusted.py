@@ -445,8 +445,15 @@ class _Runner:
                 send(codec.error(job_id, "error", failed, pickle_it=True))
                 return
         limits = self.limits
+        # Held only by the call, and let go as it returns, before its result is
+        # sent: arguments mapped from shared memory are unmapped by then, so
+        # the supervisor finds their segment free to reuse (see _wire.oob).
+        held = [args, kwargs]
+        del args, kwargs
 
         def call() -> Any:
+            args, kwargs = held
+            held.clear()
             limits.apply(memory_limit)
             try:
                 return fn(*args, **kwargs) if kwargs else fn(*args)
