@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from typing import Any
 
 import jobs
 import jobs_arrays
 import numpy as np
 import pytest
-from core_support import WAIT, open_queue
+from core_support import WAIT, Gates, open_queue
 
-from procq import Job, JobFailed, Lane
+from procq import Job, JobFailed, Lane, Sandbox
 from procq._wire.oob import OOB_BYTES, SHM_DIR, segment_prefix
 
 BIG = OOB_BYTES // 8 * 4  # float64 values: four times the threshold
@@ -150,3 +151,17 @@ def test_an_untrusted_lane_takes_large_arguments_in_the_pipe() -> None:
         # (Its result comes back as JSON: the length says the bytes arrived whole.)
         assert q.push_and_wait(Job("u", len, args=(value,)), timeout=WAIT) == len(value)
         assert segments() == []  # (none made: an untrusted job's arguments stay in the pipe)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
+def test_a_sandboxed_job_cannot_reach_another_jobs_segment(gates: Gates) -> None:
+    gate = gates("held")
+    with open_queue({"t": 1, "s": Lane(workers=1, trusted=False, sandbox=Sandbox())}) as q:
+        job = Job("held", jobs_arrays.hold, args=(np.ones(BIG), gate.started, gate.go), lane="t")
+        held = q.push(job).handle
+        gate.wait_started()
+        [name] = segments()  # the held job's argument, mapped by its worker
+        seen = q.push_and_wait(Job("peek", jobs_arrays.peek_segment, args=(name,), lane="s"), timeout=WAIT)
+        assert seen == {"listed": [], "open": "FileNotFoundError"}
+        gate.open()
+        assert held.result(timeout=WAIT) == BIG
