@@ -11,6 +11,7 @@ from typing import Any
 import jobs
 import numpy as np
 
+import procq._wire.oob
 from procq._wire.oob import MappedFrame
 from procq._wire.plain import mapped_trailer
 
@@ -84,7 +85,7 @@ def result_after_wait(n: int, started: str, go: str) -> Any:
 
 def write_result_segment_and_die(supervisor: int, n: int) -> None:
     """Write a result's segment as a worker does, then die before sending it."""
-    frame = MappedFrame(0, b"", [pickle.PickleBuffer(np.ones(n))], f"procq-{supervisor}-")
+    frame = MappedFrame(0, b"", [pickle.PickleBuffer(np.ones(n))], f"procq-{supervisor}-", bytes)
     frame.write(mapped_trailer)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -99,3 +100,14 @@ def peek_segment(name: str) -> dict[str, Any]:
     except OSError as exc:
         opened = type(exc).__name__
     return {"listed": listed, "open": opened}
+
+
+def ones_with_no_room(n: int) -> Any:
+    """A large result from a worker that finds no room for segments (its
+    SHM_DIR gone, as a full /dev/shm refuses a write): set back by ``room``."""
+    procq._wire.oob.SHM_DIR = "/nonexistent-procq-test"
+    return np.ones(n)
+
+
+def room() -> None:
+    procq._wire.oob.SHM_DIR = "/dev/shm"

@@ -165,3 +165,18 @@ def test_a_sandboxed_job_cannot_reach_another_jobs_segment(gates: Gates) -> None
         assert seen == {"listed": [], "open": "FileNotFoundError"}
         gate.open()
         assert held.result(timeout=WAIT) == BIG
+
+
+def test_with_no_room_for_a_segment_arguments_go_in_the_pipe(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    with open_queue(1) as q:
+        monkeypatch.setattr("procq._wire.oob.SHM_DIR", str(tmp_path / "gone"))  # (as a full /dev/shm refuses)
+        array = np.arange(BIG, dtype=np.float64)
+        came = q.push_and_wait(Job("no room", jobs_arrays.how_it_came, args=(array,)), timeout=WAIT)
+        assert came == (array.sum(), False, True)
+
+
+def test_with_no_room_for_a_segment_a_result_goes_in_the_pipe() -> None:
+    with open_queue(1) as q:
+        out = q.push_and_wait(Job("no room", jobs_arrays.ones_with_no_room, args=(BIG,)), timeout=WAIT)
+        q.push_and_wait(Job("room", jobs_arrays.room), timeout=WAIT)
+        assert np.array_equal(out, np.ones(BIG)) and not jobs_arrays.in_segment(out)

@@ -66,6 +66,7 @@ __all__ = [
     "Segment",
     "Spans",
     "dumps_args",
+    "dumps_in_band",
     "dumps_oob",
     "load_mapped",
     "map_segment",
@@ -438,31 +439,57 @@ def dumps_args(obj: Any, fallback: Callable[..., bytes], segments: ArgSegments) 
     data, buffers = dumps_oob(obj, fallback)
     if not buffers:
         return data, None
-    segment, spans = segments.write(buffers)
+    try:
+        segment, spans = segments.write(buffers)
+    except OSError:
+        # No room in SHM_DIR (a container's is 64 MiB by default), or none at
+        # all: the buffers go in the pipe, as they would without shared memory.
+        return dumps_in_band(obj, fallback), None
     return pickle.dumps(_MappedArgs(segment, spans, data), 5), segment
+
+
+def dumps_in_band(obj: Any, fallback: Callable[..., bytes]) -> bytes:
+    """Pickle ``obj`` with every buffer in the stream (a ``memoryview`` too)."""
+    try:
+        return pickle.dumps(obj, 5)
+    except Exception:
+        try:
+            return _dumps_buffers(obj, buffer_callback=_in_band)
+        except Exception:
+            return fallback(obj)
 
 
 class MappedFrame:
     """A trusted worker's OK message whose result has buffers out of band:
     written to a segment only as it is sent (``write``), so a result refused
     for its size (``max_result_bytes``) leaves nothing behind. ``len`` is
-    the result's whole size, buffers included."""
+    the result's whole size, buffers included. ``in_band`` makes the message
+    with the buffers in the pipe instead, should no segment be written."""
 
-    __slots__ = ("buffers", "data", "job_id", "prefix")
+    __slots__ = ("buffers", "data", "in_band", "job_id", "prefix")
 
-    def __init__(self, job_id: int, data: bytes, buffers: list[pickle.PickleBuffer], prefix: str) -> None:
+    def __init__(
+        self, job_id: int, data: bytes, buffers: list[pickle.PickleBuffer], prefix: str, in_band: Callable[[], Any]
+    ) -> None:
         self.job_id = job_id
         self.data = data
         self.buffers = buffers
         self.prefix = prefix
+        self.in_band = in_band
 
     def __len__(self) -> int:
         return len(self.data) + sum(buffer.raw().nbytes for buffer in self.buffers)
 
-    def write(self, trailer: Callable[[int], bytes]) -> bytes:
-        """Write the segment; the message that names it (``trailer(job_id)`` after it)."""
+    def write(self, trailer: Callable[[int], bytes]) -> Any:
+        """Write the segment; the message that names it (``trailer(job_id)``
+        after it). If no segment can be written (no room in SHM_DIR), the
+        message ``in_band`` makes."""
         name = f"{self.prefix}w{os.getpid()}-{next(_counter)}"
-        spans = write_segment(name, self.buffers)
+        try:
+            spans = write_segment(name, self.buffers)
+        except OSError:
+            self.buffers = []
+            return self.in_band()
         self.buffers = []
         return pickle.dumps((name, spans, self.data), 5) + trailer(self.job_id)
 

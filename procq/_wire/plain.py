@@ -117,7 +117,7 @@ def result_frame(job_id: int, result: Any, prefix: str | None = None) -> bytes |
     else:
         data, buffers = dumps_oob(result, dumps_fn)
         if buffers:
-            return MappedFrame(job_id, data, buffers, prefix)
+            return MappedFrame(job_id, data, buffers, prefix, lambda: result_frame(job_id, result))
     plain = names_nothing(data)
     if not plain and len(data) <= CHECKED_BYTES:
         try:

@@ -337,10 +337,10 @@ def _serve(conn: Connection, config: dict[str, Any], codec: _Codec, init: Worker
     recv, send_bytes, fd = conn.recv_bytes, conn.send_bytes, conn.fileno()
 
     def send(frame: bytes | Parts | MappedFrame) -> None:
+        if isinstance(frame, MappedFrame):
+            frame = frame.write(mapped_trailer)  # (or, with no room for a segment, the frame in band)
         if isinstance(frame, Parts):
             send_frame(fd, frame)
-        elif isinstance(frame, MappedFrame):
-            send_bytes(frame.write(mapped_trailer))
         else:
             send_bytes(frame)
 
