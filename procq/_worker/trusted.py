@@ -337,12 +337,11 @@ def _serve(conn: Connection, config: dict[str, Any], codec: _Codec, init: Worker
     recv, send_bytes, fd = conn.recv_bytes, conn.send_bytes, conn.fileno()
 
     def send(frame: bytes | Parts | MappedFrame) -> None:
-        if isinstance(frame, MappedFrame):
-            frame = frame.write(mapped_trailer)  # (or, with no room for a segment, the frame in band)
-        if isinstance(frame, Parts):
-            send_frame(fd, frame)
+        out: bytes | Parts = frame.write(mapped_trailer) if isinstance(frame, MappedFrame) else frame
+        if isinstance(out, Parts):  # (a MappedFrame gives bytes, or Parts when it had no room for a segment)
+            send_frame(fd, out)
         else:
-            send_bytes(frame)
+            send_bytes(out)
 
     waiting = select.poll()  # (Connection.poll builds a selector per call)
     waiting.register(conn.fileno(), select.POLLIN)
