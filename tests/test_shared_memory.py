@@ -98,10 +98,10 @@ def test_a_large_argument_arrives_as_a_writable_view_of_a_segment() -> None:
         # Copy-on-write: the job's writes are its own, the caller's array is untouched.
         out = q.push_and_wait(Job("w", jobs_arrays.add_one_in_place, args=(array,)), timeout=WAIT)
         assert np.array_equal(out, array + 1) and array[0] == 0
-        # The segment written again for the next job: what the last job wrote into its
-        # (private) pages is not in it.
+        # The segment written again for the next job (or, if the worker still
+        # maps it as it returned it, another): what the last job wrote into its
+        # private pages is in neither.
         assert q.push_and_wait(Job("again", jobs_arrays.total, args=(array,)), timeout=WAIT) == array.sum()
-        assert len(segments()) == 1
 
 
 def test_a_segment_still_mapped_by_a_job_that_kept_its_argument_is_not_reused() -> None:
