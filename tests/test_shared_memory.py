@@ -180,3 +180,19 @@ def test_with_no_room_for_a_segment_a_result_goes_in_the_pipe() -> None:
         out = q.push_and_wait(Job("no room", jobs_arrays.ones_with_no_room, args=(BIG,)), timeout=WAIT)
         q.push_and_wait(Job("room", jobs_arrays.room), timeout=WAIT)
         assert np.array_equal(out, np.ones(BIG)) and not jobs_arrays.in_segment(out)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"b" * OOB_BYTES, bytearray(OOB_BYTES), memoryview(b"m" * OOB_BYTES), ({"k": [b"n" * OOB_BYTES]}, None)],
+    ids=["bytes", "bytearray", "memoryview", "bytes nested in arguments"],
+)
+def test_large_bytes_leave_the_pickle(value: Any) -> None:
+    from procq._wire.oob import dumps_oob
+    from procq._wire.protocol import dumps_fn
+
+    data, buffers = dumps_oob(value, dumps_fn)
+    assert len(data) < 1000 and sum(b.raw().nbytes for b in buffers) == OOB_BYTES
+    import pickle
+
+    same(value, pickle.loads(data, buffers=[b.raw() for b in buffers]))

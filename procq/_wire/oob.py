@@ -4,9 +4,9 @@ A trusted lane's job arguments and results are pickled with protocol 5 and a
 ``buffer_callback``: the buffers an object hands to pickle as a
 ``PickleBuffer`` (a numpy array, anything built on one, an Arrow buffer, ...)
 leave the stream when they come to ``OOB_BYTES`` or more in all. ``bytes``
-and ``bytearray`` values of ``OOB_BYTES`` or more leave it too
-(``_BufferPickler``), and a ``memoryview``, which plain pickle refuses,
-pickles (in band when small).
+and ``bytearray`` values of ``OOB_BYTES`` or more leave it too, where they
+are found a few levels into tuples, lists and dicts (``_lift``), and a
+``memoryview``, which plain pickle refuses, pickles (``_BufferPickler``).
 
 The buffers of one message go into one *segment*: a file in ``SHM_DIR``
 (``/dev/shm``, a tmpfs: memory, never a disk), written with one vectored
@@ -104,14 +104,12 @@ def segment_prefix(pid: int | None = None) -> str:
 
 
 class _BufferPickler(pickle.Pickler):
-    """Protocol 5 with ``bytes``, ``bytearray`` and ``memoryview`` as
-    ``PickleBuffer``: out of band when large, and a ``memoryview`` at all."""
+    """Protocol 5 with a ``memoryview`` as a ``PickleBuffer`` (plain pickle
+    refuses one). Used only when plain pickle refuses: the hook is a Python
+    call per object pickled."""
 
     def reducer_override(self, obj: Any) -> Any:
-        t = type(obj)
-        if (t is bytes or t is bytearray) and len(obj) >= OOB_BYTES:
-            return t, (pickle.PickleBuffer(obj),)
-        if t is memoryview and obj.c_contiguous:
+        if type(obj) is memoryview and obj.c_contiguous:
             return _memoryview, (pickle.PickleBuffer(obj), obj.format, obj.shape)
         return NotImplemented
 
@@ -124,6 +122,52 @@ def _memoryview(buffer: Any, fmt: str, shape: tuple[int, ...]) -> memoryview:
     return result
 
 
+class _OutOfBand:
+    """A large ``bytes`` or ``bytearray`` that pickles as a ``PickleBuffer``
+    (pickle writes these types into its stream itself, and calls no hook for
+    them): unpickled, it is a ``bytes`` or ``bytearray`` again, copied once
+    out of the buffer."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes | bytearray) -> None:
+        self.value = value
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        return type(self.value), (pickle.PickleBuffer(self.value),)
+
+
+#: How deep into tuples, lists and dicts, and how many of their items, ``_lift`` looks.
+_LIFT_DEPTH = 3
+_LIFT_ITEMS = 1000
+
+
+def _lift(obj: Any, depth: int = _LIFT_DEPTH) -> Any:
+    """``obj`` with its large ``bytes`` and ``bytearray`` values as ``_OutOfBand``,
+    where they are no deeper than ``_LIFT_DEPTH`` in plain tuples, lists and
+    dict values (``obj`` itself when there are none: deeper ones stay in band)."""
+    t = type(obj)
+    if t is bytes or t is bytearray:
+        return _OutOfBand(obj) if len(obj) >= OOB_BYTES else obj
+    if depth == 0:
+        return obj
+    if t is tuple or t is list:
+        if len(obj) > _LIFT_ITEMS:
+            return obj
+        items = [_lift(item, depth - 1) for item in obj]
+        if all(a is b for a, b in zip(items, obj, strict=True)):
+            return obj
+        return tuple(items) if t is tuple else items
+    if t is dict:
+        if len(obj) > _LIFT_ITEMS:
+            return obj
+        values = {key: _lift(value, depth - 1) for key, value in obj.items()}
+        if all(values[key] is value for key, value in obj.items()):
+            return obj
+        return values
+    return obj
+
+
 def dumps_oob(obj: Any, fallback: Callable[..., bytes]) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickle ``obj`` with its buffers out of band when they come to
     ``OOB_BYTES`` or more in all: the pickle and the buffers it left out (in
@@ -132,7 +176,9 @@ def dumps_oob(obj: Any, fallback: Callable[..., bytes]) -> tuple[bytes, list[pic
     refuses (cloudpickle); raises what it raises.
 
     The common case, a small value without buffers, costs one ``pickle.dumps``
-    with a ``buffer_callback``: the cheapest that still sees every buffer."""
+    with a ``buffer_callback``: the cheapest that still sees every buffer. A
+    large pickle is looked into (``_lift``, a few levels deep) for large
+    ``bytes`` values, and pickled again only if it holds some."""
     buffers: list[pickle.PickleBuffer] = []
     how: Callable[..., bytes] = _dumps_plain
     try:
@@ -148,11 +194,10 @@ def dumps_oob(obj: Any, fallback: Callable[..., bytes]) -> tuple[bytes, list[pic
             data = fallback(obj, buffer_callback=buffers.append)
     else:
         if len(data) >= OOB_BYTES:
-            # Large in band: bytes or bytearray values, which pickle writes into
-            # the stream itself. Pickled again, with them out of band.
-            how = _dumps_buffers
-            buffers = []
-            data = _dumps_buffers(obj, buffer_callback=buffers.append)
+            lifted = _lift(obj)
+            if lifted is not obj:
+                buffers = []
+                data = pickle.dumps(lifted, 5, buffer_callback=buffers.append)
     if buffers and sum(buffer.raw().nbytes for buffer in buffers) < OOB_BYTES:
         return how(obj, buffer_callback=_in_band), []  # too few bytes to be worth a segment
     return data, buffers
