@@ -19,12 +19,19 @@ Engines: ``procq`` (``push_and_wait``, ``map``); ``joblib`` (loky, which
 memory-maps arrays over 1 MB into its workers: its ``max_nbytes`` default);
 ``ppe`` (``ProcessPoolExecutor``, forkserver: pickles through a pipe);
 ``ray`` (``ray.put`` and zero-copy reads; only if it is installed);
-``shm-floor``: by hand, the least any engine must do: a
-``multiprocessing.shared_memory`` segment made per job, the array copied in,
-its name sent down a pipe to a child that maps it (the result, for
-``in+out``, the same way back: the child makes the segment and writes into
-it, the parent maps it); ``memcpy``: one copy of the array into a buffer
-already touched, in this process: the machine's limit.
+``shm-floor``: by hand, the least any engine must do: one
+``multiprocessing.shared_memory`` segment per child, made once and reused,
+the array copied into it, its name sent down a pipe to the child, which maps
+it once (the result, for ``in+out``, the same way back: the child writes into
+a segment of its own, made once, and the parent maps it; the array handed
+back is overwritten by the next job, which no real engine may do);
+``memcpy``: one copy of the array into a buffer already touched, in this
+process: the machine's limit.
+
+Every job gets fresh data: one value of the array (of each of the map's) is
+changed before each engine's turn, so that no engine can answer from a cache
+of what it was sent before (joblib keeps the file it dumped an array to for
+as long as its ``Parallel`` is open, and reuses it for the same content).
 
 Rounds interleave the engines (the first rotates), and the medians print, with
 procq's ratio to each. The targets of the shared-memory work are checked last.
@@ -63,25 +70,27 @@ def plus_one(array: Any) -> Any:
 
 
 def _floor_child(conn: Connection) -> None:
-    """The floor's child: maps each segment it is sent, answers the sum or a
-    segment of its own with ``array + 1``."""
+    """The floor's child: maps each segment it is sent (once: the parent
+    sends the same one again), answers the sum, or ``array + 1`` written into
+    a segment of its own, made once and written again each time."""
+    mapped: dict[str, shared_memory.SharedMemory] = {}
+    out: shared_memory.SharedMemory | None = None
     while True:
         try:
             name, shape, want = conn.recv()
         except EOFError:
             return
-        seg = shared_memory.SharedMemory(name=name)
-        array = np.ndarray(shape, dtype=np.float64, buffer=seg.buf)
+        if name not in mapped:
+            mapped[name] = shared_memory.SharedMemory(name=name)
+        array = np.ndarray(shape, dtype=np.float64, buffer=mapped[name].buf)
         if want == "sum":
             conn.send(float(array.sum()))
-            del array
         else:
-            out = _untracked(shared_memory.SharedMemory(create=True, size=array.nbytes))
+            if out is None or out.size < array.nbytes:
+                out = _untracked(shared_memory.SharedMemory(create=True, size=array.nbytes))
             np.add(array, 1, out=np.ndarray(shape, dtype=np.float64, buffer=out.buf))
-            del array
             conn.send(out.name)
-            out.close()
-        seg.close()
+        del array
 
 
 def _untracked(seg: shared_memory.SharedMemory) -> shared_memory.SharedMemory:
@@ -203,6 +212,8 @@ class ShmFloor(Engine):
     def __init__(self) -> None:
         ctx = multiprocessing.get_context("forkserver")
         self.children = []
+        self.segments: list[shared_memory.SharedMemory | None] = [None, None]  # each child's, grown as needed
+        self.results: dict[str, shared_memory.SharedMemory] = {}  # the children's result segments, mapped
         for _ in range(2):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_floor_child, args=(child,), daemon=True)
@@ -211,38 +222,45 @@ class ShmFloor(Engine):
             self.children.append((proc, parent))
         self.many([np.ones(4)] * 2)
 
-    def _send(self, conn: Connection, array: Any, want: str) -> shared_memory.SharedMemory:
-        seg = shared_memory.SharedMemory(create=True, size=max(array.nbytes, 1))
+    def _send(self, i: int, array: Any, want: str) -> None:
+        seg = self.segments[i]
+        if seg is None or seg.size < array.nbytes:
+            if seg is not None:
+                seg.close()
+                seg.unlink()
+            seg = self.segments[i] = shared_memory.SharedMemory(create=True, size=max(array.nbytes, 1))
         np.copyto(np.ndarray(array.shape, dtype=np.float64, buffer=seg.buf), array)
-        conn.send((seg.name, array.shape, want))
-        return seg
+        self.children[i][1].send((seg.name, array.shape, want))
 
-    def _answer(self, conn: Connection, seg: shared_memory.SharedMemory, shape: Any, want: str) -> Any:
-        answer = conn.recv()
-        seg.close()
-        seg.unlink()
+    def _answer(self, i: int, shape: Any, want: str) -> Any:
+        answer = self.children[i][1].recv()
         if want == "sum":
             return answer
-        out = shared_memory.SharedMemory(name=answer)
-        os.unlink(f"/dev/shm/{answer}")  # (mapped: the view below keeps it; the child untracked it)
-        return np.ndarray(shape, dtype=np.float64, buffer=out.buf)
+        if answer not in self.results:
+            self.results[answer] = shared_memory.SharedMemory(name=answer)
+        return np.ndarray(shape, dtype=np.float64, buffer=self.results[answer].buf)
 
     def one(self, array: Any, want: str) -> Any:
-        conn = self.children[0][1]
-        return self._answer(conn, self._send(conn, array, want), array.shape, want)
+        self._send(0, array, want)
+        return self._answer(0, array.shape, want)
 
     def many(self, arrays: list[Any]) -> list[float]:
         out: list[float] = []
         for i in range(0, len(arrays), 2):
-            pairs = [(conn, a) for (_, conn), a in zip(self.children, arrays[i : i + 2], strict=False)]
-            segs = [self._send(conn, a, "sum") for conn, a in pairs]
-            out.extend(self._answer(conn, seg, a.shape, "sum") for (conn, a), seg in zip(pairs, segs, strict=True))
+            pair = arrays[i : i + 2]
+            for child, a in enumerate(pair):
+                self._send(child, a, "sum")
+            out.extend(self._answer(child, a.shape, "sum") for child, a in enumerate(pair))
         return out
 
     def close(self) -> None:
         for proc, conn in self.children:
             conn.close()
             proc.join(10)
+        for seg in [*self.segments, *self.results.values()]:
+            if seg is not None:
+                seg.close()
+                os.unlink(f"/dev/shm/{seg.name}")
 
 
 class Memcpy(Engine):
@@ -316,7 +334,11 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(rounds):
             turn = engines[r % len(engines) :] + engines[: r % len(engines)]
             for name, engine in turn:
+                big[0] += 1.0  # (fresh data for each job: see the module docstring)
+                for a in arrays:
+                    a[0] += 1.0
                 times.setdefault((name, "in"), []).append(_time(lambda e=engine: e.one(big, "sum")))
+                big[0] += 1.0
                 times.setdefault((name, "in+out"), []).append(_time(lambda e=engine: e.one(big, "plus")))
                 if name != "memcpy":
                     times.setdefault((name, "map"), []).append(_time(lambda e=engine: e.many(arrays)))
