@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +168,24 @@ def test_the_supervisor_killed(tmp_path: Path, gates: Gates) -> None:
         kill_and_reap(alive)
         assert alive == []
         assert [name for name in os.listdir("/dev/shm") if name.startswith(prefix)] == []
+
+
+def test_a_forked_child_exiting_leaves_the_queues_segments_alone() -> None:
+    with open_queue(1) as q:
+        assert q.push_and_wait(Job("a", jobs_arrays.total, args=(_big(),)), timeout=WAIT) == BIG
+        held = segments()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # forking a threaded process
+            pid = os.fork()
+        if pid == 0:  # the child exits as a program does: the queue's exit finalizer runs
+            code = 0
+            try:
+                q._pusher.segments._finalizer()
+            except BaseException:
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert segments() == held
+        assert q.push_and_wait(Job("b", jobs_arrays.total, args=(_big(),)), timeout=WAIT) == BIG
+    assert segments() == []

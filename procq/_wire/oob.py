@@ -337,15 +337,18 @@ class _File:
     """An argument segment the supervisor holds open: its name, size, and the
     generation of what it holds now (written in its first bytes)."""
 
-    __slots__ = ("fd", "generation", "name", "size")
+    __slots__ = ("fd", "generation", "name", "pid", "size")
 
     def __init__(self, name: str, size: int) -> None:
         self.fd = _create(name)
         self.name = name
         self.size = size
         self.generation = 0
+        self.pid = os.getpid()
 
     def destroy(self) -> None:
+        if os.getpid() != self.pid:
+            return  # a forked child's copy, at its exit: the segment is its parent's
         _unlink(os.path.join(SHM_DIR, self.name))
         with contextlib.suppress(OSError):
             os.close(self.fd)
@@ -376,7 +379,8 @@ class ArgSegments:
         self._lock = threading.Lock()  # guards _idle and _closed; held only for list work and flock tries
         self._idle: list[_File] = []
         self._closed = False
-        weakref.finalize(self, _destroy_all, self._idle)
+        # Removes the kept ones should the queue never close (collected, or at exit).
+        self._finalizer = weakref.finalize(self, _destroy_all, self._idle)
 
     def write(self, buffers: list[pickle.PickleBuffer]) -> tuple[Segment, Spans]:
         """Write ``buffers`` into a kept segment, or a new one; where each lies in it."""
