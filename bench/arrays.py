@@ -28,10 +28,11 @@ back is overwritten by the next job, which no real engine may do);
 ``memcpy``: one copy of the array into a buffer already touched, in this
 process: the machine's limit.
 
-Every job gets fresh data: one value of the array (of each of the map's) is
-changed before each engine's turn, so that no engine can answer from a cache
-of what it was sent before (joblib keeps the file it dumped an array to for
-as long as its ``Parallel`` is open, and reuses it for the same content).
+Every job gets fresh data: a new array object (a view, so no copy is timed)
+with one value changed, so that no engine can answer from a cache of what it
+was sent before (joblib keeps the file it dumped an array to for as long as
+its ``Parallel`` is open, keyed by the array object: the same object sent
+again, even changed since, is not dumped again).
 
 Rounds interleave the engines (the first rotates), and the medians print, with
 procq's ratio to each. The targets of the shared-memory work are checked last.
@@ -334,14 +335,19 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(rounds):
             turn = engines[r % len(engines) :] + engines[: r % len(engines)]
             for name, engine in turn:
-                big[0] += 1.0  # (fresh data for each job: see the module docstring)
-                for a in arrays:
-                    a[0] += 1.0
-                times.setdefault((name, "in"), []).append(_time(lambda e=engine: e.one(big, "sum")))
+                # Fresh data for each job, as new arrays (views: no copy) with
+                # new values: see the module docstring.
                 big[0] += 1.0
-                times.setdefault((name, "in+out"), []).append(_time(lambda e=engine: e.one(big, "plus")))
+                fresh = big.view()
+                times.setdefault((name, "in"), []).append(_time(lambda e=engine, a=fresh: e.one(a, "sum")))
+                big[0] += 1.0
+                fresh = big.view()
+                times.setdefault((name, "in+out"), []).append(_time(lambda e=engine, a=fresh: e.one(a, "plus")))
                 if name != "memcpy":
-                    times.setdefault((name, "map"), []).append(_time(lambda e=engine: e.many(arrays)))
+                    for a in arrays:
+                        a[0] += 1.0
+                    views = [a.view() for a in arrays]
+                    times.setdefault((name, "map"), []).append(_time(lambda e=engine, v=views: e.many(v)))
     finally:
         for _, engine in engines:
             engine.close()
