@@ -15,7 +15,7 @@ code, or killed first. So one process per queue that is neither stands by:
   else's once the supervisor has reaped it).
 - When the supervisor dies, however it dies, it SIGKILLs every group it knows,
   waits (up to 5 s) until their leaders are gone, removes every shared-memory
-  segment named after the supervisor's pid (``_wire.oob``: arguments it
+  segment named after the supervisor's pid (``_wire.shm``: arguments it
   wrote, results its workers wrote), then exits. Not before the leaders are
   gone: a worker still writing a segment would leave it behind. It sees
   the death two ways: a pidfd of the supervisor (readable when its process
@@ -51,7 +51,7 @@ import os
 import subprocess
 import sys
 
-from procq._wire.oob import SHM_DIR, segment_prefix
+from procq._wire.shm import SHM_DIR, segment_prefix
 
 __all__ = ["Undertaker"]
 
@@ -98,8 +98,21 @@ for group in groups:
         os.killpg(group, signal.SIGKILL)
     except OSError:
         pass
-if os.getppid() == parent:
-    sys.exit()  # the queue closed: what it made it removed itself
+# EOF comes as the supervisor's descriptors close, a moment before its exit
+# completes: the pidfd says when it has (a closing queue kills this process
+# meanwhile: then what the queue made, it removed itself).
+if pidfd >= 0:
+    waiter = select.poll()
+    waiter.register(pidfd, select.POLLIN)
+    gone = bool(waiter.poll(2000))
+else:
+    for _ in range(200):
+        gone = os.getppid() != parent
+        if gone:
+            break
+        select.select([], [], [], 0.01)
+if not gone:
+    sys.exit()
 
 def running(pid):
     try:
