@@ -22,7 +22,7 @@ What is checked once every pushed job has ended and the queue is closed:
   held, and the lanes' settled counts = the fresh claims;
 - a large job's output is its argument, byte for byte;
 - the core's invariants hold, and no worker process is alive after ``close``,
-  nor any shared-memory segment of the queue's (``procq._wire.oob``) left.
+  nor any shared-memory segment of the queue's (``procq._wire.shm``) left.
 
 A violation raises ``ChaosFailed`` listing them all.
 """
@@ -44,7 +44,7 @@ import psutil
 
 from bench import chaos_jobs as cj
 from procq import Cached, Completed, Failed, InFlight, Job, JobFailed, Lane, ProcQueue, Queued, Retry
-from procq._wire.oob import SHM_DIR, segment_prefix
+from procq._wire.shm import SHM_DIR, segment_prefix
 
 #: How each kind of job must end (None: it completes), and how often it is drawn.
 KINDS: dict[str, tuple[str | None, int]] = {

@@ -11,9 +11,9 @@ from typing import Any
 import jobs
 import numpy as np
 
-import procq._wire.oob
-from procq._wire.oob import MappedFrame
+import procq._wire.shm
 from procq._wire.plain import mapped_trailer
+from procq._wire.shm import MappedFrame
 
 
 def mapped_ranges(pid: int | str = "self") -> list[tuple[int, int]]:
@@ -105,9 +105,9 @@ def peek_segment(name: str) -> dict[str, Any]:
 def ones_with_no_room(n: int) -> Any:
     """A large result from a worker that finds no room for segments (its
     SHM_DIR gone, as a full /dev/shm refuses a write): set back by ``room``."""
-    procq._wire.oob.SHM_DIR = "/nonexistent-procq-test"
+    procq._wire.shm.SHM_DIR = "/nonexistent-procq-test"
     return np.ones(n)
 
 
 def room() -> None:
-    procq._wire.oob.SHM_DIR = "/dev/shm"
+    procq._wire.shm.SHM_DIR = "/dev/shm"

@@ -1,5 +1,5 @@
 """Large arguments and results of trusted lanes travel out of band, through
-shared-memory segments (``procq._wire.oob``): every kind of buffer comes back
+shared-memory segments (``procq._wire.oob``, ``procq._wire.shm``): every kind of buffer comes back
 equal and of its type, large arrays arrive as views of a mapping (no copy),
 small ones stay in the pipe; a result's segment is gone once it is read, an
 argument's is kept for reuse while the queue is open and gone when it closes."""
@@ -18,7 +18,8 @@ import pytest
 from core_support import WAIT, Gates, open_queue
 
 from procq import Job, JobFailed, Lane, Sandbox
-from procq._wire.oob import OOB_BYTES, SHM_DIR, segment_prefix
+from procq._wire.oob import OOB_BYTES
+from procq._wire.shm import SHM_DIR, segment_prefix
 
 BIG = OOB_BYTES // 8 * 4  # float64 values: four times the threshold
 
@@ -169,7 +170,7 @@ def test_a_sandboxed_job_cannot_reach_another_jobs_segment(gates: Gates) -> None
 
 def test_with_no_room_for_a_segment_arguments_go_in_the_pipe(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     with open_queue(1) as q:
-        monkeypatch.setattr("procq._wire.oob.SHM_DIR", str(tmp_path / "gone"))  # (as a full /dev/shm refuses)
+        monkeypatch.setattr("procq._wire.shm.SHM_DIR", str(tmp_path / "gone"))  # (as a full /dev/shm refuses)
         array = np.arange(BIG, dtype=np.float64)
         came = q.push_and_wait(Job("no room", jobs_arrays.how_it_came, args=(array,)), timeout=WAIT)
         assert came == (array.sum(), False, True)

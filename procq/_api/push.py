@@ -45,8 +45,8 @@ from procq._model.job import Job
 from procq._model.values import Failed
 from procq._wire.fingerprint import fn_name
 from procq._wire.main_ref import dumps_shared
-from procq._wire.oob import ArgSegments, dumps_args
 from procq._wire.protocol import digest, dumps, dumps_fn, pickled_by_reference
+from procq._wire.shm import ArgSegments, dumps_args
 
 if TYPE_CHECKING:
     import asyncio
@@ -311,7 +311,7 @@ class Pusher:
             args, kwargs = job.args, job.kwargs
             if not args and kwargs is None:
                 entry.args_bytes = NO_ARGS
-            elif entry.lane.shared_memory:  # large buffers through shared memory (_wire.oob)
+            elif entry.lane.shared_memory:  # large buffers through shared memory (_wire.shm)
                 entry.args_bytes, entry.segment = dumps_args((args, kwargs), dumps_fn, self.segments)
             else:
                 entry.args_bytes = dumps((args, kwargs))

@@ -28,7 +28,7 @@ from procq._system.sandbox import enforced
 if TYPE_CHECKING:
     from procq._core.channel import WorkerChannel
     from procq._core.retention import Done, Record
-    from procq._wire.oob import Segment
+    from procq._wire.shm import Segment
 
 __all__ = [
     "ABANDONED",
@@ -147,7 +147,7 @@ class Entry:
         self.fn_bytes = b""
         self.args_bytes = b""
         # The shared-memory segment holding its arguments' large buffers
-        # (``_wire.oob.Segment``), or None; given back as the entry ends.
+        # (``_wire.shm.Segment``), or None; given back as the entry ends.
         self.segment: Segment | None = None
         # The job's fingerprint (see _fingerprint), None when not checked.
         self.fp: bytes | None = None
@@ -320,7 +320,7 @@ class LaneState:
         self.name = name
         self.spec = spec
         self.memory_limit = spec.memory_limit_bytes  # (read for every entry: see Entry)
-        # Do its jobs' large buffers travel through shared memory (``_wire.oob``)?
+        # Do its jobs' large buffers travel through shared memory (``_wire.shm``)?
         # Only a trusted lane's local workers may map the supervisor's memory.
         self.shared_memory = spec.trusted and not spec.remote
         # Jobs accepted into the lane, waiting for a worker: len(ready) <= capacity.

@@ -25,7 +25,7 @@ The rest, and any payload larger than ``INLINE_DECODE_BYTES``, is left
 together in one ``Core.jobs_done``, as before.
 
 A result whose large buffers came through a shared-memory segment
-(``OK_MAPPED``, see ``_wire.oob``) is mapped here, as its message is read,
+(``OK_MAPPED``, see ``_wire.shm``) is mapped here, as its message is read,
 and the segment's name removed at once: from then on its memory lives as long
 as the result's objects (or the ``Undecoded`` holding the mapping), whatever
 becomes of the job. Reaping a worker removes any segment it wrote and never
@@ -47,7 +47,6 @@ from procq._model.values import Completed, Failed, Failure, FailureKind
 from procq._supervisor.channels import KINDS, ProcessChannel, on_starter_thread
 from procq._supervisor.log import main_not_preloaded
 from procq._system.processes import pidfd, worker_config
-from procq._wire.oob import map_segment, segment_prefix, sweep
 from procq._wire.plain import BuiltinExceptions, NeedsCode, load_data
 from procq._wire.protocol import (
     ERROR,
@@ -64,6 +63,7 @@ from procq._wire.protocol import (
     Undecoded,
     Violation,
 )
+from procq._wire.shm import map_segment, segment_prefix, sweep
 from procq._worker.template import template_for
 from procq._worker.trusted import worker_main
 
@@ -272,7 +272,7 @@ class TrustedChannel(ProcessChannel):
 
     def reap(self) -> int | None:
         # Dead, and not reaped yet (so its pid is no one else's): the
-        # segments it wrote and never sent are removed (see _wire.oob).
+        # segments it wrote and never sent are removed (see _wire.shm).
         sweep(f"{segment_prefix()}w{self.pid}-")
         return super().reap()
 

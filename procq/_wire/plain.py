@@ -19,10 +19,12 @@ import os
 import pickle
 import re
 import struct
+from collections.abc import Callable
 from typing import Any
 
-from procq._wire.oob import MappedFrame, dumps_oob
+from procq._wire.oob import dumps_oob
 from procq._wire.protocol import OK, OK_MAPPED, OK_OBJECTS, TRAILER, dumps, dumps_fn
+from procq._wire.shm import MappedFrame
 
 __all__ = [
     "BuiltinExceptions",
@@ -34,6 +36,7 @@ __all__ = [
     "names_nothing",
     "result_frame",
     "send_frame",
+    "send_message",
 ]
 
 #: Results larger than this are not checked in the worker: the supervisor
@@ -134,6 +137,17 @@ def result_frame(job_id: int, result: Any, prefix: str | None = None) -> bytes |
 def mapped_trailer(job_id: int) -> bytes:
     """The trailer of a ``MappedFrame``'s message."""
     return TRAILER.pack(job_id, OK_MAPPED)
+
+
+def send_message(fd: int, send_bytes: Callable[[bytes], None], frame: bytes | Parts | MappedFrame) -> None:
+    """Send one of a trusted worker's messages on ``fd`` (``send_bytes``: its
+    connection's): a ``MappedFrame``'s segment is written first (or, with no
+    room for one, its message made in band)."""
+    out: bytes | Parts = frame.write(mapped_trailer) if isinstance(frame, MappedFrame) else frame
+    if isinstance(out, Parts):
+        send_frame(fd, out)
+    else:
+        send_bytes(out)
 
 
 #: From this size on a result's pickle and its trailer are written with one

@@ -15,7 +15,7 @@ Supervisor -> worker, both kinds of lane (pickled tuples)::
 
 ``args_bytes`` of a trusted lane's job whose arguments hold large buffers
 pickles to a reference to a shared-memory segment holding them
-(``_wire.oob``): the worker maps it as it unpickles the arguments.
+(``_wire.shm``): the worker maps it as it unpickles the arguments.
 
 ``fn_id`` is a digest of ``fn_bytes``. The bytes are sent only the first time
 a worker sees that digest; the worker keeps the unpickled function in an LRU of
@@ -36,7 +36,7 @@ Worker -> supervisor, trusted lanes: a payload, then a fixed 9-byte trailer
     pickle((segment, spans, pickle(result)))
                                        + (job_id, OK_MAPPED)  a result whose large buffers
                                                           are in a shared-memory segment,
-                                                          mapped by the supervisor (``_wire.oob``)
+                                                          mapped by the supervisor (``_wire.shm``)
     pickle((exc_bytes | None, exc_type, message, traceback_text, kind))
                                        + (job_id, ERROR)  exc_bytes: the exception, pickled apart
     b""                                + (job_id, SKIPPED) a CANCEL came before the job started
@@ -161,7 +161,7 @@ OK_OBJECTS = 4  # an OK whose pickle names a class or function: unpickling it ma
 RUN_MANY = 5
 CANCEL = 6
 SKIPPED = 7
-OK_MAPPED = 8  # an OK whose result's large buffers are in a shared-memory segment (``_wire.oob``)
+OK_MAPPED = 8  # an OK whose result's large buffers are in a shared-memory segment (``_wire.shm``)
 
 #: The last byte of an untrusted worker's frame: who wrote the rest of it.
 FROM_WORKER = b"w"

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from procq._model.job import format_size
 from procq._system.privileges import set_dumpable
-from procq._wire.oob import MappedFrame
-from procq._wire.plain import Parts, mapped_trailer, result_frame, send_frame
+from procq._wire.plain import Parts, result_frame, send_message
 from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
+from procq._wire.shm import MappedFrame
 from procq._worker.parent import die_with_parent, parent_process
 
 if TYPE_CHECKING:
@@ -303,9 +303,7 @@ class _Codec:
 class _Pickled(_Codec):
     def __init__(self, note: str = "", shm_prefix: str | None = None) -> None:
         self.note = note  # said with READY: why the main module was imported here, if it was
-        # How the names of its results' segments start (``_wire.oob``); None:
-        # results stay in the pipe (a remote worker shares no memory with the supervisor).
-        self.shm_prefix = shm_prefix
+        self.shm_prefix = shm_prefix  # its results' segments' names (_wire.shm); None: all in the pipe (remote)
 
     def ready(self) -> bytes:
         return self.note.encode("utf-8", "replace") + TRAILER.pack(0, READY)
@@ -337,11 +335,7 @@ def _serve(conn: Connection, config: dict[str, Any], codec: _Codec, init: Worker
     recv, send_bytes, fd = conn.recv_bytes, conn.send_bytes, conn.fileno()
 
     def send(frame: bytes | Parts | MappedFrame) -> None:
-        out: bytes | Parts = frame.write(mapped_trailer) if isinstance(frame, MappedFrame) else frame
-        if isinstance(out, Parts):  # (a MappedFrame gives bytes, or Parts when it had no room for a segment)
-            send_frame(fd, out)
-        else:
-            send_bytes(out)
+        send_message(fd, send_bytes, frame)
 
     waiting = select.poll()  # (Connection.poll builds a selector per call)
     waiting.register(conn.fileno(), select.POLLIN)
@@ -444,9 +438,8 @@ class _Runner:
                 send(codec.error(job_id, "error", failed, pickle_it=True))
                 return
         limits = self.limits
-        # Held only by the call, and let go as it returns, before its result is
-        # sent: arguments mapped from shared memory are unmapped by then, so
-        # the supervisor finds their segment free to reuse (see _wire.oob).
+        # Held by the call alone, let go as it returns: arguments mapped from shared
+        # memory are unmapped before the result is sent, their segment free to reuse.
         held = [args, kwargs]
         del args, kwargs
 
