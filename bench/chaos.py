@@ -20,7 +20,9 @@ What is checked once every pushed job has ended and the queue is closed:
   was seen;
 - the stats agree: nothing pending or processing, completed + failed = the keys
   held, and the lanes' settled counts = the fresh claims;
-- the core's invariants hold, and no worker process is alive after ``close``;
+- a large job's output is its argument, byte for byte;
+- the core's invariants hold, and no worker process is alive after ``close``,
+  nor any shared-memory segment of the queue's (``procq._wire.shm``) left;
 - blame is exact under kills from outside: a killer thread SIGKILLs random
   workers while the jobs are pushed (first stopping each with SIGSTOP, so
   that what the supervisor says it runs is what it runs). A job may fail
@@ -49,6 +51,7 @@ import psutil
 from bench import chaos_jobs as cj
 from procq import Cached, Completed, Failed, InFlight, Job, JobFailed, Lane, ProcQueue, Queued, Retry
 from procq._core.entries import WorkerLife
+from procq._wire.shm import SHM_DIR, segment_prefix
 
 #: How each kind of job must end (None: it completes), and how often it is drawn.
 KINDS: dict[str, tuple[str | None, int]] = {
@@ -65,7 +68,11 @@ KINDS: dict[str, tuple[str | None, int]] = {
     "memory": ("memory", 2),
     "protocol": ("protocol", 1),
     "cancel": ("cancelled", 3),
+    "large": (None, 3),  # a large argument and result, through shared memory
+    "large_sigkill": ("crashed", 2),  # killed holding a large argument
 }
+#: The size of a large job's argument (and result): past procq._wire.oob.OOB_BYTES.
+LARGE = 1 << 20
 WAIT = 120.0  # the bound on every wait for an answer
 
 
@@ -116,6 +123,10 @@ def _make_job(kind: str, i: int, work: str) -> Job[Any]:
         return Job(key, cj.hog, args=(400,), lane=lane, memory_limit="64M")
     if kind == "cancel":
         return Job(key, cj.sleep, args=(30.0,), lane=lane, timeout=10.0)
+    if kind == "large":
+        return Job(key, cj.echo, args=(key.encode().ljust(LARGE, b"."),), lane=lane)
+    if kind == "large_sigkill":
+        return Job(key, cj.sigkill_holding, args=(bytes(LARGE),), lane=lane)
     if kind in ("raises", "bad_unpickle"):
         return Job(key, getattr(cj, kind), args=(key,), lane=lane)
     fn: Callable[[], Any] = {
@@ -295,6 +306,8 @@ def _check(q: ProcQueue, ledger: Ledger, work: str, races: int, kills: Kills) ->
             problems.append(f"{key!r} ({kind}) was blamed for the death of worker {killer}, killed idle: {state!r}")
         elif got != expected and not (got == "cancelled" and key in ledger.cancelled) and killer not in kills.busy:
             problems.append(f"{key!r} ({kind}) ended {state!r}, expected {expected or 'completed'}")
+        if kind == "large" and isinstance(state, Completed) and state.output != ledger.jobs[key].args[0]:
+            problems.append(f"{key!r} came back other than it went ({len(state.output)} bytes)")
         if kind in ("ok", "untrusted") and isinstance(state, Completed):
             again = q.push(ledger.jobs[key])  # a completed key answers from its record
             if again != Cached(f"out:{key}"):
@@ -381,6 +394,9 @@ def run_chaos(jobs: int = 2500, seed: int = 0, threads: int = 4, races: int = 20
         alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
         if alive:
             problems.append(f"worker processes alive after close: {alive}")
+        left = [name for name in os.listdir(SHM_DIR) if name.startswith(segment_prefix())]
+        if left:
+            problems.append(f"shared-memory segments left after close: {left}")
     summary = {
         "jobs": jobs,
         "keys": len(ledger.kinds),

@@ -83,3 +83,13 @@ def flaky(log: str, key: str, marker: str) -> str:
 
 def big(nbytes: int) -> str:
     return "x" * nbytes
+
+
+def echo(data: bytes) -> bytes:
+    """Returns its (large) argument: in and out through shared memory."""
+    return bytes(data)
+
+
+def sigkill_holding(data: bytes) -> None:
+    """Dies holding a large argument."""
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -56,7 +56,9 @@ A task's own exception is raised as itself, ``KeyboardInterrupt`` and
 calling process with a ``UserWarning``, as joblib's process backends do: in a
 daemonic process, and in a loky worker (see ``_cannot_start``). joblib's
 memory-mapping of large arrays (``max_nbytes``, ``mmap_mode``) is its own
-backends' and is not done here: arguments are pickled into each batch.
+backends' and is not done here: a batch travels as a job's argument, so its
+large arrays go through procq's shared memory (docs/how-it-works.md), mapped
+by the worker without a copy.
 
 Each ``Parallel`` call (``configure`` to ``terminate``) opens one
 ``ProcQueue`` and closes it at the end, so no worker outlives the call; a
@@ -251,7 +253,9 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         if q is None or callbacks is None:
             raise RuntimeError("the procq joblib backend is not configured (or was terminated)")
         key = f"joblib:{self._token}:{next(self._counter)}"
-        outcome = q.push(Job(key, _Batch(func), lane="joblib", retry=self._retry))
+        # The batch as the job's argument, not its function: arguments are
+        # pickled with their large arrays out of band, through shared memory.
+        outcome = q.push(Job(key, _run_batch, args=(_Batch(func),), lane="joblib", retry=self._retry))
         assert isinstance(outcome, Queued)  # (a fresh key)
         handle = outcome.handle
         with self._lock:
@@ -345,6 +349,11 @@ class _Batch:
 
     def __repr__(self) -> str:
         return f"<procq joblib batch {self.call!r}>"
+
+
+def _run_batch(batch: _Batch) -> Any:
+    """A batch's job: its function, the same for every batch (pickled once)."""
+    return batch()
 
 
 def _check_initializer(initializer: Any, initargs: Any) -> None:

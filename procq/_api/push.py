@@ -46,6 +46,7 @@ from procq._model.values import Failed
 from procq._wire.fingerprint import fn_name
 from procq._wire.main_ref import dumps_shared
 from procq._wire.protocol import digest, dumps, dumps_fn, pickled_by_reference
+from procq._wire.shm import ArgSegments, dumps_args
 
 if TYPE_CHECKING:
     import asyncio
@@ -148,7 +149,7 @@ class Pusher:
     (and closed) at once.
     """
 
-    __slots__ = ("_core", "_fns", "on_fresh")
+    __slots__ = ("_core", "_fns", "on_fresh", "segments")
 
     def __init__(self, core: Core) -> None:
         self._core = core
@@ -160,6 +161,8 @@ class Pusher:
         # at every push): a function pickled by reference lives as long as its
         # module anyway. Bounded, for a program that makes such functions anew.
         self._fns: dict[Callable[..., Any], tuple[bytes, bytes]] = {}
+        # The queue's shared-memory segments for large arguments, kept for reuse (closed with the queue).
+        self.segments = ArgSegments()
 
     def push(
         self, job: Job[Any], timeout: float | None, wake: bool, room: MakeRoom[R], owner: ProcQueue
@@ -306,7 +309,12 @@ class Pusher:
             raise JobPicklingError(f"job {job.key!r}: its function {fn!r} could not be pickled: {exc}") from exc
         try:
             args, kwargs = job.args, job.kwargs
-            entry.args_bytes = NO_ARGS if not args and kwargs is None else dumps((args, kwargs))
+            if not args and kwargs is None:
+                entry.args_bytes = NO_ARGS
+            elif entry.lane.shared_memory:  # large buffers through shared memory (_wire.shm)
+                entry.args_bytes, entry.segment = dumps_args((args, kwargs), dumps_fn, self.segments)
+            else:
+                entry.args_bytes = dumps((args, kwargs))
         except Exception as exc:
             raise JobPicklingError(f"job {job.key!r}: its arguments could not be pickled: {exc}") from exc
 

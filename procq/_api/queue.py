@@ -400,6 +400,7 @@ class ProcQueue(MapFace, AsyncFace):
                 if self._monitor is not None:
                     self._monitor.close()
                 supervisor.stop()
+                self._pusher.segments.close()
                 if self._store is not None:
                     self._store.close_store()
                 self._finalizer.detach()

@@ -29,6 +29,7 @@ from procq._system.sandbox import enforced
 if TYPE_CHECKING:
     from procq._core.channel import WorkerChannel
     from procq._core.retention import Done, Record
+    from procq._wire.shm import Segment
 
 __all__ = [
     "ABANDONED",
@@ -118,6 +119,7 @@ class Entry:
         "pid",
         "prev",
         "rss_base",
+        "segment",
         "since",
         "started",
         "status",
@@ -146,6 +148,9 @@ class Entry:
         self.fn_id = b""
         self.fn_bytes = b""
         self.args_bytes = b""
+        # The shared-memory segment holding its arguments' large buffers
+        # (``_wire.shm.Segment``), or None; given back as the entry ends.
+        self.segment: Segment | None = None
         # The job's fingerprint (see _fingerprint), None when not checked.
         self.fp: bytes | None = None
         # Waiters: a threading.Event made on demand by a blocking result(), and
@@ -308,6 +313,7 @@ class LaneState:
         "retries",
         "running",
         "service",
+        "shared_memory",
         "spares",
         "spares_on",
         "spec",
@@ -322,6 +328,9 @@ class LaneState:
         self.memory_limit = spec.memory_limit_bytes  # (read for every entry: see Entry)
         # What a sandbox's network allow-list refused the lane's jobs (its own lock; see _model.network).
         self.refusals = Refusals()
+        # Do its jobs' large buffers travel through shared memory (``_wire.shm``)?
+        # Only a trusted lane's local workers may map the supervisor's memory.
+        self.shared_memory = spec.trusted and not spec.remote
         # Jobs accepted into the lane, waiting for a worker: len(ready) <= capacity.
         self.ready: deque[Entry] = deque()
         # Scheduled jobs and retries that fell due while ready was full. They

@@ -352,6 +352,9 @@ class StateMap:
         del entry.job
         entry.fn_bytes = entry.args_bytes = b""
         wakeups: list[Wakeup] = []
+        if entry.segment is not None:  # given back with no lock held, as a wake-up
+            wakeups.append(entry.segment.release)
+            entry.segment = None
         if entry.event is not None:
             wakeups.append(entry.event.set)
         if entry.callbacks:

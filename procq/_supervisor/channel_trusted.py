@@ -23,6 +23,13 @@ The rest, and any payload larger than ``INLINE_DECODE_BYTES``, is left
 ``Undecoded`` for the lane's decode thread, which unpickles it with plain
 ``pickle`` (see ``_supervisor.decode``). The reports decoded here are settled
 together in one ``Core.jobs_done``, as before.
+
+A result whose large buffers came through a shared-memory segment
+(``OK_MAPPED``, see ``_wire.shm``) is mapped here, as its message is read,
+and the segment's name removed at once: from then on its memory lives as long
+as the result's objects (or the ``Undecoded`` holding the mapping), whatever
+becomes of the job. Reaping a worker removes any segment it wrote and never
+sent (``sweep``).
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from procq._wire.plain import BuiltinExceptions, NeedsCode, load_data
 from procq._wire.protocol import (
     ERROR,
     OK,
+    OK_MAPPED,
     OK_OBJECTS,
     READY,
     SKIPPED,
@@ -55,6 +63,7 @@ from procq._wire.protocol import (
     Undecoded,
     Violation,
 )
+from procq._wire.shm import map_segment, segment_prefix, sweep
 from procq._wire.startmark import StartMark
 from procq._worker.template import template_for
 from procq._worker.trusted import worker_main
@@ -107,6 +116,41 @@ class PickledResult(Undecoded):
             return Completed(pickle.loads(self.data))
         except BaseException as exc:  # SystemExit, KeyboardInterrupt: the job's alone
             return _result_failure(exc, self.pid)
+
+
+class MappedResult(Undecoded):
+    """A result whose buffers are views of a mapped segment, to unpickle on
+    the lane's decode thread (its numpy arrays are views of the mapping)."""
+
+    __slots__ = ("buffers", "data", "pid")
+
+    def __init__(self, data: bytes, buffers: list[memoryview], pid: int | None) -> None:
+        self.data = data
+        self.buffers = buffers
+        self.pid = pid
+
+    def decode(self) -> Completed[Any] | Failed:
+        try:
+            return Completed(pickle.loads(self.data, buffers=self.buffers))
+        except BaseException as exc:  # SystemExit, KeyboardInterrupt: the job's alone
+            return _result_failure(exc, self.pid)
+        finally:
+            self.buffers = []
+
+
+def _mapped_result(frame: bytes | bytearray, prefix: str, pid: int) -> MappedResult | Failed:
+    """An OK_MAPPED message: its segment mapped, and its name removed. The
+    name must be one this worker may write (``prefix``): a trusted worker's
+    message is believed, but never to remove another file."""
+    try:
+        name, spans, data = load_data(frame)
+        if type(name) is not str or not name.startswith(prefix) or not name[len(prefix) :].replace("-", "").isdigit():
+            raise ValueError(f"a segment name that is not this worker's: {name!r}")
+        buffers = map_segment(name, spans, unlink=True)
+    except Exception as exc:
+        failure = Failure("error", f"the job's result could not be read from shared memory: {exc!r}", pid=pid)
+        return Failed(failure)
+    return MappedResult(data, buffers, pid)
 
 
 class _Raised:
@@ -176,7 +220,7 @@ class TrustedChannel(ProcessChannel):
         try:
             process = launch.context.Process(
                 target=worker_main,
-                args=(child_conn, lane.name, worker_config(lane.spec), init, mark and mark.for_child()),
+                args=(child_conn, lane.name, _config(lane), init, mark and mark.for_child()),
                 name=f"procq-worker-{launch.name}-{lane.name}",
                 daemon=False,
             )
@@ -207,7 +251,7 @@ class TrustedChannel(ProcessChannel):
     def _fork(cls, lane: LaneState, launch: Launch) -> TrustedChannel:
         """A replacement or a spare (a start on the starter thread), forked by
         the lane's template (``_worker.template``)."""
-        config = worker_config(lane.spec)
+        config = _config(lane)
         name = f"procq-template-{launch.name}-{lane.name}"
         with _initializer_pickled(lane):
             template = template_for(launch.lanes, lane.name, launch.context, name, config, _initializer(lane))
@@ -236,6 +280,12 @@ class TrustedChannel(ProcessChannel):
 
     leadable = True
 
+    def reap(self) -> int | None:
+        # Dead, and not reaped yet (so its pid is no one else's): the
+        # segments it wrote and never sent are removed (see _wire.shm).
+        sweep(f"{segment_prefix()}w{self.pid}-")
+        return super().reap()
+
     def wait_readable(self, timeout: float) -> bool:
         return self._reader.wait(timeout)
 
@@ -254,6 +304,9 @@ class TrustedChannel(ProcessChannel):
                 events.append(new(Report, (job_id, result_outcome(frame, end, self.pid), False, False)))
             elif tag == OK_OBJECTS:
                 events.append(new(Report, (job_id, PickledResult(frame, self.pid), False, False)))
+            elif tag == OK_MAPPED:
+                outcome = _mapped_result(frame, f"{segment_prefix()}w{self.pid}-", self.pid)
+                events.append(Report(job_id, outcome, False, False))
             elif tag == READY:
                 if end:  # the worker imported the main module itself, and says why
                     main_not_preloaded(bytes(frame[:end]).decode("utf-8", "replace"))
@@ -269,6 +322,11 @@ class TrustedChannel(ProcessChannel):
                 events.append(Violation(f"a message with an unknown tag {tag}"))
                 break
         return events
+
+
+def _config(lane: LaneState) -> dict[str, Any]:
+    """What a worker of ``lane`` is told of it, and how to name its results' segments."""
+    return {**worker_config(lane.spec), "shm_prefix": segment_prefix()}
 
 
 def _initializer(lane: LaneState) -> Any:

@@ -14,9 +14,14 @@ code, or killed first. So one process per queue that is neither stands by:
   it before the worker is reaped (a group id is a pid, and could be someone
   else's once the supervisor has reaped it).
 - When the supervisor dies, however it dies, it SIGKILLs every group it knows,
-  then exits. It sees the death two ways: a pidfd of the supervisor (readable
-  when its process has exited, even if a child forked from it still holds the
-  pipe) and EOF on its pipe from the supervisor.
+  waits (up to 5 s) until their leaders are gone, removes every shared-memory
+  segment named after the supervisor's pid (``_wire.shm``: arguments it
+  wrote, results its workers wrote), then exits. Not before the leaders are
+  gone: a worker still writing a segment would leave it behind. It sees
+  the death two ways: a pidfd of the supervisor (readable when its process
+  has exited, even if a child forked from it still holds the pipe) and EOF
+  on its pipe from the supervisor; it removes segments only when the
+  supervisor is gone (EOF alone is also how a closing queue stops it).
 - When the queue closes, every worker is reaped and forgotten by the time
   the supervisor stops: there is nothing left for it to do, and the
   supervisor SIGKILLs and reaps it at once (not waiting for its interpreter to
@@ -46,12 +51,15 @@ import os
 import subprocess
 import sys
 
+from procq._wire.shm import SHM_DIR, segment_prefix
+
 __all__ = ["Undertaker"]
 
-# Run as ``python -I -S -c _PROGRAM <supervisor pid> <pipe fd>``.
+# Run as ``python -I -S -c _PROGRAM <supervisor pid> <pipe fd> <segments' path prefix>``.
 _PROGRAM = """
 import os, select, signal, sys
 parent, fd = int(sys.argv[1]), int(sys.argv[2])
+SHM, prefix = os.path.split(sys.argv[3])
 os.set_blocking(fd, False)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 groups = set()
@@ -90,6 +98,46 @@ for group in groups:
         os.killpg(group, signal.SIGKILL)
     except OSError:
         pass
+# EOF comes as the supervisor's descriptors close, a moment before its exit
+# completes: the pidfd says when it has (a closing queue kills this process
+# meanwhile: then what the queue made, it removed itself).
+if pidfd >= 0:
+    waiter = select.poll()
+    waiter.register(pidfd, select.POLLIN)
+    gone = bool(waiter.poll(2000))
+else:
+    for _ in range(200):
+        gone = os.getppid() != parent
+        if gone:
+            break
+        select.select([], [], [], 0.01)
+if not gone:
+    sys.exit()
+
+def running(pid):
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+import time
+deadline = time.monotonic() + 5
+while time.monotonic() < deadline:
+    groups = {group for group in groups if running(group)}
+    if not groups:
+        break
+    time.sleep(0.005)
+try:
+    names = os.listdir(SHM)
+except OSError:
+    names = []
+for name in names:
+    if name.startswith(prefix):
+        try:
+            os.unlink(os.path.join(SHM, name))
+        except OSError:
+            pass
 """
 
 
@@ -111,8 +159,9 @@ class Undertaker:
         if self._read_fd < 0:
             return
         try:
+            segments = os.path.join(SHM_DIR, segment_prefix())
             self._process = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _PROGRAM, str(os.getpid()), str(self._read_fd)],
+                [sys.executable, "-I", "-S", "-c", _PROGRAM, str(os.getpid()), str(self._read_fd), segments],
                 # Not the supervisor's stdout and stderr: a program that reads
                 # them to their end (the supervisor's parent, say) must not
                 # wait on this process too.

@@ -8,6 +8,9 @@ Shared by the supervisor's side and the workers' side; imports only
 - ``main_ref``: a main script's function sent to a lane with an
   initializer, by name, so that it shares the worker's main module.
 - ``plain``: which pickles unpickle without running code.
+- ``oob``: a trusted job's large buffers (arguments and results) out of the
+  pickle (protocol 5). ``shm``: the shared-memory segments they travel in,
+  and who removes each one.
 - ``json_keys``: an untrusted job's result, checked for non-``str`` dict keys.
 - ``fingerprint``: what a claim remembers of its payload, to catch a key
   reused for other work.

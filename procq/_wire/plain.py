@@ -19,9 +19,12 @@ import os
 import pickle
 import re
 import struct
+from collections.abc import Callable
 from typing import Any
 
-from procq._wire.protocol import OK, OK_OBJECTS, TRAILER, dumps
+from procq._wire.oob import dumps_oob
+from procq._wire.protocol import OK, OK_MAPPED, OK_OBJECTS, TRAILER, dumps, dumps_fn
+from procq._wire.shm import MappedFrame
 
 __all__ = [
     "BuiltinExceptions",
@@ -29,9 +32,11 @@ __all__ = [
     "NeedsCode",
     "Parts",
     "load_data",
+    "mapped_trailer",
     "names_nothing",
     "result_frame",
     "send_frame",
+    "send_message",
 ]
 
 #: Results larger than this are not checked in the worker: the supervisor
@@ -101,13 +106,21 @@ def load_data(data: bytes | bytearray, unpickler: type[pickle.Unpickler] = DataO
     return unpickler(io.BytesIO(data)).load()
 
 
-def result_frame(job_id: int, result: Any) -> bytes | Parts:
+def result_frame(job_id: int, result: Any, prefix: str | None = None) -> bytes | Parts | MappedFrame:
     """A trusted worker's OK message: the result pickled once, then the
     trailer, whose tag says whether unpickling it may run code (``OK_OBJECTS``).
     A pickle the byte scan cannot clear (a number or a string may hold such a
     byte) is tried with ``DataOnly`` here, in the worker, so plain data is
-    never sent to a decode thread for nothing."""
-    data = dumps(result)
+    never sent to a decode thread for nothing. A result with large buffers
+    sends them through a shared-memory segment whose names start with
+    ``prefix`` (``MappedFrame``: always decoded by a decode thread); with no
+    ``prefix``, in the pipe."""
+    if prefix is None:
+        data = dumps(result)
+    else:
+        data, buffers = dumps_oob(result, dumps_fn)
+        if buffers:
+            return MappedFrame(job_id, data, buffers, prefix, lambda: result_frame(job_id, result))
     plain = names_nothing(data)
     if not plain and len(data) <= CHECKED_BYTES:
         try:
@@ -119,6 +132,22 @@ def result_frame(job_id: int, result: Any) -> bytes | Parts:
     if len(data) < SPLIT_BYTES:
         return data + trailer
     return Parts(data, trailer)
+
+
+def mapped_trailer(job_id: int) -> bytes:
+    """The trailer of a ``MappedFrame``'s message."""
+    return TRAILER.pack(job_id, OK_MAPPED)
+
+
+def send_message(fd: int, send_bytes: Callable[[bytes], None], frame: bytes | Parts | MappedFrame) -> None:
+    """Send one of a trusted worker's messages on ``fd`` (``send_bytes``: its
+    connection's): a ``MappedFrame``'s segment is written first (or, with no
+    room for one, its message made in band)."""
+    out: bytes | Parts = frame.write(mapped_trailer) if isinstance(frame, MappedFrame) else frame
+    if isinstance(out, Parts):
+        send_frame(fd, out)
+    else:
+        send_bytes(out)
 
 
 #: From this size on a result's pickle and its trailer are written with one

@@ -13,6 +13,10 @@ Supervisor -> worker, both kinds of lane (pickled tuples)::
                                        trusted lanes: jobs sent ahead, run in order
     (CANCEL, job_id)                   trusted lanes: skip that job if not started
 
+``args_bytes`` of a trusted lane's job whose arguments hold large buffers
+pickles to a reference to a shared-memory segment holding them
+(``_wire.shm``): the worker maps it as it unpickles the arguments.
+
 ``fn_id`` is a digest of ``fn_bytes``. The bytes are sent only the first time
 a worker sees that digest; the worker keeps the unpickled function in an LRU of
 ``FN_CACHE_SIZE`` entries, and the supervisor keeps an exact mirror of that LRU
@@ -29,6 +33,10 @@ Worker -> supervisor, trusted lanes: a payload, then a fixed 9-byte trailer
     pickle(result)                     + (job_id, OK)     the result pickled once; it names no
                                                           class or function (``_wire.plain``)
     pickle(result)                     + (job_id, OK_OBJECTS)  one that does
+    pickle((segment, spans, pickle(result)))
+                                       + (job_id, OK_MAPPED)  a result whose large buffers
+                                                          are in a shared-memory segment,
+                                                          mapped by the supervisor (``_wire.shm``)
     pickle((exc_bytes | None, exc_type, message, traceback_text, kind))
                                        + (job_id, ERROR)  exc_bytes: the exception, pickled apart
     b""                                + (job_id, SKIPPED) a CANCEL came before the job started
@@ -119,6 +127,7 @@ __all__ = [
     "FROM_JOB",
     "FROM_WORKER",
     "OK",
+    "OK_MAPPED",
     "OK_OBJECTS",
     "READY",
     "RUN",
@@ -155,6 +164,7 @@ OK_OBJECTS = 4  # an OK whose pickle names a class or function: unpickling it ma
 RUN_MANY = 5
 CANCEL = 6
 SKIPPED = 7
+OK_MAPPED = 8  # an OK whose result's large buffers are in a shared-memory segment (``_wire.shm``)
 
 #: The last byte of an untrusted worker's frame: who wrote the rest of it.
 FROM_WORKER = b"w"
@@ -260,7 +270,7 @@ def pickled_by_reference(fn: Any) -> bool:
     return obj is fn
 
 
-def dumps_fn(fn: Any) -> bytes:
+def dumps_fn(fn: Any, buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None) -> bytes:
     """Pickle with cloudpickle, which sends lambdas and closures by value.
 
     Imported here, not at module level, so that a worker that never needs it
@@ -268,7 +278,7 @@ def dumps_fn(fn: Any) -> bytes:
     """
     import cloudpickle
 
-    data: bytes = cloudpickle.dumps(fn, PROTOCOL)
+    data: bytes = cloudpickle.dumps(fn, PROTOCOL, buffer_callback=buffer_callback)
     return data
 
 

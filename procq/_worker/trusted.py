@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from procq._model.job import format_size
 from procq._system.privileges import set_dumpable
-from procq._wire.plain import Parts, result_frame, send_frame
+from procq._wire.plain import Parts, result_frame, send_message
 from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
+from procq._wire.shm import MappedFrame
 from procq._wire.startmark import WorkerMark, open_mark
 from procq._worker.limits import Limits
 from procq._worker.parent import die_with_parent, parent_process
@@ -202,7 +203,8 @@ def forked_worker(
         return
     if init is not None:
         init.run()  # (still booting: one that kills the process is a worker that died as it started)
-    run_until_eof(lambda: _serve(conn, config, _Pickled(_main_fallback()), init, mark))
+    codec = _Pickled(_main_fallback(), config.get("shm_prefix"))
+    run_until_eof(lambda: _serve(conn, config, codec, init, mark))
 
 
 def _main_fallback() -> str:
@@ -252,14 +254,15 @@ class _Codec:
 
 
 class _Pickled(_Codec):
-    def __init__(self, note: str = "") -> None:
+    def __init__(self, note: str = "", shm_prefix: str | None = None) -> None:
         self.note = note  # said with READY: why the main module was imported here, if it was
+        self.shm_prefix = shm_prefix  # its results' segments' names (_wire.shm); None: all in the pipe (remote)
 
     def ready(self) -> bytes:
         return self.note.encode("utf-8", "replace") + TRAILER.pack(0, READY)
 
-    def ok(self, job_id: int, result: Any) -> bytes | Parts:  # type: ignore[override]
-        return result_frame(job_id, result)
+    def ok(self, job_id: int, result: Any) -> bytes | Parts | MappedFrame:  # type: ignore[override]
+        return result_frame(job_id, result, self.shm_prefix)
 
     def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
         exc_bytes = None
@@ -292,11 +295,8 @@ def _serve(
     if mark is None:
         mark = memoryview(bytearray(8)).cast("q")  # (no shared page: written all the same, read by no one)
 
-    def send(frame: bytes | Parts) -> None:
-        if isinstance(frame, Parts):
-            send_frame(fd, frame)
-        else:
-            send_bytes(frame)
+    def send(frame: bytes | Parts | MappedFrame) -> None:
+        send_message(fd, send_bytes, frame)
 
     waiting = select.poll()  # (Connection.poll builds a selector per call)
     waiting.register(conn.fileno(), select.POLLIN)
@@ -401,8 +401,14 @@ class _Runner:
                 send(codec.error(job_id, "error", failed, pickle_it=True))
                 return
         limits = self.limits
+        # Held by the call alone, let go as it returns: arguments mapped from shared
+        # memory are unmapped before the result is sent, their segment free to reuse.
+        held = [args, kwargs]
+        del args, kwargs
 
         def call() -> Any:
+            args, kwargs = held
+            held.clear()
             limits.apply(memory_limit)
             try:
                 return fn(*args, **kwargs) if kwargs else fn(*args)

@@ -1,0 +1,391 @@
+"""Large arrays: procq against its peers, a hand-written shared-memory floor
+and the memcpy limit, on one machine in one run.
+
+    python -m bench.arrays                 # 256 MiB arrays, 200 x 16 MiB map, 5 rounds
+    python -m bench.arrays --quick         # 64 MiB, 40 x 4 MiB, 1 round
+
+Every engine runs 2 worker processes, started before timing (a small job
+warms each, then one untimed large job), and runs one job at a time (the map: 2 at a time), so a figure
+is what one large job costs from the caller's call to its result in hand:
+
+- ``in``: a float64 array in, its sum out (GB/s of the array);
+- ``in+out``: the array in, ``array + 1`` out (GB/s of the array);
+- ``map``: many arrays, their sums out, all in flight through 2 workers
+  (GB/s of all the arrays): ``q.map`` without ``key=`` (so its default
+  keys, a digest of each array, are counted), joblib's ``Parallel``, the
+  floor's two children.
+
+Engines: ``procq`` (``push_and_wait``, ``map``); ``joblib`` (loky, which
+memory-maps arrays over 1 MB into its workers: its ``max_nbytes`` default);
+``ppe`` (``ProcessPoolExecutor``, forkserver: pickles through a pipe);
+``ray`` (``ray.put`` and zero-copy reads; only if it is installed);
+``shm-floor``: by hand, the least any engine must do: one
+``multiprocessing.shared_memory`` segment per child, made once and reused,
+the array copied into it, its name sent down a pipe to the child, which maps
+it once (the result, for ``in+out``, the same way back: the child writes into
+a segment of its own, made once, and the parent maps it; the array handed
+back is overwritten by the next job, which no real engine may do);
+``memcpy``: one copy of the array into a buffer already touched, in this
+process: the machine's limit.
+
+Every job gets fresh data: a new array object (a view, so no copy is timed)
+with one value changed, so that no engine can answer from a cache of what it
+was sent before (joblib keeps the file it dumped an array to for as long as
+its ``Parallel`` is open, keyed by the array object: the same object sent
+again, even changed since, is not dumped again).
+
+Rounds interleave the engines (the first rotates), and the medians print, with
+procq's ratio to each. The targets of the shared-memory work are checked last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import shared_memory
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from bench import report
+
+MIB = 1 << 20
+
+
+# --- the jobs (module-level: every engine's workers import them) ----------------
+
+
+def total(array: Any) -> float:
+    return float(array.sum())
+
+
+def plus_one(array: Any) -> Any:
+    return array + 1
+
+
+def _floor_child(conn: Connection) -> None:
+    """The floor's child: maps each segment it is sent (once: the parent
+    sends the same one again), answers the sum, or ``array + 1`` written into
+    a segment of its own, made once and written again each time."""
+    mapped: dict[str, shared_memory.SharedMemory] = {}
+    out: shared_memory.SharedMemory | None = None
+    while True:
+        try:
+            name, shape, want = conn.recv()
+        except EOFError:
+            return
+        if name not in mapped:
+            mapped[name] = shared_memory.SharedMemory(name=name)
+        array = np.ndarray(shape, dtype=np.float64, buffer=mapped[name].buf)
+        if want == "sum":
+            conn.send(float(array.sum()))
+        else:
+            if out is None or out.size < array.nbytes:
+                out = _untracked(shared_memory.SharedMemory(create=True, size=array.nbytes))
+            np.add(array, 1, out=np.ndarray(shape, dtype=np.float64, buffer=out.buf))
+            conn.send(out.name)
+        del array
+
+
+def _untracked(seg: shared_memory.SharedMemory) -> shared_memory.SharedMemory:
+    """``seg``, out of the resource tracker's hands: it would remove the
+    segment as the process that made it exits, though another owns it now."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.unregister(seg._name, "shared_memory")  # type: ignore[attr-defined]
+    return seg
+
+
+# --- the engines ------------------------------------------------------------------
+
+
+class Engine:
+    name = ""
+
+    def one(self, array: Any, want: str) -> Any:
+        raise NotImplementedError
+
+    def many(self, arrays: list[Any]) -> list[float]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class Procq(Engine):
+    name = "procq"
+
+    def __init__(self) -> None:
+        from procq import Job, ProcQueue
+
+        self.Job = Job
+        self.q = ProcQueue(2)
+        self.n = 0
+        for i in range(2):
+            self.q.push_and_wait(Job(f"warm{i}", total, args=(np.ones(4),)))
+
+    def one(self, array: Any, want: str) -> Any:
+        self.n += 1
+        fn = total if want == "sum" else plus_one
+        out = self.q.push_and_wait(self.Job(f"{want}:{self.n}", fn, args=(array,)))
+        self.q.forget(f"{want}:{self.n}")
+        return out
+
+    def many(self, arrays: list[Any]) -> list[float]:
+        return list(self.q.map(total, arrays))
+
+    def close(self) -> None:
+        self.q.close()
+
+
+class Joblib(Engine):
+    name = "joblib"
+
+    def __init__(self) -> None:
+        from joblib import Parallel, delayed
+
+        self.parallel = Parallel(n_jobs=2, backend="loky")
+        self.delayed = delayed
+        self.parallel.__enter__()
+        self.parallel(delayed(total)(np.ones(4)) for _ in range(2))
+
+    def one(self, array: Any, want: str) -> Any:
+        fn = total if want == "sum" else plus_one
+        return self.parallel([self.delayed(fn)(array)])[0]
+
+    def many(self, arrays: list[Any]) -> list[float]:
+        return list(self.parallel(self.delayed(total)(a) for a in arrays))
+
+    def close(self) -> None:
+        self.parallel.__exit__(None, None, None)
+
+
+class PPE(Engine):
+    name = "ppe"
+
+    def __init__(self) -> None:
+        self.ex = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("forkserver"))
+        list(self.ex.map(total, [np.ones(4)] * 2))
+
+    def one(self, array: Any, want: str) -> Any:
+        return self.ex.submit(total if want == "sum" else plus_one, array).result()
+
+    def many(self, arrays: list[Any]) -> list[float]:
+        return list(self.ex.map(total, arrays))
+
+    def close(self) -> None:
+        self.ex.shutdown()
+
+
+class Ray(Engine):
+    name = "ray"
+
+    def __init__(self) -> None:
+        import ray
+
+        self.ray = ray
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+        self.total = ray.remote(total)
+        self.plus_one = ray.remote(plus_one)
+        ray.get([self.total.remote(np.ones(4)) for _ in range(2)])
+
+    def one(self, array: Any, want: str) -> Any:
+        fn = self.total if want == "sum" else self.plus_one
+        return self.ray.get(fn.remote(self.ray.put(array)))
+
+    def many(self, arrays: list[Any]) -> list[float]:
+        return list(self.ray.get([self.total.remote(self.ray.put(a)) for a in arrays]))
+
+    def close(self) -> None:
+        self.ray.shutdown()
+
+
+class ShmFloor(Engine):
+    name = "shm-floor"
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("forkserver")
+        self.children = []
+        self.segments: list[shared_memory.SharedMemory | None] = [None, None]  # each child's, grown as needed
+        self.results: dict[str, shared_memory.SharedMemory] = {}  # the children's result segments, mapped
+        for _ in range(2):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_floor_child, args=(child,), daemon=True)
+            proc.start()
+            child.close()
+            self.children.append((proc, parent))
+        self.many([np.ones(4)] * 2)
+
+    def _send(self, i: int, array: Any, want: str) -> None:
+        seg = self.segments[i]
+        if seg is None or seg.size < array.nbytes:
+            if seg is not None:
+                seg.close()
+                seg.unlink()
+            seg = self.segments[i] = shared_memory.SharedMemory(create=True, size=max(array.nbytes, 1))
+        np.copyto(np.ndarray(array.shape, dtype=np.float64, buffer=seg.buf), array)
+        self.children[i][1].send((seg.name, array.shape, want))
+
+    def _answer(self, i: int, shape: Any, want: str) -> Any:
+        answer = self.children[i][1].recv()
+        if want == "sum":
+            return answer
+        if answer not in self.results:
+            self.results[answer] = shared_memory.SharedMemory(name=answer)
+        return np.ndarray(shape, dtype=np.float64, buffer=self.results[answer].buf)
+
+    def one(self, array: Any, want: str) -> Any:
+        self._send(0, array, want)
+        return self._answer(0, array.shape, want)
+
+    def many(self, arrays: list[Any]) -> list[float]:
+        out: list[float] = []
+        for i in range(0, len(arrays), 2):
+            pair = arrays[i : i + 2]
+            for child, a in enumerate(pair):
+                self._send(child, a, "sum")
+            out.extend(self._answer(child, a.shape, "sum") for child, a in enumerate(pair))
+        return out
+
+    def close(self) -> None:
+        for proc, conn in self.children:
+            conn.close()
+            proc.join(10)
+        for seg in [*self.segments, *self.results.values()]:
+            if seg is not None:
+                seg.close()
+                os.unlink(f"/dev/shm/{seg.name}")
+
+
+class Memcpy(Engine):
+    name = "memcpy"
+
+    def __init__(self) -> None:
+        self.dst: Any = None
+
+    def one(self, array: Any, want: str) -> Any:
+        if self.dst is None or self.dst.shape != array.shape:
+            self.dst = np.empty_like(array)
+            self.dst[:] = 0  # (touched: the limit is the copy, not the page faults)
+        np.copyto(self.dst, array)
+        return None
+
+    def many(self, arrays: list[Any]) -> list[float]:
+        for a in arrays:
+            self.one(a, "sum")
+        return []
+
+
+def _available() -> list[tuple[str, Callable[[], Engine]]]:
+    engines: list[tuple[str, Callable[[], Engine]]] = [("procq", Procq)]
+    try:
+        import joblib  # noqa: F401
+
+        engines.append(("joblib", Joblib))
+    except ImportError:
+        print("skipped joblib: not installed")
+    engines.append(("ppe", PPE))
+    try:
+        import ray  # noqa: F401
+
+        engines.append(("ray", Ray))
+    except ImportError:
+        print("skipped ray: not installed")
+    engines += [("shm-floor", ShmFloor), ("memcpy", Memcpy)]
+    return engines
+
+
+# --- running ------------------------------------------------------------------------
+
+
+def _time(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.arrays", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="64 MiB arrays, a 40 x 4 MiB map, 1 round")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5; 1 with --quick)")
+    parser.add_argument("--mib", type=int, default=None, help="size of the large array in MiB (default 256)")
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 5)
+    mib = args.mib or (64 if args.quick else 256)
+    map_n, map_mib = (40, 4) if args.quick else (200, 16)
+    info = report.machine()
+    print("procq large-array benchmark: one job at a time (the map: all through 2 workers), 2 workers each")
+    print(f"machine: {info['nproc']} CPUs, {info['cpu']}; {info['python']}; {info['os']}")
+    print(f"procq at commit {report.revision()}; load average (1 min) at start: {report.loadavg()}")
+    print(f"array {mib} MiB (float64); map {map_n} x {map_mib} MiB; {rounds} round(s), medians")
+    big = np.random.default_rng(0).standard_normal(mib * MIB // 8)
+    arrays = [np.full(map_mib * MIB // 8, float(i)) for i in range(map_n)]
+    engines = [(name, make()) for name, make in _available()]
+    times: dict[tuple[str, str], list[float]] = {}
+    try:
+        for _, engine in engines:  # (untimed: each engine's steady state, at this size)
+            engine.one(big, "sum")
+        for r in range(rounds):
+            turn = engines[r % len(engines) :] + engines[: r % len(engines)]
+            for name, engine in turn:
+                # Fresh data for each job, as new arrays (views: no copy) with
+                # new values: see the module docstring.
+                big[0] += 1.0
+                fresh = big.view()
+                times.setdefault((name, "in"), []).append(_time(lambda e=engine, a=fresh: e.one(a, "sum")))
+                big[0] += 1.0
+                fresh = big.view()
+                times.setdefault((name, "in+out"), []).append(_time(lambda e=engine, a=fresh: e.one(a, "plus")))
+                if name != "memcpy":
+                    for a in arrays:
+                        a[0] += 1.0
+                    views = [a.view() for a in arrays]
+                    times.setdefault((name, "map"), []).append(_time(lambda e=engine, v=views: e.many(v)))
+    finally:
+        for _, engine in engines:
+            engine.close()
+    sizes = {"in": big.nbytes, "in+out": big.nbytes, "map": sum(a.nbytes for a in arrays)}
+    rates = {key: sizes[key[1]] / statistics.median(values) / 1e9 for key, values in times.items()}
+    print()
+    print(f"{'GB/s (median)':<14}" + "".join(f"{w:>22}" for w in sizes))
+    for name, _ in engines:
+        cells = []
+        for w in sizes:
+            rate = rates.get((name, w))
+            if rate is None:
+                cells.append(f"{'-':>22}")
+            elif name == "procq":
+                cells.append(f"{rate:>22.2f}")
+            else:
+                cells.append(f"{rate:>8.2f} (procq {rates[('procq', w)] / rate:>5.2f}x)")
+        print(f"{name:<14}" + "".join(cells))
+    print()
+    _targets(rates)
+    return 0
+
+
+def _targets(rates: dict[tuple[str, str], float]) -> None:
+    def check(what: str, workload: str, peer: str, ratio: float) -> None:
+        if (peer, workload) not in rates:
+            print(f"n/a     {what}: {peer} did not run")
+            return
+        got = rates[("procq", workload)] / rates[(peer, workload)]
+        print(f"{'met' if got >= ratio else 'missed':<7} {what}: {got:.2f}x")
+
+    check("256 MiB in, scalar out: >= 0.5x the shared-memory floor", "in", "shm-floor", 0.5)
+    check("256 MiB in, scalar out: >= 2x joblib/loky", "in", "joblib", 2.0)
+    check("256 MiB in, 256 MiB out: >= 0.4x the floor", "in+out", "shm-floor", 0.4)
+    check("256 MiB in, 256 MiB out: >= 2x joblib/loky", "in+out", "joblib", 2.0)
+    check("map of 200 x 16 MiB: >= 0.5x the floor", "map", "shm-floor", 0.5)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore")
+    sys.exit(main())

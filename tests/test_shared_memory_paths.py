@@ -1,0 +1,67 @@
+"""Large arrays through every way in: ``q.map`` (whose default keys digest an
+array where it lies), ``Executor.map`` and the joblib backend all hand a
+worker its arrays as views of shared memory."""
+
+from __future__ import annotations
+
+import os
+
+import jobs_arrays
+import numpy as np
+import pytest
+from core_support import WAIT, open_queue
+from test_shared_memory import BIG, segments
+
+from procq import Executor
+from procq._wire.fingerprint import content_key
+
+try:
+    import joblib
+except ImportError:
+    if os.environ.get("CI") == "true":  # CI installs procq[joblib]: there it is a broken install
+        raise
+    joblib = None
+
+
+def _arrays(n: int) -> list[np.ndarray]:
+    return [np.full(BIG, float(i)) for i in range(n)]
+
+
+def test_map_without_keys() -> None:
+    arrays = _arrays(4)
+    with open_queue(2) as q:
+        out = list(q.map(jobs_arrays.how_it_came, arrays, timeout=WAIT))
+    assert segments() == []
+    assert out == [(a.sum(), True, True) for a in arrays]
+    assert segments() == []
+
+
+def test_the_default_key_of_an_array_follows_its_content_dtype_and_shape() -> None:
+    a = np.arange(BIG, dtype=np.float64)
+    key = content_key(jobs_arrays.total, a)
+    assert content_key(jobs_arrays.total, a.copy()) == key
+    changed = a.copy()
+    changed[-1] += 1
+    others = [changed, a.view(np.int64), a.reshape(2, -1), {"a": a}, a.tobytes()]
+    keys = {key, *(content_key(jobs_arrays.total, other) for other in others)}
+    assert len(keys) == len(others) + 1
+    assert content_key(jobs_arrays.total, a.tobytes()) == content_key(jobs_arrays.total, a.tobytes())
+
+
+def test_executor_map() -> None:
+    arrays = _arrays(3)
+    with Executor(max_workers=2) as ex:
+        out = list(ex.map(jobs_arrays.how_it_came, arrays, timeout=WAIT))
+    assert out == [(a.sum(), True, True) for a in arrays]
+    assert segments() == []
+
+
+@pytest.mark.skipif(joblib is None, reason="joblib is not installed (pip install 'procq[joblib]')")
+def test_the_joblib_backend() -> None:
+    import procq.joblib  # noqa: F401 (registers the backend)
+
+    arrays = _arrays(3)
+    with joblib.parallel_backend("procq", n_jobs=2):
+        out = joblib.Parallel()(joblib.delayed(jobs_arrays.how_it_came)(a) for a in arrays)
+    assert out == [(a.sum(), True, True) for a in arrays]
+    assert segments() == []
