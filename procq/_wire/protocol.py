@@ -32,6 +32,9 @@ Worker -> supervisor, trusted lanes: a payload, then a fixed 9-byte trailer
     pickle((exc_bytes | None, exc_type, message, traceback_text, kind))
                                        + (job_id, ERROR)  exc_bytes: the exception, pickled apart
     b""                                + (job_id, SKIPPED) a CANCEL came before the job started
+    names, UTF-8, one a line           + (job_id, IMPORTED) modules unpickling the job imported,
+                                                          sent before its report, only by a worker
+                                                          of a lane that learns them (``_worker.warm``)
 
 The trailer is read without unpickling anything, so the supervisor always
 knows which job a report is for, and a payload that fails to unpickle fails
@@ -115,6 +118,7 @@ __all__ = [
     "FN_CACHE_SIZE",
     "FROM_JOB",
     "FROM_WORKER",
+    "IMPORTED",
     "OK",
     "OK_OBJECTS",
     "READY",
@@ -152,6 +156,7 @@ OK_OBJECTS = 4  # an OK whose pickle names a class or function: unpickling it ma
 RUN_MANY = 5
 CANCEL = 6
 SKIPPED = 7
+IMPORTED = 8  # modules a job's unpickling imported (a lane that learns them: ``_worker.warm``)
 
 #: The last byte of an untrusted worker's frame: who wrote the rest of it.
 FROM_WORKER = b"w"

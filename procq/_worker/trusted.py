@@ -34,6 +34,7 @@ from procq._system.privileges import set_dumpable
 from procq._wire.plain import Parts, result_frame, send_frame
 from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 from procq._worker.parent import die_with_parent, parent_process
+from procq._worker.warm import LEARN, imported_frame
 
 if TYPE_CHECKING:
     from procq._worker.initializer import WorkerInit
@@ -403,6 +404,7 @@ class _Runner:
         self.fns = FnMirror()
         self.limits = _Limits((config.get("rlimits") or {}).get("cpu"))
         self.max_result: int | None = config.get("max_result_bytes")
+        self.learn = bool(config.get(LEARN))  # tell the supervisor what unpickling a job imported
         self.codec = codec
         self.send = send
 
@@ -415,6 +417,8 @@ class _Runner:
         self, job_id: int, fn_id: bytes, fn_bytes: bytes | None, args_bytes: bytes, memory_limit: int | None
     ) -> None:
         codec, send, fns, loads = self.codec, self.send, self.fns, pickle.loads
+        modules = sys.modules
+        count = len(modules)
         try:
             if fn_bytes is None:
                 fn = fns.get(fn_id)
@@ -432,6 +436,10 @@ class _Runner:
             note = "(the job's function or arguments could not be unpickled in the worker)"
             send(codec.error(job_id, "error", exc, note))
             return
+        if len(modules) != count and self.learn:
+            imported = imported_frame(count)
+            if imported is not None:
+                send(imported)
         if self.init is not None:
             failed = self.init.check()
             if failed is not None:
