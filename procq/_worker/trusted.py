@@ -34,7 +34,7 @@ from procq._system.privileges import set_dumpable
 from procq._wire.plain import Parts, result_frame, send_frame
 from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 from procq._worker.parent import die_with_parent, parent_process
-from procq._worker.warm import LEARN, imported_frame
+from procq._worker.warm import LEARN, about_to_import, imported_frame
 
 if TYPE_CHECKING:
     from procq._worker.initializer import WorkerInit
@@ -427,6 +427,10 @@ class _Runner:
                     fn = _load_fn(fn.data)
                     fns.touch(fn_id, fn)
             else:
+                if self.learn:
+                    early = about_to_import(fn_bytes)
+                    if early is not None:
+                        send(early)
                 fn = _load_fn(fn_bytes)
                 fns.touch(fn_id, fn)
             if isinstance(fn, _Unloadable):

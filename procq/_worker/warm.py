@@ -16,10 +16,13 @@ How it flows:
   where templates fork) counts ``sys.modules`` before it unpickles a job and
   after: two ``len`` calls per job. When the count grew, it sends the new
   names (``imported_frame``) in an ``IMPORTED`` message before the job's
-  report. New entries of ``sys.modules`` are at its end (a dict keeps the
-  order of insertion, and a module is inserted as its import starts, a
-  package before its submodules), so importing the names in that order
-  reproduces what the job needed.
+  report. A function pickled by reference names its module: a worker about
+  to import that module says so first (``about_to_import``), so that the
+  template imports it alongside the worker rather than after it. New
+  entries of ``sys.modules`` are at its end (a dict keeps the order of
+  insertion; the import system puts a module back at the end once it has
+  run), so the count tells them apart, and importing them in that order
+  (a submodule imports its package first) reproduces what the job needed.
 - The supervisor keeps them per lane (``Learned``, read on the I/O thread or a
   leading waiter, written there and on the starter thread: one lock), and
   each fork request to the lane's template carries them.
@@ -67,7 +70,7 @@ from collections.abc import Callable, Iterable
 
 from procq._wire.protocol import IMPORTED, TRAILER
 
-__all__ = ["LEARN", "THREAD_VARS", "WARM_TIMEOUT", "Learned", "import_learned", "imported_frame"]
+__all__ = ["LEARN", "THREAD_VARS", "WARM_TIMEOUT", "Learned", "about_to_import", "import_learned", "imported_frame"]
 
 #: The key of a worker's config that says its lane learns its jobs' modules.
 LEARN = "learn_imports"
@@ -99,7 +102,33 @@ LOGGER = logging.getLogger("procq.worker")
 def imported_frame(count: int) -> bytes | None:
     """The IMPORTED message for the modules added to ``sys.modules`` after
     its first ``count`` entries (None: none worth learning)."""
-    names = [name for name in list(sys.modules)[count:] if name not in _SKIP and not name.startswith("procq.")]
+    return _frame([name for name in list(sys.modules)[count:] if name not in _SKIP and not name.startswith("procq.")])
+
+
+def about_to_import(fn_bytes: bytes) -> bytes | None:
+    """The IMPORTED message for the module of a function pickled by
+    reference, if this worker has not imported it yet (None otherwise).
+
+    Sent before the worker unpickles the function, so that the template
+    imports the module while the worker does, not after: a function pickled
+    by reference is a pickle of a dozen opcodes (protocol, frame, the
+    module's name, the function's, ``STACK_GLOBAL``), read here by hand
+    rather than with ``pickletools``, which would cost each worker its
+    import. Anything else is left to ``imported_frame``."""
+    at = 2 if fn_bytes[:2] == b"\x80\x05" else 0
+    if fn_bytes[at : at + 1] == b"\x95":  # FRAME and its 8-byte length
+        at += 9
+    if len(fn_bytes) > 512 or fn_bytes[at : at + 1] != b"\x8c":  # SHORT_BINUNICODE
+        return None
+    size = fn_bytes[at + 1] if len(fn_bytes) > at + 1 else 0
+    module = fn_bytes[at + 2 : at + 2 + size].decode("utf-8", "replace")
+    rest = fn_bytes[at + 2 + size :]
+    if not module or module in sys.modules or module in _SKIP or rest[:2] != b"\x94\x8c":
+        return None
+    return _frame([module])
+
+
+def _frame(names: list[str]) -> bytes | None:
     if not names:
         return None
     return "\n".join(names).encode("utf-8", "replace") + TRAILER.pack(0, IMPORTED)
