@@ -34,7 +34,7 @@ from procq._system.privileges import set_dumpable
 from procq._wire.plain import Parts, result_frame, send_frame
 from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 from procq._worker.parent import die_with_parent, parent_process
-from procq._worker.warm import LEARN, about_to_import, imported_frame
+from procq._worker.warm import LEARN, about_to_import, imported_since
 
 if TYPE_CHECKING:
     from procq._worker.initializer import WorkerInit
@@ -417,8 +417,7 @@ class _Runner:
         self, job_id: int, fn_id: bytes, fn_bytes: bytes | None, args_bytes: bytes, memory_limit: int | None
     ) -> None:
         codec, send, fns, loads = self.codec, self.send, self.fns, pickle.loads
-        modules = sys.modules
-        count = len(modules)
+        count = len(sys.modules)
         try:
             if fn_bytes is None:
                 fn = fns.get(fn_id)
@@ -428,9 +427,7 @@ class _Runner:
                     fns.touch(fn_id, fn)
             else:
                 if self.learn:
-                    early = about_to_import(fn_bytes)
-                    if early is not None:
-                        send(early)
+                    about_to_import(fn_bytes, send)
                 fn = _load_fn(fn_bytes)
                 fns.touch(fn_id, fn)
             if isinstance(fn, _Unloadable):
@@ -440,10 +437,8 @@ class _Runner:
             note = "(the job's function or arguments could not be unpickled in the worker)"
             send(codec.error(job_id, "error", exc, note))
             return
-        if len(modules) != count and self.learn:
-            imported = imported_frame(count)
-            if imported is not None:
-                send(imported)
+        if len(sys.modules) != count and self.learn:
+            imported_since(count, send)
         if self.init is not None:
             failed = self.init.check()
             if failed is not None:

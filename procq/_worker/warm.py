@@ -15,7 +15,7 @@ How it flows:
 - A worker of a lane that learns (``LEARN``: trusted, under the forkserver,
   where templates fork) counts ``sys.modules`` before it unpickles a job and
   after: two ``len`` calls per job. When the count grew, it sends the new
-  names (``imported_frame``) in an ``IMPORTED`` message before the job's
+  names (``imported_since``) in an ``IMPORTED`` message before the job's
   report. A function pickled by reference names its module: a worker about
   to import that module says so first (``about_to_import``), so that the
   template imports it alongside the worker rather than after it. New
@@ -70,7 +70,7 @@ from collections.abc import Callable, Iterable
 
 from procq._wire.protocol import IMPORTED, TRAILER
 
-__all__ = ["LEARN", "THREAD_VARS", "WARM_TIMEOUT", "Learned", "about_to_import", "import_learned", "imported_frame"]
+__all__ = ["LEARN", "THREAD_VARS", "WARM_TIMEOUT", "Learned", "about_to_import", "import_learned", "imported_since"]
 
 #: The key of a worker's config that says its lane learns its jobs' modules.
 LEARN = "learn_imports"
@@ -99,39 +99,37 @@ LOGGER = logging.getLogger("procq.worker")
 # --- in the worker -------------------------------------------------------------
 
 
-def imported_frame(count: int) -> bytes | None:
-    """The IMPORTED message for the modules added to ``sys.modules`` after
-    its first ``count`` entries (None: none worth learning)."""
-    return _frame([name for name in list(sys.modules)[count:] if name not in _SKIP and not name.startswith("procq.")])
+def imported_since(count: int, send: Callable[[bytes], None]) -> None:
+    """Send the IMPORTED message for the modules added to ``sys.modules``
+    after its first ``count`` entries, if any is worth learning."""
+    _send([name for name in list(sys.modules)[count:] if name not in _SKIP and not name.startswith("procq.")], send)
 
 
-def about_to_import(fn_bytes: bytes) -> bytes | None:
-    """The IMPORTED message for the module of a function pickled by
-    reference, if this worker has not imported it yet (None otherwise).
+def about_to_import(fn_bytes: bytes, send: Callable[[bytes], None]) -> None:
+    """Send the IMPORTED message for the module of a function pickled by
+    reference, if this worker has not imported it yet.
 
     Sent before the worker unpickles the function, so that the template
     imports the module while the worker does, not after: a function pickled
     by reference is a pickle of a dozen opcodes (protocol, frame, the
     module's name, the function's, ``STACK_GLOBAL``), read here by hand
     rather than with ``pickletools``, which would cost each worker its
-    import. Anything else is left to ``imported_frame``."""
+    import. Anything else is left to ``imported_since``."""
     at = 2 if fn_bytes[:2] == b"\x80\x05" else 0
     if fn_bytes[at : at + 1] == b"\x95":  # FRAME and its 8-byte length
         at += 9
     if len(fn_bytes) > 512 or fn_bytes[at : at + 1] != b"\x8c":  # SHORT_BINUNICODE
-        return None
+        return
     size = fn_bytes[at + 1] if len(fn_bytes) > at + 1 else 0
     module = fn_bytes[at + 2 : at + 2 + size].decode("utf-8", "replace")
     rest = fn_bytes[at + 2 + size :]
-    if not module or module in sys.modules or module in _SKIP or rest[:2] != b"\x94\x8c":
-        return None
-    return _frame([module])
+    if module and module not in sys.modules and module not in _SKIP and rest[:2] == b"\x94\x8c":
+        _send([module], send)
 
 
-def _frame(names: list[str]) -> bytes | None:
-    if not names:
-        return None
-    return "\n".join(names).encode("utf-8", "replace") + TRAILER.pack(0, IMPORTED)
+def _send(names: list[str], send: Callable[[bytes], None]) -> None:
+    if names:
+        send("\n".join(names).encode("utf-8", "replace") + TRAILER.pack(0, IMPORTED))
 
 
 # --- in the supervisor ---------------------------------------------------------
