@@ -19,6 +19,7 @@ its ``release``): never a queue closed under a running call.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +46,9 @@ class SharedQueue:
         self._queue: ProcQueue | None = None  # under _lock
         self._settings: tuple[Any, ...] = ()  # what _queue was opened with; under _lock
         self._users = 0  # calls that acquired _queue and have not released it; under _lock
+        # A child made by fork starts afresh: its parent's queue is not its
+        # own, and _lock may have been held by a thread the child has not.
+        os.register_at_fork(after_in_child=self._forget)
 
     def acquire(self, settings: tuple[Any, ...], lane: Callable[[], Lane], start_method: str | None) -> ProcQueue:
         """A queue opened with ``settings`` (its one lane made by ``lane()``):
@@ -63,6 +67,10 @@ class SharedQueue:
                 self._queue, self._settings, self._users = shared, settings, 1
                 return shared
         return ProcQueue({self.lane: lane()}, start_method=start_method)
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._queue, self._settings, self._users = None, (), 0
 
     def release(self, q: ProcQueue) -> None:
         """A call is done with ``q``; a private one is closed."""
