@@ -56,7 +56,7 @@ from procq._wire.protocol import (
     Undecoded,
     Violation,
 )
-from procq._worker.template import lane_templates, template_for
+from procq._worker.template import Template, lane_templates, template_for
 from procq._worker.trusted import worker_main
 from procq._worker.warm import LEARN, Learned
 
@@ -212,9 +212,7 @@ class TrustedChannel(ProcessChannel):
         the lane's template (``_worker.template``)."""
         learned = _learned(lane, launch)
         config = _config(lane, learned)
-        name = f"procq-template-{launch.name}-{lane.name}"
-        with _initializer_pickled(lane):
-            template = template_for(launch.lanes, lane.name, launch.context, name, config, _initializer(lane))
+        template = _template(lane, launch, config)
         parent_conn, child_conn = launch.context.Pipe(duplex=True)
         try:
             process = template.fork(child_conn, config, learned)
@@ -236,12 +234,8 @@ class TrustedChannel(ProcessChannel):
         its jobs needed (``_worker.warm``), before the next start asks for one."""
         if not _templates_work(launch) or lane.boot_failures:
             return
-        learned = lane_templates(launch.lanes, lane.name).learned
-        with _initializer_pickled(lane):
-            template = template_for(
-                launch.lanes, lane.name, launch.context, f"procq-template-{launch.name}-{lane.name}",
-                worker_config(lane.spec), _initializer(lane),
-            )  # fmt: skip
+        learned = _learned(lane, launch)
+        template = _template(lane, launch, _config(lane, learned))
         with contextlib.suppress(OSError, EOFError):  # (a module it dropped is logged; the next start makes another)
             template.warm(learned)
 
@@ -297,6 +291,13 @@ def _learned(lane: LaneState, launch: Launch) -> Learned:
     if learned.on_new is None:
         learned.on_new = lambda: [ask(lane) for ask in launch.warmers]
     return learned
+
+
+def _template(lane: LaneState, launch: Launch, config: dict[str, Any]) -> Template:
+    """The lane's live template (starter thread), made if need be."""
+    name = f"procq-template-{launch.name}-{lane.name}"
+    with _initializer_pickled(lane):
+        return template_for(launch.lanes, lane.name, launch.context, name, config, _initializer(lane))
 
 
 def _config(lane: LaneState, learned: Learned | None) -> dict[str, Any]:

@@ -27,6 +27,11 @@ Only the kinds of worker that are local processes start here
 thread, which owns the lane's client. What starts here is never one of the
 queue's first workers (``mark_starter_thread``): a trusted lane's are forked
 by the lane's template (``_worker.template``), which the first start here makes.
+
+The starter thread also runs warm-ups (``Starter.warm``, asked from any
+thread through ``Launch.warmers``): a trusted lane's template importing the
+modules its jobs needed (``_worker.warm``), made for that if the lane has
+none. A start asked for goes first; a warm-up only speeds later ones.
 """
 
 from __future__ import annotations
