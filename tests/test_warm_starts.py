@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -107,6 +108,28 @@ def test_a_module_that_starts_a_thread_as_it_is_imported_is_dropped_and_its_temp
     assert "started 1 thread(s)" in message
 
 
+def test_numpy_is_learned_without_a_thread_in_the_template() -> None:
+    """numpy's OpenBLAS starts threads as it loads; the template imports it
+    with the pools' variables set to 1, so it keeps numpy, stays single-threaded
+    and forks replacements that run BLAS."""
+    try:
+        import numpy  # noqa: F401  (the test extra's scikit-learn brings it)
+    except ImportError:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip("numpy is not installed (pip install 'procq[test]')")
+    module = _import_in_test("jobs_warm_numpy")
+    with open_queue({"default": Lane(workers=1)}) as q:
+        q.push_and_wait(Job("first", module.where))
+        answers = crash_and_ask(q, module, 2)
+        kept = lane_templates(q)
+        assert not [name for name in kept.learned.dropped() if name.split(".")[0] == "numpy"]
+        (template,) = kept
+        assert [where for _, where in answers] == [template.pid] * 2
+        assert q.push_and_wait(Job("blas", module.blas_sum)) == 2500.0
+        assert len(os.listdir(f"/proc/{template.pid}/task")) == 1
+
+
 NOTEBOOK_LIKE = """
 import json, sys
 sys.path.insert(0, {tests!r})
@@ -148,8 +171,6 @@ def _import_in_test(name: str) -> ModuleType:
     """A job module, imported here (the supervisor's side needs its functions) and
     never at this file's top: see the module docstring."""
     if name == "jobs_warm_refused":
-        import os
-
         os.environ.update(ENV)  # (it imports only where this is set; the lane sets it in its workers)
         try:
             return importlib.import_module(name)

@@ -49,12 +49,14 @@ What goes wrong, and what then:
   they load (OpenBLAS starts its pool at import otherwise), and puts them back
   after. After each import it counts its threads (``/proc/self/task``, which
   sees native ones too); a module after whose import there is more than one
-  is dropped and logged, and the template answers without forking and forks
-  no more (it lives on only to report the exits of the workers it forked,
-  which die with it): the start goes through the forkserver, and the next
-  start makes a new template without that module. A worker forked from a template therefore
-  starts with those native pools sized 1 thread; procq's joblib backend sets
-  each worker's pools to its limit again (``threadpoolctl``), and a lane's own
+  is dropped and logged, with every module that import brought in (so that
+  the next template does not import the culprit again through one of them),
+  and the template answers without forking and forks no more (it lives on
+  only to report the exits of the workers it forked, which die with it): the
+  start goes through the forkserver, and the next start makes a new template
+  without those modules. A worker forked from a template therefore starts
+  with those native pools sized 1 thread; procq's joblib backend sets each
+  worker's pools to its limit again (``threadpoolctl``), and a lane's own
   code can do the same.
 """
 
@@ -82,6 +84,9 @@ _SKIP = frozenset({"__main__", "__mp_main__"})
 
 #: How long the template lets one module take to import before it gives up on it.
 WARM_TIMEOUT = 20.0
+
+#: How a module dropped with another one says so (and is not logged on its own).
+_ALONG = "imported along with "
 
 #: The variables that size native thread pools as their library loads.
 THREAD_VARS = (
@@ -176,6 +181,8 @@ class Learned:
                     continue
                 self._names.pop(name, None)
                 self._dropped[name] = why
+            if why.startswith(_ALONG):  # (said once, with the module that was imported first)
+                continue
             LOGGER.warning(
                 "lane %r: its template will not import %r for new workers (%s); each worker imports it itself",
                 self.lane,
@@ -208,6 +215,7 @@ def import_learned(names: Iterable[str], tried: set[str]) -> tuple[list[str], li
             if name in sys.modules:
                 done.append(name)
                 continue
+            count = len(sys.modules)
             signal.setitimer(signal.ITIMER_REAL, WARM_TIMEOUT)
             try:
                 importlib.import_module(name)
@@ -221,8 +229,13 @@ def import_learned(names: Iterable[str], tried: set[str]) -> tuple[list[str], li
                 signal.setitimer(signal.ITIMER_REAL, 0)
             threads = _threads()
             if threads > 1:
+                # Every module this import brought in goes too: the next
+                # template must not import the culprit again through one of them.
+                chain = [other for other in list(sys.modules)[count:] if other != name]
                 why = f"importing it started {threads - 1} thread(s), and a process with threads must not fork"
-                dropped.append((name, why))
+                dropped.append((name, why + (f" (dropped with the {len(chain)} modules it imported)" if chain else "")))
+                dropped.extend((other, f"{_ALONG}{name!r}, which started a thread") for other in chain)
+                tried.update(chain)
                 return done, dropped, True
             done.append(name)
     finally:
