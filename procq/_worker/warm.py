@@ -63,7 +63,6 @@ What goes wrong, and what then:
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import signal
 import sys
@@ -97,8 +96,6 @@ THREAD_VARS = (
     "VECLIB_MAXIMUM_THREADS",
     "NUMEXPR_NUM_THREADS",
 )
-
-LOGGER = logging.getLogger("procq.worker")
 
 
 # --- in the worker -------------------------------------------------------------
@@ -183,7 +180,9 @@ class Learned:
                 self._dropped[name] = why
             if why.startswith(_ALONG):  # (said once, with the module that was imported first)
                 continue
-            LOGGER.warning(
+            import logging  # (supervisor side only: a worker that imports this module never logs)
+
+            logging.getLogger("procq.worker").warning(
                 "lane %r: its template will not import %r for new workers (%s); each worker imports it itself",
                 self.lane,
                 name,
