@@ -259,6 +259,21 @@ def _starts(med: Medians, cfg: Config) -> list[Verdict]:
     return out
 
 
+def _heavy(med: Medians, cfg: Config) -> list[Verdict]:
+    """The crash batch with a heavy job module imported lazily: learned warm starts."""
+    lazy, top = med.get(("procq", "crash_heavy", "batch_ms")), med.get(("procq", "crash_heavy_top", "batch_ms"))
+    out: list[Verdict] = []
+    if lazy is not None:
+        out.append(
+            (
+                "met" if lazy < 150 else "missed",
+                f"crash batch, heavy job module imported under the main guard: < 150 ms: {lazy:,.0f} ms"
+                + ("" if top is None else f" (imported at the script's top: {top:,.0f} ms)"),
+            )
+        )
+    return out
+
+
 def _startup_close(med: Medians, cfg: Config) -> list[Verdict]:
     out: list[Verdict] = []
     p, b = med.get(("procq", "startup", "startup_ms")), med.get(("PPE", "startup", "startup_ms"))
@@ -326,6 +341,7 @@ TARGETS: list[Callable[..., list[Verdict]]] = [
     _bigdata,
     _crash,
     _starts,
+    _heavy,
     _startup_close,
     _cached,
 ]

@@ -187,11 +187,13 @@ def _stamp(path: str) -> float | None:
 
 
 def crash_batch(
-    peer: Peer, cfg: Config, tmp: str, job: Callable[[int, str], int] = jobs.double_or_die
+    peer: Peer, cfg: Config, tmp: str, job: Callable[[int, str], int] = jobs.double_or_die, job_warmup: bool = False
 ) -> dict[str, float]:
     """``crash_jobs`` jobs at once, every ``crash_every``-th SIGKILLs its
     worker. ``job(i, path)``: ``2 * i``, or stamp ``path`` and die (as
-    ``jobs.double_or_die``; ``crash_main`` gives one its main script defines)."""
+    ``jobs.double_or_die``; ``crash_main`` gives one its main script defines).
+    ``job_warmup``: before the batch, untimed, every worker runs ``job``
+    (without dying) as the program's earlier work would have."""
     tag = f"{peer.name.replace(' ', '_')}-{time.monotonic_ns()}"
     paths = [
         os.path.join(tmp, f"batch-{tag}-{i}") if i % cfg.crash_every == cfg.crash_every - 1 else ""
@@ -201,6 +203,9 @@ def crash_batch(
     clean = False
     try:
         warm(e, cfg.workers, cfg.warmup_jobs)
+        if job_warmup:  # (at once, so that each idle worker takes some)
+            for f in [e.submit(job, i, "") for i in range(4 * cfg.workers)]:
+                e.result(f, 60.0)
         futures: list[Any] = []
         first_push = time.monotonic()
         for i, p in enumerate(paths):

@@ -34,21 +34,35 @@ from bench.workloads import WORKLOADS, Config, Metric, Workload, num
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "bench", "crash_main.py")
+HEAVY_SCRIPT = os.path.join(ROOT, "bench", "crash_heavy.py")
 
 
 def run_crash_main(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    return _run_script(SCRIPT, peer, cfg, tmp)
+
+
+def run_crash_heavy(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    return _run_script(HEAVY_SCRIPT, peer, cfg, tmp, "lazy")
+
+
+def run_crash_heavy_top(peer: Peer, cfg: Config, tmp: str) -> dict[str, float]:
+    return _run_script(HEAVY_SCRIPT, peer, cfg, tmp, "top")
+
+
+def _run_script(script: str, peer: Peer, cfg: Config, tmp: str, *more: str) -> dict[str, float]:
+    """Run a program of the crash batch as a process of its own; its figures."""
     config = json.dumps(dataclasses.asdict(cfg))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     proc = subprocess.run(
-        [sys.executable, SCRIPT, peer.name, config, tmp],
+        [sys.executable, script, peer.name, config, tmp, *more],
         capture_output=True,
         text=True,
         env=env,
         timeout=cfg.crash_timeout + 120,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"{peer.name}: {SCRIPT} exited with {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"{peer.name}: {script} exited with {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     figures: dict[str, float] = json.loads(proc.stdout.splitlines()[-1])
     return figures
 
@@ -80,6 +94,34 @@ CRASH_MAIN = Workload(
     ),
 )
 
+_CRASH_METRICS = (
+    Metric("good_ok", "good jobs correct (of {good})", "higher", num("{:.0f}"), ratio=False),
+    Metric("crash_hung", "crashed jobs never resolved (of {crashes})", "lower", num("{:.0f}"), ratio=False),
+    Metric("batch_ms", "first push -> last answer, ms", "lower", num("{:,.0f}")),
+)
+_HEAVY_NOTE = (
+    "the job's module imports numpy and scipy (about 0.4 s per import); every worker ran it once before the "
+    "batch; procq alone: the peers' workers each import it again (seconds per batch)",
+)
+
+CRASH_HEAVY = Workload(
+    "crash_heavy",
+    "every 10th job SIGKILLs its worker; the job module (numpy, scipy) imported under the main guard",
+    run_crash_heavy,
+    _CRASH_METRICS,
+    engines=("procq",),
+    notes=_HEAVY_NOTE,
+)
+
+CRASH_HEAVY_TOP = Workload(
+    "crash_heavy_top",
+    "the same, the job module imported at the script's top (so by the forkserver)",
+    run_crash_heavy_top,
+    _CRASH_METRICS,
+    engines=("procq",),
+    notes=_HEAVY_NOTE,
+)
+
 START = Workload(
     "start",
     "a fresh engine's first job: submit -> job running",
@@ -89,12 +131,14 @@ START = Workload(
 
 
 def every_workload() -> dict[str, Workload]:
-    """``workloads.WORKLOADS`` with these two, each after its kin."""
+    """``workloads.WORKLOADS`` with these, each after its kin."""
     merged: dict[str, Workload] = {}
     for name, workload in WORKLOADS.items():
         merged[name] = workload
         if name == "crash":
             merged[CRASH_MAIN.name] = CRASH_MAIN
+            merged[CRASH_HEAVY.name] = CRASH_HEAVY
+            merged[CRASH_HEAVY_TOP.name] = CRASH_HEAVY_TOP
         elif name == "startup":
             merged[START.name] = START
     return merged

@@ -60,9 +60,32 @@ backends' and is not done here: a batch travels as a job's argument, so its
 large arrays go through procq's shared memory (docs/how-it-works.md), mapped
 by the worker without a copy.
 
-Each ``Parallel`` call (``configure`` to ``terminate``) opens one
-``ProcQueue`` and closes it at the end, so no worker outlives the call; a
-``with Parallel(...) as p`` block keeps one queue for all its calls.
+The workers outlive the ``Parallel`` call, as loky's reusable executor's do:
+the backend keeps one ``ProcQueue`` for the process, opened at the first
+batch a call sends (a call that sends none, say ``n_jobs=1`` or an empty
+iterable, starts no worker), and the next call with the same settings (worker
+count, initializer and its arguments, thread limits, ``timeout``,
+``memory_limit``, ``start_method``) runs on the same workers, which have
+already imported what its tasks need. A call with other settings closes it
+and opens another; if another call is still running on it, the new call gets
+a queue of its own, closed when it ends. The shared queue is closed when the
+interpreter exits (before its non-daemon threads are joined), or by
+``procq.joblib.shutdown()``.
+
+Thread limits: ``inner_max_num_threads`` (default ``cpu_count() // n_jobs``,
+unless the variable is set in this process) is set in each worker's
+environment, for the native libraries it loads later, and, with
+``threadpoolctl`` (in procq's ``joblib`` extra), applied to those it has
+loaded already (those the forkserver or the lane's template imported, numpy
+in a script that imports it at its top) before its first batch.
+
+A batch that cannot be pickled fails the call with the pickling error
+(``procq.JobPicklingError``, a ``pickle.PicklingError``), wherever joblib
+dispatched it from (the first batches from the caller's thread, the later
+ones from this backend's callback thread). A task's exception that cannot be
+pickled in the worker comes back as ``procq.joblib.UnpicklableTaskError``, a
+``concurrent.futures.process.BrokenProcessPool`` (what loky raises then) and
+a ``JobFailed``, with the original exception's text.
 
 joblib's completion callbacks run on a thread of this backend, never on
 procq's I/O thread: joblib's callback dispatches the next batch (pickling it)
@@ -77,11 +100,13 @@ import itertools
 import logging
 import multiprocessing
 import os
+import pickle
 import queue
 import secrets
 import threading
 import warnings
 from collections.abc import Callable
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 import joblib
@@ -98,11 +123,13 @@ from procq._api.executor_calls import LoggedInitializer
 from procq._api.handle import JobHandle
 from procq._api.outcomes import Queued
 from procq._api.queue import ProcQueue
+from procq._api.shared_queue import SharedQueue, same_settings
 from procq._model.errors import JobFailed
 from procq._model.job import Job, Lane
 from procq._model.policies import Retry
+from procq._worker.thread_limits import apply_thread_limits, thread_limits
 
-__all__ = ["NAME", "ProcqBackend", "register"]
+__all__ = ["NAME", "ProcqBackend", "UnpicklableTaskError", "register", "shutdown"]
 
 #: The name ``parallel_config(backend=...)`` and ``Parallel(backend=...)`` know it by.
 NAME = "procq"
@@ -145,6 +172,33 @@ class _Callbacks:
                 LOGGER.exception("exception in joblib's callback for %s", what)
 
 
+class UnpicklableTaskError(JobFailed, BrokenProcessPool):
+    """A task raised an exception that could not be pickled in its worker to
+    come back: a ``BrokenProcessPool``, as loky raises then, and a
+    ``JobFailed`` (``failure`` holds the exception's type, text and
+    traceback). The workers are not broken: the next call runs as usual."""
+
+
+#: The process's one reusable queue (see the module docstring).
+_SHARED = SharedQueue("joblib")
+
+
+def shutdown() -> None:
+    """Close the backend's shared queue (its workers stop); the next
+    ``Parallel`` call opens another. Done at interpreter exit."""
+    _SHARED.shutdown()
+
+
+class _Unsent:
+    """A batch that could not be pushed (it did not pickle): handed to
+    joblib's callback like a batch that ended, and raising the error when
+    joblib retrieves its result, so the call fails at once whichever thread
+    dispatched it."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
 class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]  # (joblib is untyped)
     """joblib's ``ParallelBackendBase`` over a ``ProcQueue``: each batch is a procq job.
 
@@ -179,10 +233,9 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         self._initializer, self._initargs = initializer, initargs
         self._token = secrets.token_hex(6)
         self._counter = itertools.count(1)
-        self._queue: ProcQueue | None = None
-        self._n_workers = 0
-        # The initializer the open queue's workers run (a Parallel's own, else the config's), and its arguments.
-        self._init: tuple[Callable[..., object], tuple[Any, ...]] | None = None
+        self._queue: ProcQueue | None = None  # acquired at the first batch (under _lock), released at terminate
+        self._settings: tuple[Any, ...] | None = None  # what configure asked for: None, not configured
+        self._env: dict[str, str] = {}
         self._callbacks: _Callbacks | None = None
         self._lock = threading.Lock()
         self._live: dict[str, JobHandle[Any]] = {}  # batches pushed and not ended (what an abort cancels)
@@ -214,8 +267,8 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         initargs: tuple[Any, ...] = (),
         **_: Any,
     ) -> int:
-        """Open the queue for a ``Parallel`` call (or keep the open one, if it has
-        as many workers and the same initializer); ``n_jobs == 1`` falls back to
+        """Settle the settings of a ``Parallel`` call; the queue is acquired at
+        its first batch (see the module docstring); ``n_jobs == 1`` falls back to
         joblib's sequential backend. ``Parallel(initializer=..., initargs=...)``
         takes the place of the ``parallel_config`` ones. (joblib's other options,
         ``max_nbytes``, ``mmap_mode`` and ``temp_folder``, belong to its own
@@ -228,34 +281,60 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
             initializer, initargs = self._initializer, self._initargs
         else:
             _check_initializer(initializer, initargs)
-        init = None if initializer is None else (initializer, initargs)
-        if self._queue is not None and (self._n_workers != workers or not _same(self._init, init)):
-            self._close()
-        if self._queue is None:
-            lane = Lane(
-                workers=workers,
-                capacity=_UNBOUNDED,
-                timeout=self._timeout,
-                memory_limit=self._memory_limit,
-                env=self._prepare_worker_env(n_jobs=workers),
-                initializer=None if init is None else LoggedInitializer(init[0]),
-                initargs=() if init is None else init[1],
-            )
-            self._queue = ProcQueue({"joblib": lane}, start_method=self._start_method)
-            self._n_workers = workers
-            self._init = init
-            self._callbacks = _Callbacks()
+        env = self._prepare_worker_env(n_jobs=workers)
+        settings = (
+            initializer,
+            initargs,
+            workers,
+            tuple(sorted(env.items())),
+            self._timeout,
+            self._memory_limit,
+            self._start_method,
+        )
+        if self._settings is not None and not same_settings(self._settings, settings):
+            self._release()
+        self._settings, self._env = settings, env
         return workers
 
-    def submit(self, func: Callable[[], Any], callback: Callable[[Any], object] | None = None) -> JobHandle[Any]:
+    def _lane(self) -> Lane:
+        assert self._settings is not None
+        initializer, initargs, workers = self._settings[:3]
+        return Lane(
+            workers=workers,
+            capacity=_UNBOUNDED,
+            timeout=self._timeout,
+            memory_limit=self._memory_limit,
+            env=self._env,
+            initializer=None if initializer is None else LoggedInitializer(initializer),
+            initargs=initargs if initializer is not None else (),
+        )
+
+    def _acquire(self) -> tuple[ProcQueue, _Callbacks]:
+        """The call's queue and callback thread, acquired at its first batch."""
+        with self._lock:
+            if self._queue is None or self._callbacks is None:
+                if self._settings is None:
+                    raise RuntimeError("the procq joblib backend is not configured (or was terminated)")
+                self._queue = _SHARED.acquire(self._settings, self._lane, self._start_method)
+                self._callbacks = _Callbacks()
+            return self._queue, self._callbacks
+
+    def submit(self, func: Callable[[], Any], callback: Callable[[Any], object] | None = None) -> Any:
         """Push one batch as a job; ``callback(handle)`` runs on the callback thread once it ends."""
-        q, callbacks = self._queue, self._callbacks
-        if q is None or callbacks is None:
-            raise RuntimeError("the procq joblib backend is not configured (or was terminated)")
+        q, callbacks = self._acquire()
         key = f"joblib:{self._token}:{next(self._counter)}"
-        # The batch as the job's argument, not its function: arguments are
-        # pickled with their large arrays out of band, through shared memory.
-        outcome = q.push(Job(key, _run_batch, args=(_Batch(func),), lane="joblib", retry=self._retry))
+        try:
+            # The batch as the job's argument, not its function: arguments are
+            # pickled with their large arrays out of band, through shared memory.
+            batch = _Batch(func, thread_limits(self._env))
+            outcome = q.push(Job(key, _run_batch, args=(batch,), lane="joblib", retry=self._retry))
+        except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as exc:
+            # (joblib dispatches later batches from the callback thread, where
+            # a raise would be lost and the call would wait for ever.)
+            unsent = _Unsent(exc)
+            if callback is not None:
+                callbacks.put(lambda: callback(unsent), key)
+            return unsent
         assert isinstance(outcome, Queued)  # (a fresh key)
         handle = outcome.handle
         with self._lock:
@@ -283,12 +362,16 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         """The batch's results; a task's own exception is raised as itself, any
         ``BaseException`` (``KeyboardInterrupt``, ``SystemExit``) included, as
         with loky; any other failure (crash, timeout, memory) as ``JobFailed``."""
+        if isinstance(out, _Unsent):
+            raise out.error
         try:
             return out.result()
         except JobFailed as failed:
             cause = failed.__cause__
             if failed.failure.kind == "error" and cause is not None:
                 raise cause from cause.__cause__
+            if failed.failure.kind == "error" and failed.failure.exception is None:
+                raise UnpicklableTaskError(failed.key, failed.failure) from None
             raise
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
@@ -303,20 +386,21 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
                 q.cancel(key)
 
     def terminate(self) -> None:
-        """The end of a ``Parallel`` call: close the queue (nothing is left
-        running by then but batches joblib abandoned, which are killed)."""
-        self._close()
+        """The end of a ``Parallel`` call: hand the queue back for the next
+        call (batches joblib abandoned were cancelled by ``abort_everything``)."""
+        self._release()
+        self._settings = None
         self.reset_batch_stats()
 
-    def _close(self) -> None:
-        q, callbacks = self._queue, self._callbacks
-        self._queue, self._callbacks, self._n_workers, self._init = None, None, 0, None
-        if q is not None:
-            q.close(wait=False)
+    def _release(self) -> None:
+        with self._lock:
+            q, callbacks = self._queue, self._callbacks
+            self._queue, self._callbacks = None, None
+            self._live.clear()
         if callbacks is not None:
             callbacks.stop()
-        with self._lock:
-            self._live.clear()
+        if q is not None:
+            _SHARED.release(q)
 
     def get_nested_backend(self) -> tuple[Any, int | None]:
         """What a ``Parallel`` inside a batch uses: threads one level down,
@@ -328,23 +412,28 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
 
 
 class _Batch:
-    """A batch as the job's function. Its class lives here so that a worker,
-    unpickling it, imports this module and so knows the backend by name: a
+    """A batch, the argument of its job (``_run_batch``). Its class lives
+    here so that a worker, unpickling it, imports this module and so knows
+    the backend by name: a
     ``Parallel(backend="procq")`` inside a batch finds it there too (joblib's
-    registry of backends is per process)."""
+    registry of backends is per process). ``limits``: the thread limits to
+    apply in the worker before it runs (``_worker.thread_limits``)."""
 
-    __slots__ = ("call",)
+    __slots__ = ("call", "limits")
 
-    def __init__(self, call: Callable[[], Any]) -> None:
+    def __init__(self, call: Callable[[], Any], limits: tuple[tuple[str, int], ...] = ()) -> None:
         self.call = call
+        self.limits = limits
 
-    def __getstate__(self) -> Callable[[], Any]:
-        return self.call
+    def __getstate__(self) -> tuple[Callable[[], Any], tuple[tuple[str, int], ...]]:
+        return self.call, self.limits
 
-    def __setstate__(self, call: Callable[[], Any]) -> None:
-        self.call = call
+    def __setstate__(self, state: tuple[Callable[[], Any], tuple[tuple[str, int], ...]]) -> None:
+        self.call, self.limits = state
 
     def __call__(self) -> Any:
+        if self.limits:
+            apply_thread_limits(self.limits)
         return self.call()
 
     def __repr__(self) -> str:
@@ -361,14 +450,6 @@ def _check_initializer(initializer: Any, initargs: Any) -> None:
         raise TypeError(f"initializer must be a callable, got {type(initializer).__name__}")
     if not isinstance(initargs, tuple):
         raise TypeError(f"initargs must be a tuple, got {type(initargs).__name__}")
-
-
-def _same(old: tuple[Any, ...] | None, new: tuple[Any, ...] | None) -> bool:
-    """Whether the open queue's initializer is ``new``'s: the
-    same objects (never compared by value: arguments may be arrays)."""
-    if old is None or new is None:
-        return old is new
-    return old[0] is new[0] and old[1] is new[1]
 
 
 def _cannot_start() -> str | None:
@@ -396,10 +477,11 @@ def _cannot_start() -> str | None:
 def register() -> None:
     """Register ``ProcqBackend`` with joblib as ``"procq"`` (done on import),
     and have procq's forkserver import this module (and so joblib) before it
-    forks workers, if it has not started yet: each ``Parallel`` call starts
-    fresh workers, which then need not import joblib to read their first batch."""
+    forks workers, if it has not started yet: new workers then need not
+    import joblib to read their first batch."""
     joblib.register_parallel_backend(NAME, ProcqBackend)
     preload_also(__name__)
 
 
 register()
+threading._register_atexit(shutdown)  # type: ignore[attr-defined]  # (as concurrent.futures.process: before threads are joined)

@@ -51,6 +51,9 @@ def no_leaked_processes() -> Iterator[None]:
     """Fail any test that leaves a child process (alive or zombie) behind it."""
     before = set(_descendants())
     yield
+    backend = sys.modules.get("procq.joblib")
+    if backend is not None:  # the joblib backend keeps its workers for the next call, as loky does
+        backend.shutdown()
     helpers = _helper_pids()
     leaked = [p for pid, p in _descendants().items() if pid not in before and pid not in helpers]
     if not leaked:

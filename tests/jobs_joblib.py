@@ -119,3 +119,21 @@ def open_a_queue_here() -> str:
             return "opened"
     except RuntimeError as exc:
         return str(exc)
+
+
+class HoldsALock(Exception):
+    """An exception that cannot be pickled to come back from its worker."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.lock = threading.Lock()
+
+
+def raise_unpicklable_at(i: int, at: int) -> int:
+    if i == at:
+        raise HoldsALock(f"item {i} holds a lock")
+    return i
+
+
+def pid(_: int) -> int:
+    return os.getpid()

@@ -108,3 +108,15 @@ def test_the_crash_main_script_is_a_realistic_main_script() -> None:
         lines = f.read().splitlines()
     assert len(lines) >= 1000
     assert sum(line.startswith("import ") for line in lines) >= 5
+
+
+def test_the_heavy_module_crash_batches_run() -> None:
+    """The crash batch whose job module imports numpy and scipy, imported
+    lazily and at the script's top, each a program of its own."""
+    out = _python_m("bench", "--quick", "--only", "crash_heavy", "crash_heavy_top", "--engines", "bare pipe")
+    for name in ("crash_heavy", "crash_heavy_top"):
+        assert re.search(rf"^\| {name} \| good jobs correct \(of 36\) \| higher \| 36 \|  \|$", out, re.MULTILINE), out
+        assert re.search(
+            rf"^\| {name} \| crashed jobs never resolved \(of 4\) \| lower \| 0 \|  \|$", out, re.MULTILINE
+        )
+    assert "crash batch, heavy job module imported under the main guard: < 150 ms" in out, out

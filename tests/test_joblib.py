@@ -2,18 +2,28 @@
 the sequential backend's, a crashing batch failing the call with the signal
 named while the next call works, ``n_jobs`` as a bound on concurrency, nested
 calls, the options, and a scikit-learn workload when scikit-learn is installed.
-The autouse leak check (conftest) holds every test to leaving no worker behind.
+The autouse leak check (conftest) holds every test to leaving no worker
+behind once the backend's shared queue is shut down.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
+import pickle
 import re
 import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
+import psutil
 import pytest
 
 try:
@@ -30,6 +40,14 @@ from joblib import Parallel, delayed
 import procq.joblib
 from procq import JobFailed, Retry
 from procq.joblib import ProcqBackend
+
+
+@pytest.fixture(autouse=True)
+def _shared_queue_closed() -> Iterator[None]:
+    """The backend keeps its workers for the next call, as loky does: close
+    them after each test, before the leak check."""
+    yield
+    procq.joblib.shutdown()
 
 
 def test_results_equal_the_sequential_backends() -> None:
@@ -209,3 +227,96 @@ def test_a_memmap_written_in_workers_by_filename(tmp_path: Path) -> None:
     Parallel(n_jobs=2, backend="procq")(delayed(jobs_joblib.write_into_memmap)(path, i) for i in range(4))
     assert list(np.memmap(path, dtype="float64", mode="r", shape=(4,))) == [0.0, 10.0, 20.0, 30.0]
     del array
+
+
+def _pids_of_calls(n_jobs: int, calls: int) -> list[set[int]]:
+    return [
+        set(Parallel(n_jobs=n_jobs, backend="procq", batch_size=1)(delayed(jobs_joblib.pid)(i) for i in range(20)))
+        for _ in range(calls)
+    ]
+
+
+def test_parallel_calls_with_the_same_settings_reuse_the_workers() -> None:
+    """As loky's reusable executor: the workers outlive a call, and the next
+    call with the same settings runs on them; other settings replace them."""
+    first, second, third = _pids_of_calls(2, 3)
+    assert len(first | second | third) <= 2  # fresh workers per call would make up to 6
+    (other,) = _pids_of_calls(3, 1)
+    assert not other & first  # another worker count: new workers
+    assert len(other) <= 3
+
+
+def test_a_call_that_sends_no_batch_starts_no_worker() -> None:
+    procq.joblib.shutdown()
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    assert Parallel(n_jobs=2, backend="procq")(delayed(jobs_joblib.pid)(i) for i in []) == []
+    assert procq.joblib._SHARED._queue is None
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
+
+
+def test_the_shared_workers_stop_at_shutdown_and_the_next_call_starts_others() -> None:
+    (first,) = _pids_of_calls(2, 1)
+    procq.joblib.shutdown()
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in first)
+    (after,) = _pids_of_calls(2, 1)
+    assert not after & first
+
+
+def test_a_task_that_cannot_be_pickled_after_the_first_batches_fails_the_call_at_once() -> None:
+    """The first batches are dispatched from the caller's thread, the later
+    ones from the backend's callback thread: a pickling error there fails the
+    call as it does here (it hung, once)."""
+    assert Parallel(n_jobs=2, backend="procq", batch_size=1)(delayed(abs)(i) for i in range(4)) == list(range(4))
+    started = time.monotonic()
+    with pytest.raises(pickle.PicklingError, match=r"cannot pickle '_thread\.lock' object"):
+        Parallel(n_jobs=2, backend="procq", batch_size=1)(delayed(abs)(a) for a in [*range(10), threading.Lock()])
+    assert time.monotonic() - started < 1.0
+    # The first batch alone: raised in the caller's thread, the same type.
+    with pytest.raises(pickle.PicklingError):
+        Parallel(n_jobs=2, backend="procq", batch_size=1)(delayed(abs)(a) for a in [threading.Lock()])
+    assert Parallel(n_jobs=2, backend="procq")(delayed(abs)(i) for i in range(4)) == list(range(4))
+
+
+def test_an_exception_that_cannot_come_back_is_a_broken_process_pool_with_its_text() -> None:
+    with pytest.raises(BrokenProcessPool, match="item 3 holds a lock") as caught:
+        Parallel(n_jobs=2, backend="procq", batch_size=1)(
+            delayed(jobs_joblib.raise_unpicklable_at)(i, 3) for i in range(6)
+        )
+    assert isinstance(caught.value, procq.joblib.UnpicklableTaskError)
+    assert isinstance(caught.value, JobFailed) and caught.value.failure.exc_type == "HoldsALock"
+    assert Parallel(n_jobs=2, backend="procq")(delayed(abs)(i) for i in range(4)) == list(range(4))
+
+
+NUMPY_FIRST = """
+import json
+import numpy  # at the top: the forkserver imports it with this script, before any worker
+import threadpoolctl
+from joblib import Parallel, delayed
+import procq.joblib
+
+
+def blas_threads(_):
+    numpy.dot(numpy.ones((100, 100)), numpy.ones((100, 100)))
+    return [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"]
+
+
+if __name__ == "__main__":
+    here = [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"]
+    there = Parallel(n_jobs=2, backend="procq", batch_size=1)(delayed(blas_threads)(i) for i in range(6))
+    print(json.dumps({"here": here, "there": there}))
+"""
+
+
+def test_thread_limits_bind_in_workers_that_started_with_numpy_loaded(tmp_path: Path) -> None:
+    """numpy imported at the script's top is loaded in the forkserver, its
+    BLAS pool sized there; each worker's pool is still set to the limit
+    (``cpu_count() // n_jobs``), as threadpoolctl reports in the worker."""
+    script = tmp_path / "numpy_first.py"
+    script.write_text(NUMPY_FIRST)
+    env = {k: v for k, v in os.environ.items() if not k.endswith(("_NUM_THREADS", "_MAXIMUM_THREADS"))}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    expected = max((os.cpu_count() or 1) // 2, 1)
+    assert seen["here"] and all(n >= expected for n in seen["here"])
+    assert all(threads and set(threads) == {expected} for threads in seen["there"]), seen

@@ -61,9 +61,10 @@ EXCLUDED = {
 
 @pytest.fixture(autouse=True)
 def _joblib_pools_stopped() -> Iterator[None]:
-    """Stop what joblib's tests leave running for the next (loky's reusable
-    executor, a Manager they drop), before the suite's leak check."""
+    """Stop what joblib's tests leave running for the next (procq's and loky's
+    reusable workers, a Manager they drop), before the suite's leak check."""
     yield
+    procq.joblib.shutdown()
     from joblib.externals.loky import reusable_executor
 
     executor = reusable_executor._executor
@@ -78,8 +79,8 @@ def _joblib_pools_stopped() -> Iterator[None]:
 #: nor a loky worker, so a nested multiprocessing or procq pool runs there
 #: without a warning; procq falls back to one job (warning) inside a daemonic
 #: multiprocessing worker and inside a loky worker, and works below threads;
-#: each Parallel call has a queue of its own, where loky shares one executor
-#: that the garbage collection of an earlier generator shuts down.
+#: an earlier generator's garbage collection stops nothing another call
+#: uses (loky's shuts down the executor it shares).
 PROCQ_ROWS: dict[str, list[tuple[Any, ...]]] = {
     "test_nested_parallel_warnings": [
         (PROCQ, "multiprocessing", False),
@@ -160,3 +161,42 @@ pytestmark = pytest.mark.filterwarnings("default")
 def runs_procq(params: dict[str, Any]) -> bool:
     """Whether a case of this module runs procq (for ``conftest.py``'s selection)."""
     return any(v == PROCQ or isinstance(v, ProcqBackend) for v in params.values() if isinstance(v, (str, ProcqBackend)))
+
+
+# joblib's tests of thread limits in workers name loky in their bodies (and
+# one reads the default backend, loky): run here with procq registered under
+# that name, so that their assertions, unchanged, hold procq's workers.
+
+
+@pytest.fixture
+def _loky_is_procq(monkeypatch: pytest.MonkeyPatch) -> None:
+    from joblib import parallel
+
+    monkeypatch.setitem(parallel.BACKENDS, "loky", ProcqBackend)
+
+
+@pytest.mark.parametrize("backend", [PROCQ])
+@pytest.mark.parametrize("n_jobs", [2, 4, -2, -1])
+@pytest.mark.usefixtures("_loky_is_procq")
+def test_threadpool_limitation_in_child_procq(backend: str, n_jobs: int) -> None:
+    joblib_tests.test_threadpool_limitation_in_child_loky(n_jobs)
+
+
+@pytest.mark.parametrize("backend", [PROCQ])
+@pytest.mark.parametrize("inner_max_num_threads", [1, 2, 4, None])
+@pytest.mark.parametrize("n_jobs", [2, -1])
+@pytest.mark.parametrize("context", [joblib_tests.parallel_config, joblib_tests.parallel_backend])
+@pytest.mark.usefixtures("_loky_is_procq")
+def test_threadpool_limitation_in_child_context_procq(
+    backend: str, context: Any, n_jobs: int, inner_max_num_threads: int | None
+) -> None:
+    joblib_tests.test_threadpool_limitation_in_child_context(context, n_jobs, inner_max_num_threads)
+
+
+@pytest.mark.parametrize("backend", [PROCQ])
+@pytest.mark.parametrize("n_jobs", [2, -1])
+@pytest.mark.parametrize("var_name", ["OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS"])
+@pytest.mark.parametrize("context", [joblib_tests.parallel_config, joblib_tests.parallel_backend])
+@pytest.mark.usefixtures("_loky_is_procq")
+def test_threadpool_limitation_in_child_override_procq(backend: str, context: Any, n_jobs: int, var_name: str) -> None:
+    joblib_tests.test_threadpool_limitation_in_child_override(context, n_jobs, var_name)

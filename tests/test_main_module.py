@@ -314,7 +314,10 @@ def test_a_forkserver_started_before_the_first_queue_is_used_as_it_is(tmp_path: 
     assert "procq.worker DEBUG the forkserver does not import the main module: the forkserver was started" in (
         proc.stderr
     )
-    assert _imports(tmp_path).count("__mp_main__") == 2  # the program's child, and procq's worker
+    # The program's child and procq's worker; and the lane's template, if it
+    # started before the queue closed: that server lacks cloudpickle, which the
+    # worker imported for the job, so the lane learned it (``_worker.warm``).
+    assert _imports(tmp_path).count("__mp_main__") in (2, 3)
 
 
 # A script whose top level waits for a thread that imports a module: the

@@ -58,10 +58,11 @@ def test_executor_map() -> None:
 
 @pytest.mark.skipif(joblib is None, reason="joblib is not installed (pip install 'procq[joblib]')")
 def test_the_joblib_backend() -> None:
-    import procq.joblib  # noqa: F401 (registers the backend)
+    import procq.joblib  # (registers the backend)
 
     arrays = _arrays(3)
     with joblib.parallel_backend("procq", n_jobs=2):
         out = joblib.Parallel()(joblib.delayed(jobs_arrays.how_it_came)(a) for a in arrays)
     assert out == [(a.sum(), True, True) for a in arrays]
+    procq.joblib.shutdown()  # its workers are kept for the next call, and the segments they reuse
     assert segments() == []

@@ -22,4 +22,6 @@ the package root, the command line and ``procq.joblib``.
 - ``monitor``: ``ProcQueue(monitor=True)``'s thread, serving read-only
   snapshots on a UNIX socket only the queue's user can open.
 - ``transaction``: ``q.transaction()`` on a store.
+- ``shared_queue``: one queue a process reuses across calls with the same
+  settings (the joblib backend's, as loky's reusable executor).
 """

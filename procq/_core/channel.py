@@ -26,6 +26,7 @@ chosen above it (``_supervisor.channels.channel_kind``).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -47,6 +48,9 @@ class Launch:
     # What a kind of channel keeps per lane for the queue's life (a Dask
     # lane's client), by lane name; see ``WorkerChannel.close_lane``.
     lanes: dict[str, Any] = field(default_factory=dict)
+    # Asks the starter thread to run ``WorkerChannel.warm`` for a lane (any
+    # thread; never waits): the queue's starter puts its ``warm`` here.
+    warmers: list[Callable[[LaneState], None]] = field(default_factory=list)
 
 
 class WorkerChannel(ABC):
@@ -74,6 +78,13 @@ class WorkerChannel(ABC):
         """Start a worker for ``lane``; raises if it cannot be started. On
         the starter thread if ``starts_off_thread`` (then it touches nothing
         of the I/O thread's), else on the I/O thread."""
+
+    @classmethod
+    def warm(cls, lane: LaneState, launch: Launch) -> None:
+        """Ready what later starts of ``lane`` fork from (a trusted lane's
+        template importing what its jobs needed: ``_worker.warm``). On the
+        starter thread, asked through ``Launch.warmers``. Nothing, by default."""
+        return None
 
     @classmethod
     def close_lane(cls, lane: LaneState, launch: Launch) -> None:

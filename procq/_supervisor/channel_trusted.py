@@ -50,6 +50,7 @@ from procq._system.processes import pidfd, worker_config
 from procq._wire.plain import BuiltinExceptions, NeedsCode, load_data
 from procq._wire.protocol import (
     ERROR,
+    IMPORTED,
     OK,
     OK_MAPPED,
     OK_OBJECTS,
@@ -65,8 +66,9 @@ from procq._wire.protocol import (
 )
 from procq._wire.shm import map_segment, segment_prefix, sweep
 from procq._wire.startmark import StartMark
-from procq._worker.template import template_for
+from procq._worker.template import Template, lane_templates, template_for
 from procq._worker.trusted import worker_main
+from procq._worker.warm import LEARN, Learned
 
 if TYPE_CHECKING:
     from procq._core.entries import LaneState, WorkerSlot
@@ -197,6 +199,10 @@ class PickledError(Undecoded):
 
 
 class TrustedChannel(ProcessChannel):
+    #: Where the modules its jobs needed are learned (``_worker.warm``): its
+    #: lane's, where templates fork; None where they do not.
+    learned: Learned | None = None
+
     @classmethod
     def start(cls, lane: LaneState, launch: Launch) -> TrustedChannel:
         """One of the queue's first workers: a ``multiprocessing`` child,
@@ -217,10 +223,11 @@ class TrustedChannel(ProcessChannel):
         parent_conn, child_conn = launch.context.Pipe(duplex=True)
         init = _initializer(lane)
         mark = StartMark.create()
+        learned = _learned(lane, launch) if _templates_work(launch) else None
         try:
             process = launch.context.Process(
                 target=worker_main,
-                args=(child_conn, lane.name, _config(lane), init, mark and mark.for_child()),
+                args=(child_conn, lane.name, _config(lane, learned), init, mark and mark.for_child()),
                 name=f"procq-worker-{launch.name}-{lane.name}",
                 daemon=False,
             )
@@ -245,21 +252,22 @@ class TrustedChannel(ProcessChannel):
         if sentinel is None:  # pragma: no cover - no pidfds: multiprocessing's own sentinel
             sentinel = process.sentinel
         reader = FrameReader(parent_conn.fileno(), TRUSTED_LIMIT, wait_whole=True)
-        return cls(process, parent_conn, sentinel, reader, mark)
+        channel = cls(process, parent_conn, sentinel, reader, mark)
+        channel.learned = learned
+        return channel
 
     @classmethod
     def _fork(cls, lane: LaneState, launch: Launch) -> TrustedChannel:
         """A replacement or a spare (a start on the starter thread), forked by
         the lane's template (``_worker.template``)."""
-        config = _config(lane)
-        name = f"procq-template-{launch.name}-{lane.name}"
-        with _initializer_pickled(lane):
-            template = template_for(launch.lanes, lane.name, launch.context, name, config, _initializer(lane))
+        learned = _learned(lane, launch)
+        config = _config(lane, learned)
+        template = _template(lane, launch, config)
         parent_conn, child_conn = launch.context.Pipe(duplex=True)
         mark = StartMark.create()
         assert mark is not None  # (templates are made only on Linux)
         try:
-            process = template.fork(child_conn, config, mark.fileno())
+            process = template.fork(child_conn, config, mark.fileno(), learned)
         except BaseException:
             parent_conn.close()
             mark.close()
@@ -270,7 +278,20 @@ class TrustedChannel(ProcessChannel):
         if process.sentinel is None:  # pragma: no cover - gone before its pidfd was opened
             process.sentinel = _dead_sentinel()
         reader = FrameReader(parent_conn.fileno(), TRUSTED_LIMIT, wait_whole=True)
-        return cls(process, parent_conn, process.sentinel, reader, mark)
+        channel = cls(process, parent_conn, process.sentinel, reader, mark)
+        channel.learned = learned
+        return channel
+
+    @classmethod
+    def warm(cls, lane: LaneState, launch: Launch) -> None:
+        """Have the lane's template (made now if need be) import the modules
+        its jobs needed (``_worker.warm``), before the next start asks for one."""
+        if not _templates_work(launch) or lane.boot_failures:
+            return
+        learned = _learned(lane, launch)
+        template = _template(lane, launch, _config(lane, learned))
+        with contextlib.suppress(OSError, EOFError):  # (a module it dropped is logged; the next start makes another)
+            template.warm(learned)
 
     @classmethod
     def close_lane(cls, lane: LaneState, launch: Launch) -> None:
@@ -313,6 +334,9 @@ class TrustedChannel(ProcessChannel):
                 events.append(_READY)
             elif tag == ERROR:
                 events.append(error_report(job_id, frame, end, self.pid))
+            elif tag == IMPORTED:
+                if self.learned is not None:
+                    self.learned.learn(frame[:end])
             elif tag == SKIPPED:
                 # q.cancel() gave the job its failure already (Core.jobs_done uses it);
                 # this one only stands in should that ever not be so.
@@ -324,9 +348,28 @@ class TrustedChannel(ProcessChannel):
         return events
 
 
-def _config(lane: LaneState) -> dict[str, Any]:
-    """What a worker of ``lane`` is told of it, and how to name its results' segments."""
-    return {**worker_config(lane.spec), "shm_prefix": segment_prefix()}
+def _learned(lane: LaneState, launch: Launch) -> Learned:
+    """The lane's learned modules; a new name in them asks the starter to warm its template."""
+    learned = lane_templates(launch.lanes, lane.name).learned
+    if learned.on_new is None:
+        learned.on_new = lambda: [ask(lane) for ask in launch.warmers]
+    return learned
+
+
+def _template(lane: LaneState, launch: Launch, config: dict[str, Any]) -> Template:
+    """The lane's live template (starter thread), made if need be."""
+    name = f"procq-template-{launch.name}-{lane.name}"
+    with _initializer_pickled(lane):
+        return template_for(launch.lanes, lane.name, launch.context, name, config, _initializer(lane))
+
+
+def _config(lane: LaneState, learned: Learned | None) -> dict[str, Any]:
+    """A worker's config, with how to name its results' segments; one whose
+    lane learns its jobs' modules says so."""
+    config = {**worker_config(lane.spec), "shm_prefix": segment_prefix()}
+    if learned is not None:
+        config[LEARN] = True
+    return config
 
 
 def _initializer(lane: LaneState) -> Any:

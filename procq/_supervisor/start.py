@@ -27,6 +27,11 @@ Only the kinds of worker that are local processes start here
 thread, which owns the lane's client. What starts here is never one of the
 queue's first workers (``mark_starter_thread``): a trusted lane's are forked
 by the lane's template (``_worker.template``), which the first start here makes.
+
+The starter thread also runs warm-ups (``Starter.warm``, asked from any
+thread through ``Launch.warmers``): a trusted lane's template importing the
+modules its jobs needed (``_worker.warm``), made for that if the lane has
+none. A start asked for goes first; a warm-up only speeds later ones.
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ class Starter:
         self._wake = wake
         self._cond = threading.Condition()
         self._requests: deque[LaneState] = deque()  # under _cond
+        self._warms: deque[LaneState] = deque()  # lanes to warm (WorkerChannel.warm), under _cond
         self._stopping = False  # under _cond
         # Filled by the starter thread, emptied by the I/O thread (a deque's
         # append and popleft are atomic).
@@ -81,9 +87,22 @@ class Starter:
         with self._cond:
             self._requests.extend([lane] * n)
             self._cond.notify()
+            self._started()
+
+    def warm(self, lane: LaneState) -> None:
+        """Run ``WorkerChannel.warm`` for ``lane`` after the starts asked for
+        (any thread; never waits). Nothing once the starter is stopped."""
+        with self._cond:
+            if self._stopping or any(waiting is lane for waiting in self._warms):
+                return
+            self._warms.append(lane)
+            self._cond.notify()
+            self._started()
+
+    def _started(self) -> None:
+        """Start the thread on the first request (under ``_cond``). It blocks
+        SIGINT itself, as the processes it starts must."""
         if self._thread is None:
-            # Made by the I/O thread, it inherits that thread's signal mask
-            # (SIGINT blocked), as the processes it starts must.
             self._thread = threading.Thread(target=self._run, name=f"procq-starter-{self._name}", daemon=True)
             self._thread.start()
 
@@ -105,6 +124,7 @@ class Starter:
             for lane in self._requests:
                 self.in_flight[lane.name] -= 1
             self._requests.clear()
+            self._warms.clear()
             self._cond.notify()
         if self._thread is not None:
             self._thread.join()
@@ -117,11 +137,18 @@ class Starter:
         cond, requests = self._cond, self._requests
         while True:
             with cond:
-                while not requests and not self._stopping:
+                while not requests and not self._warms and not self._stopping:
                     cond.wait()
                 if self._stopping:
                     return
-                lane = requests.popleft()
+                warming = not requests  # starts first: a warm-up only speeds later ones
+                lane = self._warms.popleft() if warming else requests.popleft()
+            if warming:
+                try:
+                    channel_kind(lane).warm(lane, self._launch)
+                except Exception:  # it only speeds later starts, which go on without it
+                    traceback.print_exc()
+                continue
             result: WorkerChannel | BaseException
             try:
                 result = channel_kind(lane).start(lane, self._launch)
@@ -150,6 +177,7 @@ class Starts:
         self._timers = timers
         self._halted = halted
         self._starter = Starter(launch, name, watcher.wake)
+        launch.warmers.append(self._starter.warm)
         # Lanes whose spare failed to start: none is started again until a
         # process of the lane boots (``ready``), so a lane out of processes
         # does not spin asking for spares.

@@ -40,6 +40,9 @@ Worker -> supervisor, trusted lanes: a payload, then a fixed 9-byte trailer
     pickle((exc_bytes | None, exc_type, message, traceback_text, kind))
                                        + (job_id, ERROR)  exc_bytes: the exception, pickled apart
     b""                                + (job_id, SKIPPED) a CANCEL came before the job started
+    names, UTF-8, one a line           + (job_id, IMPORTED) modules unpickling the job imported,
+                                                          sent before its report, only by a worker
+                                                          of a lane that learns them (``_worker.warm``)
 
 The trailer is read without unpickling anything, so the supervisor always
 knows which job a report is for, and a payload that fails to unpickle fails
@@ -126,6 +129,7 @@ __all__ = [
     "FN_CACHE_SIZE",
     "FROM_JOB",
     "FROM_WORKER",
+    "IMPORTED",
     "OK",
     "OK_MAPPED",
     "OK_OBJECTS",
@@ -165,6 +169,7 @@ RUN_MANY = 5
 CANCEL = 6
 SKIPPED = 7
 OK_MAPPED = 8  # an OK whose result's large buffers are in a shared-memory segment (``_wire.shm``)
+IMPORTED = 9  # modules a job's unpickling imported (a lane that learns them: ``_worker.warm``)
 
 #: The last byte of an untrusted worker's frame: who wrote the rest of it.
 FROM_WORKER = b"w"

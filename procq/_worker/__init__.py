@@ -18,4 +18,8 @@ as it can.
   ``InitializerFailed``; loaded in a worker only when its lane has one.
 - ``template``: a trusted lane's template, the booted process its
   replacements and spares fork from, which reaps them and reports their exits.
+- ``warm``: learned warm starts: the modules a lane's jobs needed, reported
+  by its workers and imported by its template.
+- ``thread_limits``: native libraries' thread pools limited with
+  ``threadpoolctl`` (the joblib backend's ``inner_max_num_threads``).
 """

@@ -11,13 +11,17 @@ imported, and it waits, single-threaded, for the next start.
 The template (``template_main``) is itself a child of the forkserver,
 started on the queue's starter thread at the lane's first start off the I/O
 thread (a replacement or a spare; the queue's first workers start through
-the forkserver, so ``ProcQueue()`` never waits for it). It leads its own
+the forkserver, so ``ProcQueue()`` never waits for it), or as the lane first
+learns a module its jobs needed (``_worker.warm``). It leads its own
 session, and waits on three things at once (one ``poll``, no thread: a
 thread would be copied into every fork):
 
-- its request pipe: each request is the lane's settings as they are now
-  and the new worker's end of its pipe (``SCM_RIGHTS``); it forks and
-  answers the child's pid. EOF: the queue is closing, it exits;
+- its request pipe: each request is the lane's settings as they are now,
+  the modules the lane's jobs needed (``_worker.warm``: it imports those it
+  has not tried first) and the new worker's end of its pipe (``SCM_RIGHTS``;
+  none for a request that only imports); it forks and answers the child's
+  pid, with the modules it imported and those it dropped. EOF: the queue is
+  closing, it exits;
 - the supervisor's sentinel (``multiprocessing``'s parent sentinel: EOF
   when the supervisor's process dies): it exits;
 - SIGCHLD (a wake-up pipe): it reaps each dead worker and writes its pid and
@@ -52,11 +56,12 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 from procq._system.processes import pidfd
+from procq._worker.warm import WARM_TIMEOUT, Learned, import_learned
 
 if TYPE_CHECKING:
     from procq._worker.initializer import WorkerInit
 
-__all__ = ["Template", "TemplateChild", "template_main"]
+__all__ = ["LaneTemplates", "Template", "TemplateChild", "template_main"]
 
 #: What the exit pipe carries per worker: its pid and its exit code (negative: the signal).
 _EXIT = struct.Struct("=qq")
@@ -96,28 +101,67 @@ class Template:
         self._pidfd = pidfd(process.pid)
         self._reported: dict[int, int] = {}  # exit codes read ahead of their reap (I/O thread)
         self._ended = False  # its exit pipe reached EOF (I/O thread)
+        # Learned modules it has imported or dropped, and whether it forks no
+        # more (a module started a thread in it): starter thread only.
+        self._tried: set[str] = set()
+        self.retired = False
 
     def alive(self) -> bool:
         if self._pidfd is None:  # pragma: no cover - templates are only made where pidfds are
             return False
-        return not select.select([self._pidfd], [], [], 0)[0]
+        return not self.retired and not select.select([self._pidfd], [], [], 0)[0]
 
-    def fork(self, conn: Connection, config: dict[str, Any], mark: int) -> TemplateChild:
+    def fork(
+        self, conn: Connection, config: dict[str, Any], mark: int, learned: Learned | None = None
+    ) -> TemplateChild:
         """Have the template fork a worker on ``conn`` (the worker's end, which
         the caller closes after), that says which job it starts in the page
-        ``mark`` (``_wire.startmark``); raises ``OSError`` or ``EOFError`` if
-        the template is gone."""
-        self.requests.send(config)
-        reduction.send_handle(self.requests, conn.fileno(), self.pid)
-        reduction.send_handle(self.requests, mark, self.pid)
-        if not self.requests.poll(FORK_TIMEOUT):
-            # Stopped, or stuck: it must not hold the starter thread (nor the
-            # queue's close, which waits for that thread). The next start makes another.
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, signal.SIGKILL)
-            raise OSError(f"the lane's template (process {self.pid}) did not fork within {FORK_TIMEOUT:g} s")
-        pid = self.requests.recv()
+        ``mark`` (``_wire.startmark``), after it imports the modules
+        ``learned`` holds (``_worker.warm``); raises ``OSError`` or
+        ``EOFError`` if the template is gone or forks no more."""
+        pid = self._ask(conn, config, learned, mark)
+        assert pid is not None
         return TemplateChild(self, pid)
+
+    def warm(self, learned: Learned) -> None:
+        """Have the template import what ``learned`` holds and it has not
+        tried, forking nothing; raises as ``fork`` does."""
+        if any(name not in self._tried for name in learned.names()):
+            self._ask(None, {}, learned)
+
+    def _ask(
+        self, conn: Connection | None, config: dict[str, Any], learned: Learned | None, mark: int = -1
+    ) -> int | None:
+        """One request: the modules to import first, then a fork on ``conn``
+        (None: no fork) with its start mark. Returns the forked pid."""
+        names = () if learned is None else learned.names()
+        new = [name for name in names if name not in self._tried]
+        timeout = FORK_TIMEOUT + (2 * WARM_TIMEOUT if new else 0.0)
+        try:
+            self.requests.send({**config, "warm": names, "fork": conn is not None} if new or conn is None else config)
+            if conn is not None:
+                reduction.send_handle(self.requests, conn.fileno(), self.pid)
+                reduction.send_handle(self.requests, mark, self.pid)
+            if not self.requests.poll(timeout):
+                # Stopped, or stuck: it must not hold the starter thread (nor the
+                # queue's close, which waits for that thread). The next start makes another.
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGKILL)
+                raise OSError(f"the lane's template (process {self.pid}) did not fork within {timeout:g} s")
+            pid, done, dropped = self.requests.recv()
+        except (OSError, EOFError):
+            if new and learned is not None:  # one of them killed it, or hung
+                why = "the template died or hung while it imported the modules new to it"
+                learned.drop((name, why) for name in new)
+            raise
+        self._tried.update(done)
+        self._tried.update(name for name, _ in dropped)
+        if learned is not None and dropped:
+            learned.drop(dropped)
+        if pid is None:
+            self.retired = True
+            raise OSError(f"the lane's template (process {self.pid}) has a thread now: it forks no more")
+        return pid or None
 
     def exit_code(self, pid: int, timeout: float) -> int | None:
         """The exit code the template reported for its child ``pid`` (None:
@@ -177,13 +221,28 @@ class TemplateChild:
         pass
 
 
+class LaneTemplates(list[Template]):
+    """A lane's templates, the live one last, and the modules its jobs
+    needed (``learned``: see ``_worker.warm``)."""
+
+    def __init__(self, lane: str) -> None:
+        super().__init__()
+        self.learned = Learned(lane)
+
+
+def lane_templates(templates: dict[str, Any], lane: str) -> LaneTemplates:
+    """What a queue keeps for a trusted lane's templates (made on first use; any thread)."""
+    kept: LaneTemplates = templates.setdefault(lane, LaneTemplates(lane))
+    return kept
+
+
 def template_for(
     templates: dict[str, Any], lane: str, context: Any, name: str, config: dict[str, Any], init: WorkerInit | None
 ) -> Template:
     """The lane's live template (starter thread): made on first use, and made
-    again when the last one died. A dead one is kept in the list until the
+    again when the last one died or retired. A dead one is kept in the list until the
     queue stops: the I/O thread may still read the exit codes it reported."""
-    kept: list[Template] = templates.setdefault(lane, [])
+    kept = lane_templates(templates, lane)
     if kept and kept[-1].alive():
         return kept[-1]
     template = Template(context, name, config, init)
@@ -227,6 +286,8 @@ def template_main(
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    tried: set[str] = set()  # learned modules imported or dropped here
+    threaded = False  # a module started a thread here: fork no more
     poller = select.poll()
     for fd in (requests.fileno(), sentinel, wake_r):
         poller.register(fd, select.POLLIN)
@@ -242,17 +303,28 @@ def template_main(
             elif fd == requests.fileno():
                 try:
                     worker_config = requests.recv()
-                    conn_fd = reduction.recv_handle(requests)
-                    mark_fd = reduction.recv_handle(requests)
+                    forks = worker_config.pop("fork", True)
+                    conn_fd = reduction.recv_handle(requests) if forks else -1
+                    mark_fd = reduction.recv_handle(requests) if forks else -1
                 except (EOFError, OSError):
                     os._exit(0)  # the queue is closing
+                done: list[str] = []
+                dropped: list[tuple[str, str]] = []
+                if not threaded:
+                    done, dropped, threaded = import_learned(worker_config.pop("warm", ()), tried)
+                if threaded or conn_fd < 0:  # (see _worker.warm: a process with threads must not fork)
+                    if conn_fd >= 0:
+                        os.close(conn_fd)
+                        os.close(mark_fd)
+                    requests.send((None if threaded else 0, done, dropped))
+                    continue
                 me = os.getpid()
                 pid = os.fork()
                 if pid == 0:
                     _child(conn_fd, mark_fd, worker_config, sentinel, me, (requests, exits), (wake_r, wake_w), init)
                 os.close(conn_fd)
                 os.close(mark_fd)
-                requests.send(pid)
+                requests.send((pid, done, dropped))
 
 
 def _reap(exits: Connection) -> None:

@@ -37,6 +37,7 @@ from procq._wire.shm import MappedFrame
 from procq._wire.startmark import WorkerMark, open_mark
 from procq._worker.limits import Limits
 from procq._worker.parent import die_with_parent, parent_process
+from procq._worker.warm import LEARN, about_to_import, imported_since
 
 if TYPE_CHECKING:
     from procq._worker.initializer import WorkerInit
@@ -366,6 +367,7 @@ class _Runner:
         self.fns = FnMirror()
         self.limits = Limits((config.get("rlimits") or {}).get("cpu"))
         self.max_result: int | None = config.get("max_result_bytes")
+        self.learn = bool(config.get(LEARN))  # tell the supervisor what unpickling a job imported
         self.codec = codec
         self.send = send
 
@@ -378,6 +380,7 @@ class _Runner:
         self, job_id: int, fn_id: bytes, fn_bytes: bytes | None, args_bytes: bytes, memory_limit: int | None
     ) -> None:
         codec, send, fns, loads = self.codec, self.send, self.fns, pickle.loads
+        count = len(sys.modules)
         try:
             if fn_bytes is None:
                 fn = fns.get(fn_id)
@@ -386,6 +389,8 @@ class _Runner:
                     fn = _load_fn(fn.data)
                     fns.touch(fn_id, fn)
             else:
+                if self.learn:
+                    about_to_import(fn_bytes, send)
                 fn = _load_fn(fn_bytes)
                 fns.touch(fn_id, fn)
             if isinstance(fn, _Unloadable):
@@ -395,6 +400,8 @@ class _Runner:
             note = "(the job's function or arguments could not be unpickled in the worker)"
             send(codec.error(job_id, "error", exc, note))
             return
+        if len(sys.modules) != count and self.learn:
+            imported_since(count, send)
         if self.init is not None:
             failed = self.init.check()
             if failed is not None:
