@@ -111,3 +111,9 @@ def ones_with_no_room(n: int) -> Any:
 
 def room() -> None:
     procq._wire.shm.SHM_DIR = "/dev/shm"
+
+
+def argument_segments(array: Any, prefix: str) -> int:
+    """How many argument segments of the supervisor whose names start with
+    ``prefix`` exist as this job runs (its own included)."""
+    return sum(name.startswith(prefix + "a") for name in os.listdir("/dev/shm"))

@@ -4,6 +4,7 @@ worker its arrays as views of shared memory."""
 
 from __future__ import annotations
 
+import itertools
 import os
 
 import jobs_arrays
@@ -14,6 +15,7 @@ from test_shared_memory import BIG, segments
 
 from procq import Executor
 from procq._wire.fingerprint import content_key
+from procq._wire.shm import segment_prefix
 
 try:
     import joblib
@@ -46,6 +48,23 @@ def test_the_default_key_of_an_array_follows_its_content_dtype_and_shape() -> No
     keys = {key, *(content_key(jobs_arrays.total, other) for other in others)}
     assert len(keys) == len(others) + 1
     assert content_key(jobs_arrays.total, a.tobytes()) == content_key(jobs_arrays.total, a.tobytes())
+
+
+def test_a_map_of_large_arrays_keeps_a_bounded_number_of_segments(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past its bytes in shared memory, a map keeps only two jobs per worker
+    out: the 40 arrays go through a few segments, written again and again,
+    not 40 (its window of items alone would let all 40 out)."""
+    import procq._api.map
+
+    monkeypatch.setattr(procq._api.map, "SHARED_AHEAD", 4 * BIG * 8)  # four arrays' worth
+    arrays = _arrays(40)
+    prefix = segment_prefix()
+    with open_queue(2) as q:
+        seen = list(q.map(jobs_arrays.argument_segments, arrays, itertools.repeat(prefix), timeout=WAIT))
+    assert len(seen) == 40
+    # At most five out (four's worth, and the one pushed as the bound was reached), and up to four kept idle.
+    assert max(seen) <= 9, seen
+    assert segments() == []
 
 
 def test_executor_map() -> None:

@@ -66,6 +66,12 @@ __all__ = ["map_jobs", "prepare"]
 
 #: At most this many of a map's items are out at once (and at least two jobs per worker).
 WINDOW = 256
+#: Past this many bytes of arguments in shared memory out at once, a map
+#: pushes no more than it needs to keep every worker busy (two jobs each):
+#: its segments are then given back and written again for later items, at
+#: memory speed, instead of hundreds of new ones, each page of which the
+#: kernel allocates and zeroes first.
+SHARED_AHEAD = 128 << 20
 #: A failed item is named by its index and its repr, cut to this many characters.
 ITEM_REPR = 80
 
@@ -134,7 +140,7 @@ def _total(iterables: tuple[Iterable[Any], ...]) -> int | None:
 class _Out:
     """One job of the map that is out: its push's outcome and what it covers."""
 
-    __slots__ = ("chunked", "count", "first", "items", "key", "ours", "outcome")
+    __slots__ = ("chunked", "count", "first", "items", "key", "ours", "outcome", "shared")
 
     def __init__(self, outcome: PushOutcome[Any], job: Job[Any], count: int, first: int, star: bool) -> None:
         self.outcome = outcome
@@ -146,6 +152,9 @@ class _Out:
         # is the tuple of its arguments: a lone one's job.args.)
         self.items: Sequence[Any] = job.args[1] if self.chunked else ((job.args,) if star else job.args)
         self.ours = isinstance(outcome, Queued)  # this map claimed the key
+        # The bytes of its arguments in shared memory (``_wire.shm``), while it is out.
+        segment = getattr(getattr(getattr(outcome, "handle", None), "_entry", None), "segment", None)
+        self.shared: int = 0 if segment is None else segment.size
 
     def failed(self, failed: JobFailed) -> JobFailed:
         """``failed``, saying which of the map's items the job ran."""
@@ -230,22 +239,23 @@ def prepare(
     # In items, not jobs: a map of big chunks keeps as few out as keeps every
     # worker busy (two each), a map of single items enough to feed them in bulk.
     window = max(2 * spec.workers, min(spec.capacity, WINDOW // chunksize))
+    least = min(window, 2 * spec.workers)
     star = len(iterables) > 1
     items = zip(*iterables, strict=False) if star else iter(iterables[0])
     report = None if progress is None else _Progress(progress, _total(iterables))
     jobs = _jobs(fn, items, key, lane, chunksize, star)
-    return _Run(q, window, return_failures, keep, star, deadline, timeout, report), jobs
+    return _Run(q, (least, window), return_failures, keep, star, deadline, timeout, report), jobs
 
 
 class _Run:
     """What one map's iteration works with: its queue and options."""
 
-    __slots__ = ("deadline", "keep", "progress", "q", "return_failures", "star", "timeout", "window")
+    __slots__ = ("deadline", "keep", "least", "progress", "q", "return_failures", "shared", "star", "timeout", "window")
 
     def __init__(
         self,
         q: ProcQueue,
-        window: int,
+        window: tuple[int, int],
         return_failures: bool,
         keep: bool,
         star: bool,
@@ -254,7 +264,9 @@ class _Run:
         progress: _Progress | None,
     ) -> None:
         self.q = q
-        self.window = window
+        # At most ``window`` jobs out; past ``SHARED_AHEAD`` bytes in shared memory, ``least``.
+        self.least, self.window = window
+        self.shared = 0  # bytes of the outs' arguments in shared memory
         self.return_failures = return_failures
         self.keep = keep
         self.star = star
@@ -269,13 +281,27 @@ class _Run:
     def timed_out(self) -> TimeoutError:
         return TimeoutError(f"map(): not every output was ready within its timeout of {self.timeout}s")
 
+    def room(self, out: int) -> bool:
+        """May one more job go out, with ``out`` out now?"""
+        return out < self.window and (out < self.least or self.shared < SHARED_AHEAD)
+
     def push(self, job: Job[Any], count: int, first: int) -> _Out:
         try:
-            return _Out(self.q.push(job, timeout=self.left()), job, count, first, self.star)
+            return self.went(_Out(self.q.push(job, timeout=self.left()), job, count, first, self.star))
         except LaneFull:
             if self.deadline is None:
                 raise
             raise self.timed_out() from None
+
+    def went(self, one: _Out) -> _Out:
+        """``one`` is out (pushed, its outputs not handed out yet)."""
+        self.shared += one.shared
+        return one
+
+    def back(self, one: _Out, values: int) -> None:
+        """``one`` is in: its ``values`` outputs were handed out."""
+        self.shared -= one.shared
+        self.handed_out(values)
 
     def handed_out(self, count: int) -> None:
         if self.progress is not None:
@@ -351,7 +377,7 @@ def _ordered(run: _Run, jobs: Iterator[tuple[Job[Any], int]]) -> Iterator[Any]:
     exhausted = False
     try:
         while True:
-            while not exhausted and len(pending) < run.window:
+            while not exhausted and run.room(len(pending)):
                 try:
                     job, count = next(jobs)
                 except StopIteration:
@@ -362,9 +388,9 @@ def _ordered(run: _Run, jobs: Iterator[tuple[Job[Any], int]]) -> Iterator[Any]:
             if not pending:
                 return
             values = _values(run, pending[0])
-            pending.popleft()
+            one = pending.popleft()
             yield from values
-            run.handed_out(len(values))
+            run.back(one, len(values))
     finally:
         run.close()
         _leave(run.q, pending, run.keep, consumer)
@@ -379,7 +405,7 @@ def _unordered(run: _Run, jobs: Iterator[tuple[Job[Any], int]]) -> Iterator[Any]
     core = run.q._core
     try:
         while True:
-            while not exhausted and len(out) < run.window:
+            while not exhausted and run.room(len(out)):
                 try:
                     job, count = next(jobs)
                 except StopIteration:
@@ -404,7 +430,7 @@ def _unordered(run: _Run, jobs: Iterator[tuple[Job[Any], int]]) -> Iterator[Any]
             out.discard(done)
             values = _values(run, done)
             yield from values
-            run.handed_out(len(values))
+            run.back(done, len(values))
     finally:
         run.close()
         _leave(run.q, sorted(out, key=lambda one: one.first), run.keep, consumer)

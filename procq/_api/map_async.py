@@ -63,7 +63,7 @@ def amap_jobs(
 
 async def _push(run: _Run, job: Job[Any], count: int, first: int) -> _Out:
     try:
-        return _Out(await run.q.apush(job, timeout=run.left()), job, count, first, run.star)
+        return run.went(_Out(await run.q.apush(job, timeout=run.left()), job, count, first, run.star))
     except LaneFull:
         if run.deadline is None:
             raise
@@ -105,7 +105,7 @@ async def _ordered(run: _Run, jobs: Iterator[tuple[Job[Any], int]]) -> AsyncIter
     exhausted = False
     try:
         while True:
-            while not exhausted and len(pending) < run.window:
+            while not exhausted and run.room(len(pending)):
                 try:
                     job, count = next(jobs)
                 except StopIteration:
@@ -116,10 +116,10 @@ async def _ordered(run: _Run, jobs: Iterator[tuple[Job[Any], int]]) -> AsyncIter
             if not pending:
                 return
             values = await _values(run, pending[0])
-            pending.popleft()
+            one = pending.popleft()
             for value in values:
                 yield value
-            run.handed_out(len(values))
+            run.back(one, len(values))
     finally:
         run.close()
         await _leave(run.q, pending, run.keep)
@@ -142,7 +142,7 @@ async def _unordered(run: _Run, jobs: Iterator[tuple[Job[Any], int]]) -> AsyncIt
 
     try:
         while True:
-            while not exhausted and len(out) < run.window:
+            while not exhausted and run.room(len(out)):
                 try:
                     job, count = next(jobs)
                 except StopIteration:
@@ -166,7 +166,7 @@ async def _unordered(run: _Run, jobs: Iterator[tuple[Job[Any], int]]) -> AsyncIt
             values = await _values(run, done)
             for value in values:
                 yield value
-            run.handed_out(len(values))
+            run.back(done, len(values))
     finally:
         run.close()
         await _leave(run.q, sorted(out, key=lambda one: one.first), run.keep)

@@ -351,10 +351,11 @@ class Segment:
     ``ArgSegments`` (idempotent). Should the holder never call it, it is
     given back when this object is collected, or at exit."""
 
-    __slots__ = ("__weakref__", "_finalizer", "generation", "name")
+    __slots__ = ("__weakref__", "_finalizer", "generation", "name", "size")
 
     def __init__(self, owner: ArgSegments, file: _File) -> None:
         self.name = file.name
+        self.size = file.size
         self.generation = file.generation
         self._finalizer = weakref.finalize(self, owner.give_back, file)
 
