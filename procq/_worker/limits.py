@@ -1,12 +1,12 @@
 """A trusted worker's per-job limits, set around each job (``Limits``), and
-the address space they are counted on (``address_space``, also read by an
-untrusted job's process for its memory limit)."""
+the address-space limit a job's memory limit comes to (``address_limit``,
+also set by an untrusted job's process for its memory limit)."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["Limits", "address_space"]
+__all__ = ["Limits", "address_limit", "address_space"]
 
 
 class Limits:
@@ -31,10 +31,7 @@ class Limits:
         import resource
 
         if memory_limit is not None:
-            _, hard = resource.getrlimit(resource.RLIMIT_AS)
-            soft = address_space() + memory_limit
-            if hard != resource.RLIM_INFINITY:
-                soft = min(soft, hard)
+            soft, hard = address_limit(memory_limit)
             resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
             self._as_set = True
         if self.cpu is not None:
@@ -64,3 +61,13 @@ def address_space() -> int:
     with open("/proc/self/statm", "rb") as f:
         pages = int(f.read().split()[0])
     return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def address_limit(memory_limit: int) -> tuple[int, int]:
+    """The address space a job of ``memory_limit`` bytes may map on top of
+    this process's (never past the hard limit), and the hard limit now."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = address_space() + memory_limit
+    return (limit if hard == resource.RLIM_INFINITY else min(limit, hard)), hard

@@ -33,7 +33,7 @@ from procq._wire.protocol import (
     json_dumps,
 )
 from procq._wire.startmark import open_mark
-from procq._worker.limits import address_space
+from procq._worker.limits import address_limit
 from procq._worker.relay import RELAY_CHUNK, Relay
 from procq._worker.trusted import (
     _boot,
@@ -371,10 +371,7 @@ def _hard_limits(rlimits: dict[str, int], memory_limit: int | None) -> None:
             cpu = min(cpu, hard)
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     if memory_limit is not None:
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = address_space() + memory_limit
-        if hard != resource.RLIM_INFINITY:
-            limit = min(limit, hard)
+        limit, _ = address_limit(memory_limit)
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
