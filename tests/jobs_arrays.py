@@ -12,8 +12,9 @@ import jobs
 import numpy as np
 
 import procq._wire.shm
+import procq._wire.shm_results
 from procq._wire.plain import mapped_trailer
-from procq._wire.shm import MappedFrame
+from procq._wire.shm_results import MappedFrame, ResultSegments
 
 
 def mapped_ranges(pid: int | str = "self") -> list[tuple[int, int]]:
@@ -85,7 +86,7 @@ def result_after_wait(n: int, started: str, go: str) -> Any:
 
 def write_result_segment_and_die(supervisor: int, n: int) -> None:
     """Write a result's segment as a worker does, then die before sending it."""
-    frame = MappedFrame(0, b"", [pickle.PickleBuffer(np.ones(n))], f"procq-{supervisor}-", bytes)
+    frame = MappedFrame(0, b"", [pickle.PickleBuffer(np.ones(n))], ResultSegments(f"procq-{supervisor}-"), bytes)
     frame.write(mapped_trailer)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -117,3 +118,23 @@ def argument_segments(array: Any, prefix: str) -> int:
     """How many argument segments of the supervisor whose names start with
     ``prefix`` exist as this job runs (its own included)."""
     return sum(name.startswith(prefix + "a") for name in os.listdir("/dev/shm"))
+
+
+def full(n: int, value: float) -> Any:
+    return np.full(n, value)
+
+
+def keep_no_results(n: int) -> Any:
+    """A large result from a worker that keeps none of its result segments
+    (as one larger than it keeps is not): set back by ``keep_results``."""
+    procq._wire.shm_results.KEEP_RESULT_BYTES = 0
+    return np.ones(n)
+
+
+def keep_results() -> None:
+    procq._wire.shm_results.KEEP_RESULT_BYTES = 512 << 20
+
+
+def result_segments_mapped() -> int:
+    """How many result segments this worker maps (its kept ones, once written again)."""
+    return sum(1 for line in open("/proc/self/maps") if "/dev/shm/procq-" in line and "-w" in line.rsplit("/", 1)[1])

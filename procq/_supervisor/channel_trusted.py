@@ -64,7 +64,8 @@ from procq._wire.protocol import (
     Undecoded,
     Violation,
 )
-from procq._wire.shm import map_segment, segment_prefix, sweep
+from procq._wire.shm import segment_prefix, sweep
+from procq._wire.shm_results import map_result
 from procq._wire.startmark import StartMark
 from procq._worker.template import Template, lane_templates, template_for
 from procq._worker.trusted import worker_main
@@ -141,14 +142,15 @@ class MappedResult(Undecoded):
 
 
 def _mapped_result(frame: bytes | bytearray, prefix: str, pid: int) -> MappedResult | Failed:
-    """An OK_MAPPED message: its segment mapped, and its name removed. The
-    name must be one this worker may write (``prefix``): a trusted worker's
-    message is believed, but never to remove another file."""
+    """An OK_MAPPED message: its segment mapped (``map_result``: given back
+    to the worker as the mapping goes, or its name removed now). The name
+    must be one this worker may write (``prefix``): a trusted worker's
+    message is believed, but never to remove or write another file."""
     try:
-        name, spans, data = load_data(frame)
+        name, spans, token, data = load_data(frame)
         if type(name) is not str or not name.startswith(prefix) or not name[len(prefix) :].replace("-", "").isdigit():
             raise ValueError(f"a segment name that is not this worker's: {name!r}")
-        buffers = map_segment(name, spans, unlink=True)
+        buffers = map_result(name, spans, token)
     except Exception as exc:
         failure = Failure("error", f"the job's result could not be read from shared memory: {exc!r}", pid=pid)
         return Failed(failure)

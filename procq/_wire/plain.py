@@ -24,7 +24,7 @@ from typing import Any
 
 from procq._wire.oob import dumps_oob
 from procq._wire.protocol import OK, OK_MAPPED, OK_OBJECTS, TRAILER, dumps, dumps_fn
-from procq._wire.shm import MappedFrame
+from procq._wire.shm_results import MappedFrame, ResultSegments
 
 __all__ = [
     "BuiltinExceptions",
@@ -106,21 +106,21 @@ def load_data(data: bytes | bytearray, unpickler: type[pickle.Unpickler] = DataO
     return unpickler(io.BytesIO(data)).load()
 
 
-def result_frame(job_id: int, result: Any, prefix: str | None = None) -> bytes | Parts | MappedFrame:
+def result_frame(job_id: int, result: Any, segments: ResultSegments | None = None) -> bytes | Parts | MappedFrame:
     """A trusted worker's OK message: the result pickled once, then the
     trailer, whose tag says whether unpickling it may run code (``OK_OBJECTS``).
     A pickle the byte scan cannot clear (a number or a string may hold such a
     byte) is tried with ``DataOnly`` here, in the worker, so plain data is
     never sent to a decode thread for nothing. A result with large buffers
-    sends them through a shared-memory segment whose names start with
-    ``prefix`` (``MappedFrame``: always decoded by a decode thread); with no
-    ``prefix``, in the pipe."""
-    if prefix is None:
+    sends them through a shared-memory segment of ``segments``
+    (``MappedFrame``: always decoded by a decode thread); with no
+    ``segments``, in the pipe."""
+    if segments is None:
         data = dumps(result)
     else:
         data, buffers = dumps_oob(result, dumps_fn)
         if buffers:
-            return MappedFrame(job_id, data, buffers, prefix, lambda: result_frame(job_id, result))
+            return MappedFrame(job_id, data, buffers, segments, lambda: result_frame(job_id, result))
     plain = names_nothing(data)
     if not plain and len(data) <= CHECKED_BYTES:
         try:

@@ -21,10 +21,10 @@ the mappings of it, which go with the objects made from them):
   most ``KEEP_SEGMENTS`` and ``KEEP_BYTES``) and removed as the queue
   closes. A worker only maps it, so a retry maps it again.
 - Results: ``procq-<supervisor pid>-w<worker pid>-<n>``, made by the worker
-  as it sends the result. The supervisor's I/O thread maps it and removes
-  its name as it reads the message. A worker that dies with one written and
-  not read: the supervisor removes every name of that worker's as it reaps it
-  (``sweep``), when nothing of it can write any more.
+  as it sends the result, and kept by it to write a later result into once
+  the supervisor is done with it (``_wire.shm_results``). A worker that dies
+  or exits: the supervisor removes every name of that worker's as it reaps
+  it (``sweep``), when nothing of it can write any more.
 - The supervisor killed: its undertaker (``_supervisor.undertaker``) kills
   the workers, waits for them to be gone, and removes every name of that
   supervisor's pid.
@@ -56,15 +56,17 @@ __all__ = [
     "KEEP_SEGMENTS",
     "SHM_DIR",
     "ArgSegments",
-    "MappedFrame",
     "Segment",
     "Spans",
+    "counter",
+    "create_segment",
     "dumps_args",
+    "layout",
     "load_mapped",
-    "map_segment",
     "segment_prefix",
     "sweep",
-    "write_segment",
+    "unlink_segment",
+    "write_all",
 ]
 
 #: Where segments live: a tmpfs, so their pages are memory and never touch a disk.
@@ -80,7 +82,7 @@ KEEP_SEGMENTS = 4
 KEEP_BYTES = 1 << 30
 #: The first bytes of an argument segment: the generation of what it holds (0: being written).
 _GENERATION = struct.Struct("<Q")
-_counter = itertools.count()
+counter = itertools.count()
 
 #: Where each buffer lies in its segment: (offset, length) pairs.
 Spans = list[tuple[int, int]]
@@ -91,7 +93,7 @@ def segment_prefix(pid: int | None = None) -> str:
     return f"procq-{os.getpid() if pid is None else pid}-"
 
 
-def _create(name: str) -> int:
+def create_segment(name: str) -> int:
     """Create segment ``name``, open for writing."""
     path = os.path.join(SHM_DIR, name)
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
@@ -104,7 +106,7 @@ def _create(name: str) -> int:
         return os.open(path, flags, 0o600)
 
 
-def _layout(buffers: list[pickle.PickleBuffer], start: int) -> tuple[Spans, list[Any], int]:
+def layout(buffers: list[pickle.PickleBuffer], start: int) -> tuple[Spans, list[Any], int]:
     """Where each buffer goes from ``start`` on (each aligned to ``ALIGN``),
     the pieces to write there (padding included), and where they end."""
     spans: Spans = []
@@ -123,22 +125,7 @@ def _layout(buffers: list[pickle.PickleBuffer], start: int) -> tuple[Spans, list
     return spans, pieces, offset
 
 
-def write_segment(name: str, buffers: list[pickle.PickleBuffer]) -> Spans:
-    """Write ``buffers`` into a new segment ``name``; where each lies in it.
-    The segment is removed again if the write fails."""
-    fd = _create(name)
-    try:
-        spans, pieces, _ = _layout(buffers, 0)
-        _write_all(fd, pieces, 0)
-        return spans
-    except BaseException:
-        _unlink(os.path.join(SHM_DIR, name))
-        raise
-    finally:
-        os.close(fd)
-
-
-def _write_all(fd: int, pieces: list[Any], offset: int) -> None:
+def write_all(fd: int, pieces: list[Any], offset: int) -> None:
     """One ``pwritev`` for all the pieces, from ``offset`` on (more only past the kernel's limit per call)."""
     pending = [memoryview(piece).cast("B") for piece in pieces]
     while pending:
@@ -158,27 +145,6 @@ def _write_all(fd: int, pieces: list[Any], offset: int) -> None:
             pending.pop(0)
         if pending and written:
             pending[0] = pending[0][written:]
-
-
-def map_segment(name: str, spans: Spans, unlink: bool) -> list[memoryview]:
-    """Map segment ``name`` copy-on-write and return a view of each buffer in
-    it; with ``unlink``, remove its name at once (the mapping keeps its pages
-    until the last view of it goes)."""
-    path = os.path.join(SHM_DIR, name)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if unlink:
-            os.unlink(path)
-        size = os.fstat(fd).st_size
-        if not size:  # every buffer is empty: nothing to map
-            return [memoryview(b"") for _ in spans]
-        mapped = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
-    whole = memoryview(mapped)
-    if any(offset + length > size for offset, length in spans):
-        raise ValueError(f"shared-memory segment {name} is {size} bytes, shorter than its buffers")
-    return [whole[offset : offset + length] for offset, length in spans]
 
 
 def load_mapped(name: str, generation: int, spans: Spans, data: bytes) -> Any:
@@ -214,7 +180,7 @@ class _File:
     __slots__ = ("fd", "generation", "mapped", "name", "pid", "size")
 
     def __init__(self, name: str, size: int) -> None:
-        self.fd = _create(name)
+        self.fd = create_segment(name)
         self.name = name
         self.size = size
         self.generation = 0
@@ -232,7 +198,7 @@ class _File:
         the file's pages one by one."""
         np = sys.modules.get("numpy")  # (only if the program uses it: never imported for this)
         if self.generation == 1 or np is None:
-            _write_all(self.fd, pieces, ALIGN)
+            write_all(self.fd, pieces, ALIGN)
             return
         if self.mapped is None:
             self.mapped = mmap.mmap(self.fd, self.size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
@@ -283,10 +249,10 @@ class ArgSegments:
 
     def write(self, buffers: list[pickle.PickleBuffer]) -> tuple[Segment, Spans]:
         """Write ``buffers`` into a kept segment, or a new one; where each lies in it."""
-        spans, pieces, end = _layout(buffers, ALIGN)
+        spans, pieces, end = layout(buffers, ALIGN)
         file = self._take(end)
         if file is None:
-            file = _File(f"{segment_prefix()}a{next(_counter)}", end)
+            file = _File(f"{segment_prefix()}a{next(counter)}", end)
             fcntl.flock(file.fd, fcntl.LOCK_EX)
         try:
             file.generation += 1
@@ -398,39 +364,9 @@ def dumps_args(obj: Any, fallback: Callable[..., bytes], segments: ArgSegments) 
     return pickle.dumps(_MappedArgs(segment, spans, data), 5), segment
 
 
-class MappedFrame:
-    """A trusted worker's OK message whose result has buffers out of band:
-    written to a segment only as it is sent (``write``), so a result refused
-    for its size (``max_result_bytes``) leaves nothing behind. ``len`` is
-    the result's whole size, buffers included. ``in_band`` makes the message
-    with the buffers in the pipe instead, should no segment be written."""
-
-    __slots__ = ("buffers", "data", "in_band", "job_id", "prefix")
-
-    def __init__(
-        self, job_id: int, data: bytes, buffers: list[pickle.PickleBuffer], prefix: str, in_band: Callable[[], Any]
-    ) -> None:
-        self.job_id = job_id
-        self.data = data
-        self.buffers = buffers
-        self.prefix = prefix
-        self.in_band = in_band
-
-    def __len__(self) -> int:
-        return len(self.data) + sum(buffer.raw().nbytes for buffer in self.buffers)
-
-    def write(self, trailer: Callable[[int], bytes]) -> Any:
-        """Write the segment; the message that names it (``trailer(job_id)``
-        after it). If no segment can be written (no room in SHM_DIR), the
-        message ``in_band`` makes."""
-        name = f"{self.prefix}w{os.getpid()}-{next(_counter)}"
-        try:
-            spans = write_segment(name, self.buffers)
-        except OSError:
-            self.buffers = []
-            return self.in_band()
-        self.buffers = []
-        return pickle.dumps((name, spans, self.data), 5) + trailer(self.job_id)
+def unlink_segment(name: str) -> None:
+    """Remove segment ``name``'s name (gone already: nothing to do)."""
+    _unlink(os.path.join(SHM_DIR, name))
 
 
 def _unlink(path: str) -> None:

@@ -33,7 +33,7 @@ from procq._model.job import format_size
 from procq._system.privileges import set_dumpable
 from procq._wire.plain import Parts, result_frame, send_message
 from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
-from procq._wire.shm import MappedFrame
+from procq._wire.shm_results import MappedFrame, ResultSegments
 from procq._wire.startmark import WorkerMark, open_mark
 from procq._worker.limits import Limits
 from procq._worker.parent import die_with_parent, parent_process
@@ -257,13 +257,14 @@ class _Codec:
 class _Pickled(_Codec):
     def __init__(self, note: str = "", shm_prefix: str | None = None) -> None:
         self.note = note  # said with READY: why the main module was imported here, if it was
-        self.shm_prefix = shm_prefix  # its results' segments' names (_wire.shm); None: all in the pipe (remote)
+        # Where its large results go (_wire.shm_results); None: all in the pipe (remote workers).
+        self.segments = ResultSegments(shm_prefix) if shm_prefix is not None else None
 
     def ready(self) -> bytes:
         return self.note.encode("utf-8", "replace") + TRAILER.pack(0, READY)
 
     def ok(self, job_id: int, result: Any) -> bytes | Parts | MappedFrame:  # type: ignore[override]
-        return result_frame(job_id, result, self.shm_prefix)
+        return result_frame(job_id, result, self.segments)
 
     def error(self, job_id: int, kind: str, exc: BaseException, note: str = "", pickle_it: bool = False) -> bytes:
         exc_bytes = None

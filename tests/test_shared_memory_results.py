@@ -1,0 +1,93 @@
+"""A trusted worker keeps the segments it writes large results into, and
+writes a later result into one only once the supervisor is done with it
+(``procq._wire.shm_results``): a result the caller still holds is never
+written over, whatever the caller did to it; one larger than a worker keeps
+has its name removed at once; a worker's death removes the names it kept,
+and the caller's results stay readable."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+
+import jobs
+import jobs_arrays
+import numpy as np
+import psutil
+from core_support import WAIT, open_queue
+from test_shared_memory import BIG, result_segments, segments
+
+from procq import Job
+from procq._wire.shm import segment_prefix
+from procq._wire.shm_results import KEEP_RESULT_SEGMENTS
+
+
+def test_a_worker_writes_its_next_result_into_the_segment_the_caller_let_go() -> None:
+    with open_queue(1) as q:
+        names: set[str] = set()
+        for i in range(5):
+            out = q.push_and_wait(Job(f"r{i}", jobs_arrays.full, args=(BIG, float(i))), timeout=WAIT)
+            assert jobs_arrays.in_segment(out) and np.array_equal(out, np.full(BIG, float(i)))
+            names.update(result_segments())
+            assert q.forget(f"r{i}")
+            del out
+            gc.collect()
+        assert len(names) == 1  # one segment, written five times
+        # Written again through a mapping the worker keeps: its pages count in the worker's resident set.
+        pid = q.push_and_wait(Job("pid", jobs.getpid), timeout=WAIT)
+        assert q.push_and_wait(Job("mapped", jobs_arrays.result_segments_mapped), timeout=WAIT) == 1
+        assert psutil.Process(pid).memory_info().rss > BIG * 8
+    assert segments() == []
+
+
+def test_a_result_still_held_is_never_written_over() -> None:
+    with open_queue(1) as q:
+        held = [q.push_and_wait(Job(f"h{i}", jobs_arrays.full, args=(BIG, float(i))), timeout=WAIT) for i in range(4)]
+        # The worker let go of the older names (the caller's mappings keep their pages).
+        assert len(result_segments()) <= KEEP_RESULT_SEGMENTS
+        held[3][:] = -1.0  # the caller's own copy of what it writes: the worker's segment is untouched
+        for i in range(4):
+            assert q.forget(f"h{i}")
+        del held[2:]
+        gc.collect()
+        for i in range(10, 14):
+            out = q.push_and_wait(Job(f"n{i}", jobs_arrays.full, args=(BIG, float(i))), timeout=WAIT)
+            assert np.array_equal(out, np.full(BIG, float(i)))
+            assert q.forget(f"n{i}")
+            del out
+            gc.collect()
+        # The two still held are as they came, though later results were written meanwhile.
+        assert np.array_equal(held[0], np.zeros(BIG)) and np.array_equal(held[1], np.ones(BIG))
+        assert len(result_segments()) <= KEEP_RESULT_SEGMENTS
+    del held
+    assert segments() == []
+
+
+def test_a_result_larger_than_a_worker_keeps_has_its_name_removed_at_once() -> None:
+    with open_queue(1) as q:
+        out = q.push_and_wait(Job("unkept", jobs_arrays.keep_no_results, args=(BIG,)), timeout=WAIT)
+        assert jobs_arrays.in_segment(out) and np.array_equal(out, np.ones(BIG))
+        assert result_segments() == []  # mapped, with no name left
+        q.push_and_wait(Job("keep again", jobs_arrays.keep_results), timeout=WAIT)
+    assert segments() == []
+
+
+def test_a_worker_killed_removes_the_names_it_kept_and_the_callers_results_stay() -> None:
+    with open_queue(1) as q:
+        first = q.push_and_wait(Job("a", jobs_arrays.full, args=(BIG, 3.0)), timeout=WAIT)
+        assert q.forget("a")
+        second = q.push_and_wait(Job("b", jobs_arrays.full, args=(BIG, 4.0)), timeout=WAIT)
+        pid = q.push_and_wait(Job("pid", jobs.getpid), timeout=WAIT)
+        theirs = f"{segment_prefix()}w{pid}-"
+        assert [name for name in result_segments() if name.startswith(theirs)]
+        os.kill(pid, signal.SIGKILL)
+        # The next job runs on the worker that replaced it, once the dead one is reaped.
+        assert q.push_and_wait(Job("next", jobs.getpid), timeout=WAIT) != pid
+        assert not [name for name in result_segments() if name.startswith(theirs)]
+        assert np.array_equal(first, np.full(BIG, 3.0)) and np.array_equal(second, np.full(BIG, 4.0))
+        assert q.forget("b")
+        del first, second
+        gc.collect()
+        assert jobs_arrays.mapped_ranges() == []
+    assert segments() == []
