@@ -132,7 +132,7 @@ def keep_no_results(n: int) -> Any:
 
 
 def keep_results() -> None:
-    procq._wire.shm_results.KEEP_RESULT_BYTES = 512 << 20
+    procq._wire.shm_results.KEEP_RESULT_BYTES = 1 << 30
 
 
 def result_segments_mapped() -> int:

@@ -184,22 +184,23 @@ def content_key(fn: Callable[..., Any], item: Any) -> str:
 def _large_digest(item: Any) -> str:
     """A 16-byte hex digest of an item too costly to read: its pickle, with
     large buffers (arrays, bytes) out of band and digested where they lie, so
-    no copy of them is made. SHA-1, not BLAKE2: about three times as fast on
-    large buffers here (OpenSSL's), and a key needs no defence against
-    collisions crafted on purpose (it is made from the caller's own data)."""
-    import hashlib
+    no copy of them is made. XXH3-128: one pass at memory speed (a 16 MiB
+    array in about half a millisecond, some 15 times faster than any digest
+    of ``hashlib`` here), and a key needs no defence against collisions
+    crafted on purpose (it is made from the caller's own data)."""
+    import xxhash
 
     from procq._wire.oob import dumps_oob
     from procq._wire.protocol import dumps_fn  # (cloudpickle, for what pickle refuses)
 
     data, buffers = dumps_oob(item, dumps_fn)
-    digest = hashlib.sha1(b"p", usedforsecurity=False)
+    digest = xxhash.xxh3_128(b"p")
     digest.update(data)
     for buffer in buffers:
         raw = buffer.raw()
         digest.update(len(raw).to_bytes(8, "little"))
         digest.update(raw)
-    return digest.hexdigest()[:32]
+    return digest.hexdigest()
 
 
 def _encode(value: Any, out: list[str], budget: list[int]) -> None:

@@ -47,7 +47,7 @@ __all__ = ["KEEP_RESULT_BYTES", "KEEP_RESULT_SEGMENTS", "MappedFrame", "ResultSe
 
 #: At most this many result segments, and this many bytes of them, a worker keeps to write again.
 KEEP_RESULT_SEGMENTS = 2
-KEEP_RESULT_BYTES = 512 << 20
+KEEP_RESULT_BYTES = 1 << 30
 #: A result segment's first bytes: its token and its state.
 _HEADER = struct.Struct("<QQ")
 _SENT = 1
