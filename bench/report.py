@@ -205,6 +205,26 @@ def _bigdata(med: Medians, cfg: Config) -> list[Verdict]:
     ]
 
 
+#: The large arrays' targets (``bench.arrays``): the figure (procq's GB/s over
+#: the engine's, in the same run), the workload, the engine, the least ratio, and what it says.
+ARRAY_TARGETS = (
+    ("in_floor", "in", "shm-floor", 0.5, "an array in, its sum out: >= 0.5x the shared-memory floor"),
+    ("in_joblib", "in", "joblib", 2.0, "an array in, its sum out: >= 2x joblib/loky"),
+    ("inout_floor", "in+out", "shm-floor", 0.4, "an array in, an array out: >= 0.4x the floor"),
+    ("inout_joblib", "in+out", "joblib", 2.0, "an array in, an array out: >= 2x joblib/loky"),
+    ("map_floor", "map", "shm-floor", 0.5, "a map of arrays: >= 0.5x the floor"),
+)
+
+
+def _arrays(med: Medians, cfg: Config) -> list[Verdict]:
+    out: list[Verdict] = []
+    for figure, _, _, least, what in ARRAY_TARGETS:
+        got = med.get(("procq", "arrays", figure))
+        if got is not None:
+            out.append(("met" if got >= least else "missed", f"large arrays, {what}: x{got:.2f}"))
+    return out
+
+
 def _crash(med: Medians, cfg: Config) -> list[Verdict]:
     def get(metric: str) -> float | None:
         return med.get(("procq", "crash", metric))
@@ -339,6 +359,7 @@ TARGETS: list[Callable[..., list[Verdict]]] = [
     _latency,
     _cpu,
     _bigdata,
+    _arrays,
     _crash,
     _starts,
     _heavy,

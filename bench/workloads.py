@@ -64,6 +64,10 @@ class Config:
     map_items: int = 1_000_000
     map_chunksizes: tuple[int, ...] = (100, 1_000, 10_000)
     start_samples: int = 15
+    # Large arrays (bench.arrays): one array of this many MiB in (and out), a map of so many arrays of so many MiB.
+    array_mib: int = 256
+    array_map_items: int = 200
+    array_map_mib: int = 16
     # Set by calibrate(): spin() iterations for about cpu_job_seconds.
     spin_n: int = 0
 
@@ -89,6 +93,9 @@ QUICK: dict[str, Any] = {
     "map_items": 50_000,
     "map_chunksizes": (1_000,),
     "start_samples": 3,
+    "array_mib": 64,
+    "array_map_items": 40,
+    "array_map_mib": 4,
 }
 
 

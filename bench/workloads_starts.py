@@ -29,6 +29,7 @@ import sys
 import time
 
 from bench import jobs
+from bench.arrays import ARRAYS
 from bench.engines import Peer
 from bench.workloads import WORKLOADS, Config, Metric, Workload, num
 
@@ -141,4 +142,6 @@ def every_workload() -> dict[str, Workload]:
             merged[CRASH_HEAVY_TOP.name] = CRASH_HEAVY_TOP
         elif name == "startup":
             merged[START.name] = START
+        elif name == "bigdata":
+            merged[ARRAYS.name] = ARRAYS
     return merged

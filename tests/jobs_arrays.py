@@ -138,3 +138,15 @@ def keep_results() -> None:
 def result_segments_mapped() -> int:
     """How many result segments this worker maps (its kept ones, once written again)."""
     return sum(1 for line in open("/proc/self/maps") if "/dev/shm/procq-" in line and "-w" in line.rsplit("/", 1)[1])
+
+
+def read_then_linger(array: Any, touch_all: bool, seconds: float) -> str:
+    """Read all of a large argument (or its first value only), then stay
+    running up to ``seconds`` for the supervisor's memory watch to see it."""
+    import time
+
+    float(array.sum()) if touch_all else float(array[0])
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+    return "lingered"

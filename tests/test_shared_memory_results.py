@@ -3,7 +3,9 @@ writes a later result into one only once the supervisor is done with it
 (``procq._wire.shm_results``): a result the caller still holds is never
 written over, whatever the caller did to it; one larger than a worker keeps
 has its name removed at once; a worker's death removes the names it kept,
-and the caller's results stay readable."""
+and the caller's results stay readable. A worker that runs jobs with a memory
+limit keeps its segments unmapped, and an argument a job reads counts towards
+its limit."""
 
 from __future__ import annotations
 
@@ -15,10 +17,11 @@ import jobs
 import jobs_arrays
 import numpy as np
 import psutil
+import pytest
 from core_support import WAIT, open_queue
 from test_shared_memory import BIG, result_segments, segments
 
-from procq import Job
+from procq import Job, JobFailed, Lane
 from procq._wire.shm import segment_prefix
 from procq._wire.shm_results import KEEP_RESULT_SEGMENTS
 
@@ -90,4 +93,33 @@ def test_a_worker_killed_removes_the_names_it_kept_and_the_callers_results_stay(
         del first, second
         gc.collect()
         assert jobs_arrays.mapped_ranges() == []
+    assert segments() == []
+
+
+def test_a_large_argument_counts_towards_the_memory_limit_of_the_job_that_reads_it() -> None:
+    # A lane's memory_limit counts the pages of an argument's segment the job
+    # has read (docs/lanes.md): read all of a 96 MiB array under 64 MiB, and
+    # the supervisor's memory watch ends the job; read one value, and it does not.
+    array = np.ones(96 << 17)  # 96 MiB
+    with open_queue({"m": Lane(workers=1, memory_limit="64M")}) as q:
+        with pytest.raises(JobFailed) as info:
+            q.push_and_wait(Job("all", jobs_arrays.read_then_linger, args=(array, True, 10.0), lane="m"), timeout=WAIT)
+        assert info.value.failure.kind == "memory"
+        job = Job("one", jobs_arrays.read_then_linger, args=(array, False, 0.5), lane="m")
+        assert q.push_and_wait(job, timeout=WAIT) == "lingered"
+    assert segments() == []
+
+
+def test_a_worker_running_jobs_with_a_memory_limit_keeps_its_result_segments_unmapped() -> None:
+    with open_queue({"m": Lane(workers=1, memory_limit="1G")}) as q:
+        names: set[str] = set()
+        for i in range(3):
+            out = q.push_and_wait(Job(f"r{i}", jobs_arrays.full, args=(BIG, float(i)), lane="m"), timeout=WAIT)
+            assert np.array_equal(out, np.full(BIG, float(i)))
+            names.update(result_segments())
+            assert q.forget(f"r{i}")
+            del out
+            gc.collect()
+        assert len(names) == 1  # written again all the same, through its file
+        assert q.push_and_wait(Job("mapped", jobs_arrays.result_segments_mapped, lane="m"), timeout=WAIT) == 0
     assert segments() == []

@@ -69,7 +69,11 @@ class _Kept:
     def is_free(self) -> bool:
         return _HEADER.unpack(os.pread(self.fd, _HEADER.size, 0)) == (self.token, _FREE)
 
-    def rewrite(self, spans: Spans, buffers: list[pickle.PickleBuffer]) -> None:
+    def rewrite(self, spans: Spans, buffers: list[pickle.PickleBuffer], pieces: list[Any], mapped: bool) -> None:
+        if not mapped:
+            shm.write_all(self.fd, pieces, ALIGN)
+            os.pwrite(self.fd, _HEADER.pack(self.token, _SENT), 0)
+            return
         if self.mapped is None:
             # Populated at once: one call maps every page, where faulting them in one by one costs more than the copy.
             flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -80,11 +84,15 @@ class _Kept:
                     whole[offset : offset + length] = buffer.raw()
         os.pwrite(self.fd, _HEADER.pack(self.token, _SENT), 0)
 
-    def drop(self) -> None:
-        shm.unlink_segment(self.name)
+    def unmap(self) -> None:
         with contextlib.suppress(OSError, BufferError):
             if self.mapped is not None:
                 self.mapped.close()
+        self.mapped = None
+
+    def drop(self) -> None:
+        shm.unlink_segment(self.name)
+        self.unmap()
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
@@ -97,6 +105,17 @@ class ResultSegments:
         self.prefix = prefix  # the supervisor's (shm.segment_prefix)
         self._kept: list[_Kept] = []  # the oldest first
         self._pid = os.getpid()
+        self._mapped = True  # keep the kept ones mapped (see no_mappings)
+
+    def no_mappings(self) -> None:
+        """From now on keep no segment mapped (write them with ``pwritev``,
+        about half as fast): a job with a memory limit is about to run, and
+        the pages of a kept segment the supervisor still maps would count
+        towards it, more of them as the supervisor lets go of them."""
+        if self._mapped:
+            self._mapped = False
+            for kept in self._kept:
+                kept.unmap()
 
     def write(self, buffers: list[pickle.PickleBuffer]) -> tuple[str, Spans, int]:
         """Write ``buffers``: the segment's name, where each lies in it, and its token (0: not kept)."""
@@ -105,7 +124,7 @@ class ResultSegments:
         spans, pieces, end = shm.layout(buffers, ALIGN)
         for kept in sorted((k for k in self._kept if k.size >= end), key=lambda k: k.size):
             if kept.is_free():
-                kept.rewrite(spans, buffers)
+                kept.rewrite(spans, buffers, pieces, self._mapped)
                 return kept.name, spans, kept.token
         name = f"{self.prefix}w{os.getpid()}-{next(shm.counter)}"
         token = (int.from_bytes(os.urandom(8), "little") | 1) if end <= KEEP_RESULT_BYTES else 0

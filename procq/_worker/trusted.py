@@ -409,6 +409,8 @@ class _Runner:
                 send(codec.error(job_id, "error", failed, pickle_it=True))
                 return
         limits = self.limits
+        if memory_limit is not None and isinstance(codec, _Pickled) and codec.segments is not None:
+            codec.segments.no_mappings()
         # Held by the call alone, let go as it returns: arguments mapped from shared
         # memory are unmapped before the result is sent, their segment free to reuse.
         held = [args, kwargs]
