@@ -72,6 +72,13 @@ def plus_one(array: Any) -> Any:
     return array + 1
 
 
+def set_threshold(n: int) -> None:
+    """(In a worker) where its results' buffers start to go out of band."""
+    import procq._wire.oob
+
+    procq._wire.oob.OOB_BYTES = n
+
+
 def _floor_child(conn: Connection) -> None:
     """The floor's child: maps each segment it is sent (once: the parent
     sends the same one again), answers the sum, or ``array + 1`` written into
@@ -387,12 +394,51 @@ def measure(mib: int, map_n: int, map_mib: int, rounds: int) -> dict[tuple[str, 
     return {key: sizes[key[1]] / statistics.median(values) / 1e9 for key, values in times.items()}
 
 
+def sweep(sizes_kib: list[int], samples: int) -> None:
+    """The threshold, measured: the median round trip of one job (an array
+    in, its sum out; an array in and ``array + 1`` out) for each size, with
+    buffers out of band through shared memory from ``OOB_BYTES`` on (procq's
+    way) and with everything in the pipe, on one worker."""
+    import procq._wire.oob
+    from procq import Job, ProcQueue
+
+    default = procq._wire.oob.OOB_BYTES
+    print(f"round trip, median of {samples} (us); shared memory from {default >> 10} KiB on by default")
+    print(f"{'size':>9} {'in: pipe':>10} {'in: shm':>9} {'in+out: pipe':>13} {'in+out: shm':>12}")
+    with ProcQueue(1) as q:
+        n = 0
+        for kib in sizes_kib:
+            array = np.random.default_rng(kib).standard_normal(kib * 1024 // 8)
+            cells = []
+            for want in ("sum", "plus"):
+                for threshold in (1 << 62, 1):  # everything in the pipe; every buffer out of band
+                    procq._wire.oob.OOB_BYTES = threshold
+                    q.push_and_wait(Job(f"set{n}", set_threshold, args=(threshold,)))
+                    fn = total if want == "sum" else plus_one
+                    times = []
+                    for _ in range(samples):
+                        n += 1
+                        array[0] += 1.0
+                        job = Job(f"j{n}", fn, args=(array.view(),))
+                        times.append(_time(lambda j=job: q.push_and_wait(j)))
+                        q.forget(job.key)
+                    cells.append(statistics.median(times) * 1e6)
+            print(f"{kib:>5} KiB {cells[0]:>10.0f} {cells[1]:>9.0f} {cells[2]:>13.0f} {cells[3]:>12.0f}")
+    procq._wire.oob.OOB_BYTES = default
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.arrays", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="64 MiB arrays, a 40 x 4 MiB map, 1 round")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5; 1 with --quick)")
     parser.add_argument("--mib", type=int, default=None, help="size of the large array in MiB (default 256)")
+    parser.add_argument(
+        "--sweep", action="store_true", help="instead: one job's round trip by size, through the pipe and out of band"
+    )
     args = parser.parse_args(argv)
+    if args.sweep:
+        sweep([16, 64, 128, 160, 192, 224, 256, 512, 4096], 9 if args.quick else 41)
+        return 0
     rounds = args.rounds or (1 if args.quick else 5)
     mib = args.mib or (64 if args.quick else 256)
     map_n, map_mib = (40, 4) if args.quick else (200, 16)

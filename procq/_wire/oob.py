@@ -21,9 +21,11 @@ from typing import Any
 __all__ = ["OOB_BYTES", "dumps_in_band", "dumps_oob"]
 
 #: A message's buffers travel out of band (through a segment) when they come
-#: to this many bytes or more; fewer stay in the pickle (a segment costs a few
-#: system calls on each side, about what the pipe takes to carry this much).
-OOB_BYTES = 1 << 18
+#: to this many bytes or more; fewer stay in the pickle. Measured
+#: (``python -m bench.arrays --sweep``): a segment costs a few system calls on
+#: each side, which the pipe outruns up to about 128 KiB; from 160 KiB on the
+#: segment is faster both ways.
+OOB_BYTES = 160 << 10
 
 
 class _BufferPickler(pickle.Pickler):
