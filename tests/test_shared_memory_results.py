@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import signal
 
 import jobs
@@ -22,8 +23,8 @@ from core_support import WAIT, open_queue
 from test_shared_memory import BIG, result_segments, segments
 
 from procq import Job, JobFailed, Lane
-from procq._wire.shm import segment_prefix
-from procq._wire.shm_results import KEEP_RESULT_SEGMENTS
+from procq._wire.shm import SHM_DIR, segment_prefix
+from procq._wire.shm_results import KEEP_RESULT_SEGMENTS, ResultSegments, map_result
 
 
 def test_a_worker_writes_its_next_result_into_the_segment_the_caller_let_go() -> None:
@@ -47,8 +48,8 @@ def test_a_worker_writes_its_next_result_into_the_segment_the_caller_let_go() ->
 def test_a_result_still_held_is_never_written_over() -> None:
     with open_queue(1) as q:
         held = [q.push_and_wait(Job(f"h{i}", jobs_arrays.full, args=(BIG, float(i))), timeout=WAIT) for i in range(4)]
-        # The worker let go of the older names (the caller's mappings keep their pages).
-        assert len(result_segments()) <= KEEP_RESULT_SEGMENTS
+        # The worker keeps the last two; the older two it dropped are the supervisor's to remove.
+        assert len(result_segments()) == 4
         held[3][:] = -1.0  # the caller's own copy of what it writes: the worker's segment is untouched
         for i in range(4):
             assert q.forget(f"h{i}")
@@ -62,8 +63,9 @@ def test_a_result_still_held_is_never_written_over() -> None:
             gc.collect()
         # The two still held are as they came, though later results were written meanwhile.
         assert np.array_equal(held[0], np.zeros(BIG)) and np.array_equal(held[1], np.ones(BIG))
-        assert len(result_segments()) <= KEEP_RESULT_SEGMENTS
-    del held
+        del held
+        gc.collect()
+        assert len(result_segments()) <= KEEP_RESULT_SEGMENTS  # the dropped ones' names went with them
     assert segments() == []
 
 
@@ -123,3 +125,41 @@ def test_a_worker_running_jobs_with_a_memory_limit_keeps_its_result_segments_unm
         assert len(names) == 1  # written again all the same, through its file
         assert q.push_and_wait(Job("mapped", jobs_arrays.result_segments_mapped, lane="m"), timeout=WAIT) == 0
     assert segments() == []
+
+
+def test_results_sent_faster_than_they_are_read_are_all_read_and_none_left() -> None:
+    # Each worker sends results faster than the caller lets go of them: it
+    # drops segments the supervisor still has (or has yet to read) from its
+    # keep, and the supervisor removes their names as it lets go.
+    with open_queue(2) as q:
+        handles = [q.push(Job(f"m{i}", jobs_arrays.full, args=(BIG, float(i)))).handle for i in range(40)]
+        outs = [handle.result(timeout=WAIT) for handle in handles]
+        for i, out in enumerate(outs):
+            assert np.array_equal(out, np.full(BIG, float(i)))
+        for i in range(40):
+            assert q.forget(f"m{i}")
+        del handles, outs, out
+        gc.collect()
+        assert jobs_arrays.mapped_ranges() == []
+        assert len(result_segments()) <= 2 * KEEP_RESULT_SEGMENTS  # each worker's keep
+    assert segments() == []
+
+
+def test_a_segment_dropped_from_the_keep_before_its_message_is_read() -> None:
+    segments_ = ResultSegments(segment_prefix())
+    buffer = [pickle.PickleBuffer(np.full(BIG, 1.0))]
+    sent = [segments_.write(buffer) for _ in range(KEEP_RESULT_SEGMENTS + 1)]
+    first, *rest = sent
+    assert first[0] not in [name for name, _, _ in rest] and first[0] in segments()  # dropped, its name left
+    views = map_result(*first)  # the supervisor reads its message late: still there, its name goes now
+    assert first[0] not in segments()
+    assert np.array_equal(np.frombuffer(views[0], dtype=np.float64), np.full(BIG, 1.0))
+    for name, spans, token in rest:
+        for view in map_result(name, spans, token):
+            view.release()
+    del views
+    gc.collect()
+    # The kept ones are free again: the next result goes into one of them.
+    assert segments_.write(buffer)[0] in [name for name, _, _ in rest]
+    for name in segments():
+        os.unlink(os.path.join(SHM_DIR, name))

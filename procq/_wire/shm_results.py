@@ -21,8 +21,12 @@ with the same pid later makes segments with other tokens), and a state:
   object made from its mapping is gone; then it writes ``_FREE``
   (``_let_go``, a finalizer of the mapping).
 - ``_FREE``: the worker's again, to write the next result into.
+- ``_ORPHAN``: the worker dropped it from its keep while the supervisor had it
+  (or had its message still to read): the supervisor removes its name as it
+  lets go (or as it reads the message).
 
-A segment the worker does not keep (larger than ``KEEP_RESULT_BYTES``) has
+Each side changes the state only under an exclusive ``flock`` of the file,
+reading it again first. A segment the worker does not keep (larger than ``KEEP_RESULT_BYTES``) has
 token 0, and the supervisor removes its name as it maps it. A kept one's
 name is the worker's: removed as the worker drops it from its keep, or by
 the supervisor's sweep of the worker's names as it reaps it (``shm.sweep``),
@@ -32,6 +36,7 @@ or by the undertaker if the supervisor is killed.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import mmap
 import os
 import pickle
@@ -52,6 +57,7 @@ KEEP_RESULT_BYTES = 1 << 30
 _HEADER = struct.Struct("<QQ")
 _SENT = 1
 _FREE = 2
+_ORPHAN = 3
 
 
 class _Kept:
@@ -91,10 +97,20 @@ class _Kept:
         self.mapped = None
 
     def drop(self) -> None:
-        shm.unlink_segment(self.name)
-        self.unmap()
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        """Out of the keep: its name removed now, or by the supervisor if it still has it."""
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+            if _HEADER.unpack(os.pread(self.fd, _HEADER.size, 0)) == (self.token, _SENT):
+                os.pwrite(self.fd, _HEADER.pack(self.token, _ORPHAN), 0)
+            else:
+                shm.unlink_segment(self.name)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)  # (the mapping's duplicate of fd would hold it)
+        except OSError:
+            shm.unlink_segment(self.name)
+        finally:
+            self.unmap()
+            with contextlib.suppress(OSError):
+                os.close(self.fd)  # (and its lock)
 
 
 class ResultSegments:
@@ -190,19 +206,29 @@ class MappedFrame:
 def map_result(name: str, spans: Spans, token: int) -> list[memoryview]:
     """Map result segment ``name`` copy-on-write; a view of each buffer in
     it. A kept segment (``token``) is given back to its worker as the
-    mapping goes; one not kept has its name removed at once."""
+    mapping goes; one not kept, or dropped from the keep already, has its
+    name removed at once."""
     path = os.path.join(shm.SHM_DIR, name)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        if not token:
+        kept = False
+        if token:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            header = _HEADER.unpack(os.pread(fd, _HEADER.size, 0))
+            if header not in ((token, _SENT), (token, _ORPHAN)):
+                raise ValueError(f"shared-memory segment {name} does not hold the result its message names")
+            kept = header[1] == _SENT
+        if not kept:
             os.unlink(path)
-        elif _HEADER.unpack(os.pread(fd, _HEADER.size, 0)) != (token, _SENT):
-            raise ValueError(f"shared-memory segment {name} does not hold the result its message names")
+        if token:
+            # Let go of the lock now: the mapping keeps a duplicate of ``fd``,
+            # which would hold it for as long as the mapping lives.
+            fcntl.flock(fd, fcntl.LOCK_UN)
         size = os.fstat(fd).st_size
         mapped = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     finally:
         os.close(fd)
-    if token:
+    if kept:
         weakref.finalize(mapped, _let_go, path, token)
     with memoryview(mapped) as whole:
         if any(offset < ALIGN or offset + length > size for offset, length in spans):
@@ -212,11 +238,16 @@ def map_result(name: str, spans: Spans, token: int) -> list[memoryview]:
 
 def _let_go(path: str, token: int) -> None:
     """Nothing maps the result in segment ``path`` any more: its worker may
-    write it again. (Gone, or another's by now: nothing to do.)"""
+    write it again, or, if it dropped it meanwhile, its name goes. (Gone, or
+    another's by now: nothing to do.)"""
     with contextlib.suppress(OSError):
         fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
         try:
-            if _HEADER.unpack(os.pread(fd, _HEADER.size, 0)) == (token, _SENT):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            header = _HEADER.unpack(os.pread(fd, _HEADER.size, 0))
+            if header == (token, _SENT):
                 os.pwrite(fd, _HEADER.pack(token, _FREE), 0)
+            elif header == (token, _ORPHAN):
+                os.unlink(path)
         finally:
             os.close(fd)
