@@ -10,7 +10,9 @@ Shared by the supervisor's side and the workers' side; imports only
 - ``plain``: which pickles unpickle without running code.
 - ``oob``: a trusted job's large buffers (arguments and results) out of the
   pickle (protocol 5). ``shm``: the shared-memory segments they travel in,
-  and who removes each one.
+  and who removes each one. ``shm_results``: the segments a trusted worker
+  writes large results into, kept and written again once the supervisor is
+  done with them.
 - ``json_keys``: an untrusted job's result, checked for non-``str`` dict keys.
 - ``fingerprint``: what a claim remembers of its payload, to catch a key
   reused for other work.
