@@ -16,24 +16,32 @@ is what one large job costs from the caller's call to its result in hand:
   key per item (what a map whose items have names of their own passes: no
   digest), joblib's ``Parallel``, the floor's two children.
 
-Engines: ``procq`` (``push_and_wait``, ``map``); ``joblib`` (loky, which
-memory-maps arrays over 1 MB into its workers: its ``max_nbytes`` default);
+Engines: ``procq`` (``push_and_wait``, ``map``); ``joblib`` (a ``Parallel``
+per call over loky's reusable workers, which memory-maps arrays over 1 MB
+into its workers: its ``max_nbytes`` default);
 ``ppe`` (``ProcessPoolExecutor``, forkserver: pickles through a pipe);
 ``ray`` (``ray.put`` and zero-copy reads; only if it is installed);
 ``shm-floor``: by hand, the least any engine must do: one
 ``multiprocessing.shared_memory`` segment per child, made once and reused,
 the array copied into it, its name sent down a pipe to the child, which maps
-it once (the result, for ``in+out``, the same way back: the child writes into
-a segment of its own, made once, and the parent maps it; the array handed
-back is overwritten by the next job, which no real engine may do);
+it once (the result, for ``in+out``, the same way back: the child runs the
+job, ``array + 1``, and copies what it returns into a segment of its own,
+made once, which the parent maps once; the array handed back is overwritten
+by the next job, which no real engine may do);
+``shm-floor out=``: the same, the child adding into its segment
+(``np.add(array, 1, out=...)``) with no array of its own: less than the job,
+since no engine can make a job's function write into its buffer, shown
+beside the floor (the new 256 MiB each job's ``array + 1`` allocates costs
+35 ms on a quiet host, and up to a second when the kernel must compact
+memory to back it with huge pages);
 ``memcpy``: one copy of the array into a buffer already touched, in this
 process: the machine's limit.
 
 Every job gets fresh data: a new array object (a view, so no copy is timed)
 with one value changed, so that no engine can answer from a cache of what it
-was sent before (joblib keeps the file it dumped an array to for as long as
-its ``Parallel`` is open, keyed by the array object: the same object sent
-again, even changed since, is not dumped again).
+was sent before (joblib, within one ``Parallel``, dumps an array object to a
+file once: the same object sent again, even changed since, is not dumped
+again).
 
 Rounds interleave the engines (the first rotates), and the medians print, with
 procq's ratio to each. The targets of the shared-memory work are checked last.
@@ -81,8 +89,9 @@ def set_threshold(n: int) -> None:
 
 def _floor_child(conn: Connection) -> None:
     """The floor's child: maps each segment it is sent (once: the parent
-    sends the same one again), answers the sum, or ``array + 1`` written into
-    a segment of its own, made once and written again each time."""
+    sends the same one again), answers the sum, or the job's ``array + 1``
+    copied into a segment of its own, made once and written again each time
+    (``into``: computed into that segment, with no array of its own)."""
     mapped: dict[str, shared_memory.SharedMemory] = {}
     out: shared_memory.SharedMemory | None = None
     while True:
@@ -98,7 +107,12 @@ def _floor_child(conn: Connection) -> None:
         else:
             if out is None or out.size < array.nbytes:
                 out = _untracked(shared_memory.SharedMemory(create=True, size=array.nbytes))
-            np.add(array, 1, out=np.ndarray(shape, dtype=np.float64, buffer=out.buf))
+            view = np.ndarray(shape, dtype=np.float64, buffer=out.buf)
+            if want == "into":
+                np.add(array, 1, out=view)
+            else:
+                np.copyto(view, plus_one(array))
+            del view
             conn.send(out.name)
         del array
 
@@ -117,6 +131,7 @@ def _untracked(seg: shared_memory.SharedMemory) -> shared_memory.SharedMemory:
 
 class Engine:
     name = ""
+    workloads: tuple[str, ...] = ("in", "in+out", "map")
 
     def one(self, array: Any, want: str) -> Any:
         raise NotImplementedError
@@ -169,6 +184,7 @@ class ProcqKeyed(Procq):
     """procq, its map given a key per item (a fresh one each map, so nothing is cached)."""
 
     name = "procq key="
+    workloads = ("map",)
 
     def many(self, arrays: list[Any]) -> list[float]:
         self.n += 1
@@ -176,28 +192,32 @@ class ProcqKeyed(Procq):
 
 
 class Joblib(Engine):
+    """joblib as most code calls it: a ``Parallel`` per call, over loky's
+    reusable workers (started once). Each call removes the files it dumped
+    arrays to as it returns; one ``Parallel`` kept open across calls would
+    keep every one of them (gigabytes over a run)."""
+
     name = "joblib"
 
     def __init__(self) -> None:
         from joblib import Parallel, delayed
 
-        self.parallel = Parallel(n_jobs=2, backend="loky")
+        self.Parallel = Parallel
         self.delayed = delayed
-        self.parallel.__enter__()
-        self.parallel(delayed(total)(np.ones(4)) for _ in range(2))
+        self._run([delayed(total)(np.ones(4)) for _ in range(2)])
+
+    def _run(self, tasks: Any) -> list[Any]:
+        return list(self.Parallel(n_jobs=2, backend="loky")(tasks))
 
     def one(self, array: Any, want: str) -> Any:
         fn = total if want == "sum" else plus_one
-        return self.parallel([self.delayed(fn)(array)])[0]
+        return self._run([self.delayed(fn)(array)])[0]
 
     def warm(self, array: Any, want: str) -> None:
-        self.parallel(self.delayed(total if want == "sum" else plus_one)(array) for _ in range(2))
+        self._run(self.delayed(total if want == "sum" else plus_one)(array) for _ in range(2))
 
     def many(self, arrays: list[Any]) -> list[float]:
-        return list(self.parallel(self.delayed(total)(a) for a in arrays))
-
-    def close(self) -> None:
-        self.parallel.__exit__(None, None, None)
+        return self._run(self.delayed(total)(a) for a in arrays)
 
 
 class PPE(Engine):
@@ -310,8 +330,24 @@ class ShmFloor(Engine):
                 seg.unlink()  # (removes it, and tells the resource tracker it is gone)
 
 
+class ShmFloorInto(ShmFloor):
+    """The floor, its child adding into its output segment (``np.add(array,
+    1, out=...)``) instead of running the job and copying what it returns:
+    what no engine can do with a job's function, shown for what it is."""
+
+    name = "shm-floor out="
+    workloads = ("in+out",)
+
+    def one(self, array: Any, want: str) -> Any:
+        return super().one(array, "into" if want == "plus" else want)
+
+    def warm(self, array: Any, want: str) -> None:
+        super().warm(array, "into" if want == "plus" else want)
+
+
 class Memcpy(Engine):
     name = "memcpy"
+    workloads = ("in", "in+out")
 
     def __init__(self) -> None:
         self.dst: Any = None
@@ -347,7 +383,7 @@ def _available() -> list[tuple[str, Callable[[], Engine]]]:
         engines.append(("ray", Ray))
     except ImportError:
         print("skipped ray: not installed")
-    engines += [("shm-floor", ShmFloor), ("memcpy", Memcpy)]
+    engines += [("shm-floor", ShmFloor), ("shm-floor out=", ShmFloorInto), ("memcpy", Memcpy)]
     return engines
 
 
@@ -375,14 +411,13 @@ def measure(mib: int, map_n: int, map_mib: int, rounds: int) -> dict[tuple[str, 
             for name, engine in turn:
                 # Fresh data for each job, as new arrays (views: no copy) with
                 # new values: see the module docstring.
-                if name != "procq key=":  # (its one job is procq's, timed there)
-                    big[0] += 1.0
-                    fresh = big.view()
-                    times.setdefault((name, "in"), []).append(_time(lambda e=engine, a=fresh: e.one(a, "sum")))
-                    big[0] += 1.0
-                    fresh = big.view()
-                    times.setdefault((name, "in+out"), []).append(_time(lambda e=engine, a=fresh: e.one(a, "plus")))
-                if name != "memcpy":
+                for workload, want in (("in", "sum"), ("in+out", "plus")):
+                    if workload in engine.workloads:
+                        big[0] += 1.0
+                        fresh = big.view()
+                        took = _time(lambda e=engine, a=fresh, w=want: e.one(a, w))
+                        times.setdefault((name, workload), []).append(took)
+                if "map" in engine.workloads:
                     for a in arrays:
                         a[0] += 1.0
                     views = [a.view() for a in arrays]
@@ -474,6 +509,9 @@ def _targets(rates: dict[tuple[str, str], float]) -> None:
             continue
         got = rates[("procq", workload)] / rates[(peer, workload)]
         print(f"{'met' if got >= least else 'missed':<7} {what}: {got:.2f}x")
+    if ("shm-floor out=", "in+out") in rates:
+        got = rates[("procq", "in+out")] / rates[("shm-floor out=", "in+out")]
+        print(f"{'':<7} (an array in, an array out, beside the floor that adds into its segment: {got:.2f}x)")
     if ("procq key=", "map") in rates and ("shm-floor", "map") in rates:
         got = rates[("procq key=", "map")] / rates[("shm-floor", "map")]
         verdict = "met" if got >= 0.5 else "missed"
@@ -492,6 +530,7 @@ def run_arrays(peer: Any, cfg: Config, tmp: str) -> dict[str, float]:
         "floor_in_gbps": rates[("shm-floor", "in")],
         "floor_inout_gbps": rates[("shm-floor", "in+out")],
         "floor_map_gbps": rates[("shm-floor", "map")],
+        "floor_into_gbps": rates[("shm-floor out=", "in+out")],
         "memcpy_gbps": rates[("memcpy", "in")],
     }
     for figure, workload, other, _, _ in report.ARRAY_TARGETS:
@@ -515,6 +554,7 @@ ARRAYS = Workload(
         Metric("floor_in_gbps", "shared-memory floor: in, GB/s", "-", _GBPS, ratio=False),
         Metric("floor_inout_gbps", "shared-memory floor: in and out, GB/s", "-", _GBPS, ratio=False),
         Metric("floor_map_gbps", "shared-memory floor: map, GB/s", "-", _GBPS, ratio=False),
+        Metric("floor_into_gbps", "the floor adding into its segment: in and out, GB/s", "-", _GBPS, ratio=False),
         Metric("memcpy_gbps", "memcpy in one process, GB/s", "-", _GBPS, ratio=False),
         Metric("ray_in_gbps", "Ray: in, GB/s (if installed)", "-", _GBPS, ratio=False),
         Metric("in_floor", "in / floor", "higher", _GBPS, ratio=False),
