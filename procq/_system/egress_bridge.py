@@ -56,10 +56,10 @@ def large_segments(size: int = SEGMENT) -> None:
     """Let this namespace's loopback carry TCP packets of up to ``size``
     bytes (IPv4 "BIG TCP"), as a device that offloads segmentation may.
     The proxy's writes to a job then cross it in a few large packets, not
-    one per 64 KiB: measured here, one loopback connection moves about
-    twice as much per CPU second. Only this namespace's loopback changes,
-    the one between the proxy and its jobs. Raises ``OSError`` (a kernel
-    before 6.3 ignores the request)."""
+    one per 64 KiB: measured here, one loopback connection moves twice the
+    bytes a second, its writer spending half the CPU on each. Only this
+    namespace's loopback changes, the one between the proxy and its jobs.
+    Raises ``OSError`` (a kernel before 6.3 ignores the request)."""
     index = socket.if_nametoindex("lo")
     link = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, index, 0, 0)  # struct ifinfomsg: which link
     body = link + struct.pack("=HHI", 8, _IFLA_GSO_IPV4_MAX_SIZE, size)  # one attribute: what to set
