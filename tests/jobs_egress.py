@@ -207,3 +207,22 @@ def fetch_then_hang(url: str) -> None:
 
     fetch(url)
     threading.Event().wait()
+
+
+def loopback_packet() -> int | None:
+    """The largest IPv4 packet the job's loopback carries (rtnetlink's
+    IFLA_GSO_IPV4_MAX_SIZE), or None where the kernel does not say."""
+    request = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, socket.if_nametoindex("lo"), 0, 0)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as rtnl:
+        rtnl.settimeout(10)
+        rtnl.send(struct.pack("=IHHII", 16 + len(request), 18, 1, 1, 0) + request)  # RTM_GETLINK, NLM_F_REQUEST
+        answer = rtnl.recv(65536)
+    offset = 16 + len(request)  # past the message's header and its struct ifinfomsg: the attributes
+    while offset + 4 <= len(answer):
+        size, kind = struct.unpack_from("=HH", answer, offset)
+        if size < 4:
+            break
+        if kind == 63:  # IFLA_GSO_IPV4_MAX_SIZE
+            return int(struct.unpack_from("=I", answer, offset + 4)[0])
+        offset += (size + 3) & ~3
+    return None

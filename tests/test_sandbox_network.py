@@ -13,6 +13,7 @@ import http.server
 import json
 import logging
 import os
+import platform
 import socket
 import socketserver
 import ssl
@@ -33,7 +34,7 @@ from observe_support import require
 
 from procq import Job, Lane, ProcQueue, Refused, Sandbox
 from procq._model.network import AllowList, parse_entry
-from procq._system.egress_bridge import PORT
+from procq._system.egress_bridge import PORT, SEGMENT
 from procq._system.egress_proxy import EgressProxy, Gate
 from procq._system.sandbox import _parts, kernel
 
@@ -389,6 +390,13 @@ def test_the_lane_says_how_its_network_is_enforced(queue: ProcQueue) -> None:
     assert kernel()["namespaces"] is None
     enforced = queue.stats().lanes["s"].sandbox or {}
     assert enforced["network"].startswith("the allow-list: procq's filtering proxy")
+
+
+def test_the_jobs_loopback_carries_large_packets(queue: ProcQueue) -> None:
+    # What the proxy writes to a job crosses the job's loopback in packets of up to SEGMENT bytes,
+    # not 64 KiB: where the kernel has the setting (6.3+); older ones do not name it.
+    release = tuple(int(part) for part in platform.release().split("-")[0].split(".")[:2])
+    assert _run(queue, je.loopback_packet) == (SEGMENT if release >= (6, 3) else None)
 
 
 def _handle(q: ProcQueue, fn: Any, *args: Any) -> Any:
