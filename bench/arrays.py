@@ -5,7 +5,8 @@ and the memcpy limit, on one machine in one run.
     python -m bench.arrays --quick         # 64 MiB, 40 x 4 MiB, 1 round
 
 Every engine runs 2 worker processes, started before timing (a small job
-warms each, then an untimed large job of each kind on each worker), and runs
+warms each, then an untimed large job of each kind on each worker, and a
+map of 8 of the map's arrays), and runs
 one job at a time (the map: 2 at a time), each timed job right after an
 untimed one of its engine, so a figure is what one large job costs, in a run
 of many, from the caller's call to its result in hand:
@@ -408,6 +409,8 @@ def measure(mib: int, map_n: int, map_mib: int, rounds: int) -> dict[tuple[str, 
         for _, engine in engines:  # (untimed: each engine's steady state, at this size, on both workers)
             engine.warm(big, "sum")
             engine.warm(big, "plus")
+            if "map" in engine.workloads:
+                engine.many([a.view() for a in arrays[:8]])
         for r in range(rounds):
             turn = engines[r % len(engines) :] + engines[: r % len(engines)]
             for name, engine in turn:
