@@ -150,3 +150,10 @@ def read_then_linger(array: Any, touch_all: bool, seconds: float) -> str:
     while time.monotonic() < deadline:
         time.sleep(0.01)
     return "lingered"
+
+
+def trim_after(ms: int) -> None:
+    """(In a worker) how long it stays idle before it lets go of its kept result segments."""
+    import procq._worker.trusted
+
+    procq._worker.trusted._TRIM_AFTER_MS = ms

@@ -2,7 +2,8 @@
 writes a later result into one only once the supervisor is done with it
 (``procq._wire.shm_results``): a result the caller still holds is never
 written over, whatever the caller did to it; one larger than a worker keeps
-has its name removed at once; a worker's death removes the names it kept,
+has its name removed at once; an idle worker, and a worker's death, let go
+of the names it kept,
 and the caller's results stay readable. A worker that runs jobs with a memory
 limit keeps its segments unmapped, and an argument a job reads counts towards
 its limit."""
@@ -18,7 +19,7 @@ import jobs
 import jobs_arrays
 import numpy as np
 import pytest
-from core_support import WAIT, open_queue
+from core_support import WAIT, open_queue, wait_until
 from test_shared_memory import BIG, result_segments, segments
 
 from procq import Job, JobFailed, Lane
@@ -37,6 +38,9 @@ def _rss_shmem(pid: int) -> int:
 
 def test_a_worker_writes_its_next_result_into_the_segment_the_caller_let_go() -> None:
     with open_queue(1) as q:
+        q.push_and_wait(
+            Job("no trim", jobs_arrays.trim_after, args=(60_000,)), timeout=WAIT
+        )  # (a slow step is no idle)
         names: set[str] = set()
         for i in range(5):
             out = q.push_and_wait(Job(f"r{i}", jobs_arrays.full, args=(BIG, float(i))), timeout=WAIT)
@@ -55,6 +59,9 @@ def test_a_worker_writes_its_next_result_into_the_segment_the_caller_let_go() ->
 
 def test_a_result_still_held_is_never_written_over() -> None:
     with open_queue(1) as q:
+        q.push_and_wait(
+            Job("no trim", jobs_arrays.trim_after, args=(60_000,)), timeout=WAIT
+        )  # (a slow step is no idle)
         held = [q.push_and_wait(Job(f"h{i}", jobs_arrays.full, args=(BIG, float(i))), timeout=WAIT) for i in range(4)]
         # The worker keeps the last two; the older two it dropped are the supervisor's to remove.
         assert len(result_segments()) == 4
@@ -88,6 +95,9 @@ def test_a_result_larger_than_a_worker_keeps_has_its_name_removed_at_once() -> N
 
 def test_a_worker_killed_removes_the_names_it_kept_and_the_callers_results_stay() -> None:
     with open_queue(1) as q:
+        q.push_and_wait(
+            Job("no trim", jobs_arrays.trim_after, args=(60_000,)), timeout=WAIT
+        )  # (a slow step is no idle)
         first = q.push_and_wait(Job("a", jobs_arrays.full, args=(BIG, 3.0)), timeout=WAIT)
         assert q.forget("a")
         second = q.push_and_wait(Job("b", jobs_arrays.full, args=(BIG, 4.0)), timeout=WAIT)
@@ -122,6 +132,7 @@ def test_a_large_argument_counts_towards_the_memory_limit_of_the_job_that_reads_
 
 def test_a_worker_running_jobs_with_a_memory_limit_keeps_its_result_segments_unmapped() -> None:
     with open_queue({"m": Lane(workers=1, memory_limit="1G")}) as q:
+        q.push_and_wait(Job("no trim", jobs_arrays.trim_after, args=(60_000,), lane="m"), timeout=WAIT)
         names: set[str] = set()
         for i in range(3):
             out = q.push_and_wait(Job(f"r{i}", jobs_arrays.full, args=(BIG, float(i)), lane="m"), timeout=WAIT)
@@ -171,3 +182,25 @@ def test_a_segment_dropped_from_the_keep_before_its_message_is_read() -> None:
     assert segments_.write(buffer)[0] in [name for name, _, _ in rest]
     for name in segments():
         os.unlink(os.path.join(SHM_DIR, name))
+
+
+def test_an_idle_worker_lets_go_of_the_result_segments_it_kept() -> None:
+    with open_queue(1) as q:
+        q.push_and_wait(Job("soon", jobs_arrays.trim_after, args=(50,)), timeout=WAIT)
+        held = q.push_and_wait(Job("held", jobs_arrays.full, args=(BIG, 1.0)), timeout=WAIT)
+        out = q.push_and_wait(Job("let go", jobs_arrays.full, args=(BIG, 2.0)), timeout=WAIT)
+        assert q.forget("let go")
+        del out
+        gc.collect()
+        # Idle, the worker drops both: the free one's name at once, the held one's as the caller lets go.
+        wait_until(lambda: len(result_segments()) == 1, what="the free segment's name removed")
+        assert np.array_equal(held, np.ones(BIG))
+        assert q.forget("held")
+        del held
+        gc.collect()
+        assert result_segments() == [] and jobs_arrays.mapped_ranges() == []
+        # And the next large result makes a new one.
+        assert np.array_equal(
+            q.push_and_wait(Job("again", jobs_arrays.full, args=(BIG, 3.0)), timeout=WAIT), np.full(BIG, 3.0)
+        )
+    assert segments() == []

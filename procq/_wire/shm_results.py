@@ -10,7 +10,8 @@ with no copy.
 A new segment's pages are allocated and zeroed by the kernel as they are
 first written, several times slower than a copy into pages already there. So
 a worker keeps its last result segments (at most ``KEEP_RESULT_SEGMENTS``,
-``KEEP_RESULT_BYTES`` in all) and writes a later result into one of them,
+``KEEP_RESULT_BYTES`` in all, and only while it is busy: idle for a second,
+it lets go of them, ``trim``) and writes a later result into one of them,
 mapped once and kept mapped, at memory speed. It may do so only once nothing
 of the supervisor's maps it: a copy-on-write mapping still shows what is
 written to the file where it has not written itself. The header says whose
@@ -132,6 +133,17 @@ class ResultSegments:
             self._mapped = False
             for kept in self._kept:
                 kept.unmap()
+
+    def kept(self) -> bool:
+        return bool(self._kept)
+
+    def trim(self) -> None:
+        """Keep none: each kept segment's name goes now (or, one the supervisor
+        still has, as it lets go), and its memory with it."""
+        kept, self._kept = self._kept, []
+        if os.getpid() == self._pid:
+            for segment in kept:
+                segment.drop()
 
     def write(self, buffers: list[pickle.PickleBuffer]) -> tuple[str, Spans, int]:
         """Write ``buffers``: the segment's name, where each lies in it, and its token (0: not kept)."""

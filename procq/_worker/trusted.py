@@ -254,6 +254,10 @@ class _Codec:
         raise NotImplementedError
 
 
+#: A worker idle this long lets go of the result segments it kept to write again.
+_TRIM_AFTER_MS = 1000
+
+
 class _Pickled(_Codec):
     def __init__(self, note: str = "", shm_prefix: str | None = None) -> None:
         self.note = note  # said with READY: why the main module was imported here, if it was
@@ -304,11 +308,14 @@ def _serve(
     waiting.register(conn.fileno(), select.POLLIN)
     run = _Runner(config, codec, send, init)
     todo: deque[tuple[Any, ...]] = deque()  # jobs received, not started, in order
+    segments = codec.segments if isinstance(codec, _Pickled) else None
     skip: set[int] = set()  # ids q.cancel() asked us to skip
     send(codec.ready())  # until now a signal could still kill us: no job was at risk
     try:
         while True:
             if not todo:
+                if segments is not None and segments.kept() and not waiting.poll(_TRIM_AFTER_MS):
+                    segments.trim()  # idle: the memory of the result segments it kept goes
                 _take(recv(), todo, skip)
             # Whatever else has arrived, before the next job starts: a CANCEL
             # for it must be seen now, not after it has run.
