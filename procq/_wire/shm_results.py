@@ -76,16 +76,19 @@ class _Kept:
     def is_free(self) -> bool:
         return _HEADER.unpack(os.pread(self.fd, _HEADER.size, 0)) == (self.token, _FREE)
 
+    def map(self) -> mmap.mmap:
+        if self.mapped is None:
+            # Populated at once: one call maps every page, where faulting them in one by one costs more than the copy.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            self.mapped = mmap.mmap(self.fd, self.size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        return self.mapped
+
     def rewrite(self, spans: Spans, buffers: list[pickle.PickleBuffer], pieces: list[Any], mapped: bool) -> None:
         if not mapped:
             shm.write_all(self.fd, pieces, ALIGN)
             os.pwrite(self.fd, _HEADER.pack(self.token, _SENT), 0)
             return
-        if self.mapped is None:
-            # Populated at once: one call maps every page, where faulting them in one by one costs more than the copy.
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            self.mapped = mmap.mmap(self.fd, self.size, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-        with memoryview(self.mapped) as whole:
+        with memoryview(self.map()) as whole:
             for (offset, length), buffer in zip(spans, buffers, strict=True):
                 if length:
                     whole[offset : offset + length] = buffer.raw()
@@ -136,6 +139,15 @@ class ResultSegments:
 
     def kept(self) -> bool:
         return bool(self._kept)
+
+    def prepare(self) -> None:
+        """Map the kept segments not mapped yet (the worker has nothing else
+        to do): the next result written into one is then a copy, and no
+        more, where mapping it as it is written costs as much again."""
+        if self._mapped and os.getpid() == self._pid:
+            for segment in self._kept:
+                with contextlib.suppress(OSError):
+                    segment.map()
 
     def trim(self) -> None:
         """Keep none: each kept segment's name goes now (or, one the supervisor

@@ -314,8 +314,10 @@ def _serve(
     try:
         while True:
             if not todo:
-                if segments is not None and segments.kept() and not waiting.poll(_TRIM_AFTER_MS):
-                    segments.trim()  # idle: the memory of the result segments it kept goes
+                if segments is not None and segments.kept():
+                    segments.prepare()  # (nothing to do now: map what it will write into next)
+                    if not waiting.poll(_TRIM_AFTER_MS):
+                        segments.trim()  # idle: the memory of the result segments it kept goes
                 _take(recv(), todo, skip)
             # Whatever else has arrived, before the next job starts: a CANCEL
             # for it must be seen now, not after it has run.
