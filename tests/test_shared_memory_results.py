@@ -20,7 +20,7 @@ import jobs_arrays
 import numpy as np
 import pytest
 from core_support import WAIT, open_queue, wait_until
-from test_shared_memory import BIG, result_segments, segments
+from test_shared_memory import BIG, no_trim, result_segments, segments
 
 from procq import Job, JobFailed, Lane
 from procq._wire.shm import SHM_DIR, segment_prefix
@@ -38,9 +38,7 @@ def _rss_shmem(pid: int) -> int:
 
 def test_a_worker_writes_its_next_result_into_the_segment_the_caller_let_go() -> None:
     with open_queue(1) as q:
-        q.push_and_wait(
-            Job("no trim", jobs_arrays.trim_after, args=(60_000,)), timeout=WAIT
-        )  # (a slow step is no idle)
+        no_trim(q)
         names: set[str] = set()
         for i in range(5):
             out = q.push_and_wait(Job(f"r{i}", jobs_arrays.full, args=(BIG, float(i))), timeout=WAIT)
@@ -59,9 +57,7 @@ def test_a_worker_writes_its_next_result_into_the_segment_the_caller_let_go() ->
 
 def test_a_result_still_held_is_never_written_over() -> None:
     with open_queue(1) as q:
-        q.push_and_wait(
-            Job("no trim", jobs_arrays.trim_after, args=(60_000,)), timeout=WAIT
-        )  # (a slow step is no idle)
+        no_trim(q)
         held = [q.push_and_wait(Job(f"h{i}", jobs_arrays.full, args=(BIG, float(i))), timeout=WAIT) for i in range(4)]
         # The worker keeps the last two; the older two it dropped are the supervisor's to remove.
         assert len(result_segments()) == 4
@@ -95,9 +91,7 @@ def test_a_result_larger_than_a_worker_keeps_has_its_name_removed_at_once() -> N
 
 def test_a_worker_killed_removes_the_names_it_kept_and_the_callers_results_stay() -> None:
     with open_queue(1) as q:
-        q.push_and_wait(
-            Job("no trim", jobs_arrays.trim_after, args=(60_000,)), timeout=WAIT
-        )  # (a slow step is no idle)
+        no_trim(q)
         first = q.push_and_wait(Job("a", jobs_arrays.full, args=(BIG, 3.0)), timeout=WAIT)
         assert q.forget("a")
         second = q.push_and_wait(Job("b", jobs_arrays.full, args=(BIG, 4.0)), timeout=WAIT)
@@ -132,7 +126,7 @@ def test_a_large_argument_counts_towards_the_memory_limit_of_the_job_that_reads_
 
 def test_a_worker_running_jobs_with_a_memory_limit_keeps_its_result_segments_unmapped() -> None:
     with open_queue({"m": Lane(workers=1, memory_limit="1G")}) as q:
-        q.push_and_wait(Job("no trim", jobs_arrays.trim_after, args=(60_000,), lane="m"), timeout=WAIT)
+        no_trim(q, "m")
         names: set[str] = set()
         for i in range(3):
             out = q.push_and_wait(Job(f"r{i}", jobs_arrays.full, args=(BIG, float(i)), lane="m"), timeout=WAIT)
