@@ -122,7 +122,7 @@ def _bounds() -> dict[str, Any]:
     import jobs_bounds as jb
     import jobs_sandbox as js
 
-    from procq import Job, Lane, ProcQueue, Sandbox, SandboxUnavailable
+    from procq import Job, JobFailed, Lane, ProcQueue, Sandbox, SandboxUnavailable
 
     said: dict[str, Any] = {}
     cases: dict[str, tuple[Lane, Any, tuple[Any, ...]]] = {
@@ -134,12 +134,17 @@ def _bounds() -> dict[str, Any]:
             jb.hog,
             (64,),
         ),
+        "memory_limit": (Lane(trusted=False, sandbox=Sandbox(), memory_limit="64M"), jb.hog, (256,)),
     }
-    bound = {"nproc": "max_processes", "relaxed max_memory": "max_memory"}
+    bound = {"nproc": "max_processes", "relaxed max_memory": "max_memory", "memory_limit": "max_memory"}
     for name, (lane, fn, args) in cases.items():
         with ProcQueue({"s": lane}) as q:
+            try:
+                did: Any = q.push_and_wait(Job(name, fn, args=args), timeout=60)
+            except JobFailed as exc:
+                did = {"failed": exc.failure.kind, "message": exc.failure.message}
             said[name] = {
-                "did": q.push_and_wait(Job(name, fn, args=args), timeout=60),
+                "did": did,
                 "next": q.push_and_wait(Job("next", js.square, args=(7,)), timeout=60),
                 "enforced": (q.stats().lanes["s"].sandbox or {}).get(bound.get(name, name), "(relaxed)"),
             }

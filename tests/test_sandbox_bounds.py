@@ -137,6 +137,20 @@ def test_the_lanes_memory_limit_is_the_default_max_memory(nothing_left: None) ->
         _serves(q)
 
 
+def test_a_lanes_memory_limit_kills_a_hog_as_memory_whoever_runs_the_supervisor(nothing_left: None) -> None:
+    """A memory_limit binds a sandboxed lane as any untrusted one, cgroup or
+    not (``nobody``'s side, without one, is test_sandbox_users'), and the lane
+    serves on."""
+    with open_queue({"s": _lane(memory_limit="64M")}) as q:
+        how = (q.stats().lanes["s"].sandbox or {})["max_memory"]
+        assert "64 MiB" in how, how
+        with pytest.raises(JobFailed) as caught:
+            q.push_and_wait(Job("hog", jb.hog, args=(256,)), timeout=WAIT)
+        assert caught.value.failure.kind == "memory", caught.value.failure
+        _serves(q)
+        assert q.push_and_wait(Job("small", jb.hog, args=(8,)), timeout=WAIT) == 8 << 20
+
+
 def test_temporary_files_count_against_max_memory(nothing_left: None) -> None:
     """The tmpfs pages a job writes are its memory: filling 64 MiB of tmp
     under a 48 MiB memory bound is stopped by the memory cgroup first."""

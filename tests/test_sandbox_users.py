@@ -93,6 +93,11 @@ def test_a_supervisor_running_as_an_ordinary_user_sandboxes_its_jobs(shared: str
     assert "Sandbox(relax=('max_memory',))" in refused["message"]
     relaxed = bounds["relaxed max_memory"]
     assert relaxed["did"] == 64 << 20 and relaxed["enforced"] == "(relaxed)", relaxed
+    # Without a cgroup, the lane's memory_limit (max_memory's default) binds as in any untrusted lane.
+    limited = bounds["memory_limit"]
+    assert limited["did"]["failed"] == "memory" and limited["next"] == 49, limited
+    assert limited["enforced"].startswith("the lane's memory_limit, as in any untrusted lane"), limited
+    assert "64 MiB, its temporary files not included" in limited["enforced"], limited
     egress = said["egress"]
     assert egress["urllib"][0][0] == "ok" and egress["urllib"][0][1].startswith("hello from 127.0.0.2 for ")
     assert egress["urllib"][1] == ["refused", 403]

@@ -93,7 +93,9 @@ class Sandbox:
     - ``max_memory``: bytes (or ``"512M"``) of memory a job's tree may hold,
       its temporary files included; past it the kernel kills it and the job
       fails with kind ``"memory"``. None (the default): the lane's
-      ``memory_limit``, if it has one.
+      ``memory_limit``, if it has one; where no memory cgroup may be made,
+      that limit binds as in any untrusted lane (its temporary files not
+      counted), where an explicit ``max_memory`` is refused.
     - ``max_tmp``: bytes (or ``"64M"``) its temporary directory, and its
       ``/dev/shm``, may each hold (256 MiB; None: the kernel's tmpfs default,
       half the RAM); past it a write fails with ``ENOSPC``.

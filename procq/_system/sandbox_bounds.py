@@ -10,7 +10,11 @@ or why none can, and the plan its workers follow.
   process that waits outside for it) and its own. Never ``RLIMIT_NPROC``
   for root: the kernel does not apply it to host uid 0, in any namespace.
 - ``max_memory``: a ``memory`` cgroup; nothing else bounds a process tree's
-  memory with its tmpfs files in it.
+  memory with its tmpfs files in it. Left to default to the lane's
+  ``memory_limit`` where no cgroup may be made, the lane's limit still binds
+  as in any untrusted lane (``RLIMIT_AS`` on the job and the supervisor's
+  watch of its process tree), its tmpfs files uncounted; only a
+  ``max_memory`` given explicitly is refused there.
 - ``max_tmp``: the ``size=`` of the tmpfs mounted on the job's ``/tmp`` and
   ``/dev/shm``, which needs the namespaces part (without it the job's
   temporary directory is in the host's).
@@ -65,6 +69,7 @@ def bounds(sandbox: Sandbox, lane: Lane, namespaces: bool) -> tuple[dict[str, st
             else "RLIMIT_NPROC counts every process of this user without the namespaces part"
         )
         lack["max_processes"] = f"needs a pids cgroup, and {pids}; {why}"
+    explicit = sandbox.max_memory is not None
     memory = int(sandbox.max_memory) if sandbox.max_memory is not None else lane.memory_limit_bytes
     place = usable["memory"]
     if memory is None:
@@ -73,6 +78,14 @@ def bounds(sandbox: Sandbox, lane: Lane, namespaces: bool) -> tuple[dict[str, st
         have["max_memory"] = f"{place.describe()}: {format_size(memory)}, its temporary files included"
         plan["cgroups"]["memory"] = [place.version, place.parent]
         plan["memory_max"] = memory
+    elif not explicit:
+        # The lane's memory_limit binds as in any untrusted lane; only the
+        # tmpfs files, which no process maps, escape it without a cgroup.
+        have["max_memory"] = (
+            f"the lane's memory_limit, as in any untrusted lane (an address-space limit on the job and the "
+            f"supervisor's watch of its process tree): {format_size(memory)}, its temporary files not "
+            f"included (they need a memory cgroup, and {place})"
+        )
     else:
         lack["max_memory"] = f"needs a memory cgroup, and {place}"
     tmp = None if sandbox.max_tmp is None else int(sandbox.max_tmp)
