@@ -93,6 +93,58 @@ def test_a_job_killed_at_its_timeout_leaves_no_cgroup_behind(nothing_left: None)
         assert len(_ours()) == made
 
 
+def _held(dirs: list[str]) -> list[str]:
+    """A cgroup made below each of ``dirs``: the kernel refuses to remove a
+    cgroup that has one (EBUSY) as it does one whose processes are still exiting."""
+    held = [os.path.join(d, "held") for d in dirs]
+    for path in held:
+        os.mkdir(path)
+    return held
+
+
+def _pids_place() -> cgroups.Place | None:
+    place = cgroups.usable()["pids"]
+    return place if isinstance(place, cgroups.Place) else None
+
+
+def test_a_busy_cgroup_is_removed_on_a_thread_of_its_own(nothing_left: None) -> None:
+    place = _pids_place()
+    if place is None:
+        pytest.skip(f"this process may make no pids cgroup: {cgroups.usable()['pids']}")
+    made = list(cgroups.make({"pids": place}, 16, None).values())
+    held = _held(made)
+    done = cgroups.remove_soon(made)
+    # Handed over, not waited for: it cannot be removed while the one below it is there.
+    assert not done.is_set() and all(os.path.isdir(d) for d in made)
+    for path in held:
+        os.rmdir(path)
+    assert done.wait(WAIT)
+    assert not any(os.path.exists(d) for d in made)
+
+
+def test_a_dead_workers_busy_cgroup_holds_up_no_other_job(nothing_left: None) -> None:
+    """The I/O thread reaps a worker killed at its job's timeout; its cgroup,
+    still busy, is removed on the cgroups' thread while the queue serves on,
+    and is gone once the queue is closed."""
+    if _pids_place() is None:
+        pytest.skip(f"this process may make no pids cgroup: {cgroups.usable()['pids']}")
+    with open_queue({"s": _lane(max_processes=16)}) as q:
+        _serves(q)
+        first = _ours()
+        held = _held(first)
+        try:
+            with pytest.raises(JobFailed) as caught:
+                q.push_and_wait(Job("hang", jb.spawn_and_hang, args=(2,), timeout=1), timeout=WAIT)
+            assert caught.value.failure.kind == "timeout"
+            _serves(q)  # by its replacement, while the first worker's cgroup cannot be removed
+            assert all(os.path.isdir(d) for d in first)
+            assert not cgroups.settle(0)  # its removal is still under way
+        finally:
+            for path in held:
+                os.rmdir(path)
+    assert cgroups.settle(WAIT)
+
+
 def test_without_a_process_bound_the_bomb_runs_its_course(nothing_left: None) -> None:
     with open_queue({"s": _lane(max_processes=None)}) as q:
         assert q.push_and_wait(Job("bomb", jb.fork_bomb), timeout=WAIT) == {"processes": 127, "refused": 0, "why": []}

@@ -207,16 +207,20 @@ class UntrustedChannel(ProcessChannel):
 
     def reap(self) -> int | None:
         """Reap the worker, then remove its cgroups: with it went every
-        process of its jobs (the PID 1 of their namespace)."""
+        process of its jobs (the PID 1 of their namespace). Those still
+        exiting are waited for on the cgroups' own thread, not this one."""
         exitcode = super().reap()
         if self.cgroups:
             made, self.cgroups = self.cgroups, []
-            cgroups.remove(made)
+            cgroups.remove_soon(made)
         return exitcode
 
     @classmethod
     def close_lane(cls, lane: LaneState, launch: Launch) -> None:
         close_proxy(lane, launch)
+        # Every worker is reaped: the cgroups still being removed go before
+        # close() returns (bounded, as a removal on this thread would be).
+        cgroups.settle()
 
     def send_job(self, core: Core, worker: WorkerSlot, entry: Entry) -> None:
         # An untrusted worker is never sent a job ahead of the one it runs

@@ -17,8 +17,10 @@ cgroup. ``usable()`` says, for each controller, where, or why not; the
 worker's side (joining, the count of memory kills) is ``JobCgroup``.
 
 A worker's cgroup is removed when the supervisor reaps the worker
-(``remove``): by then the worker, the PID 1 of its jobs' namespace, has
-taken every process of its jobs with it. Cgroups left by a supervisor that
+(``remove_soon``): by then the worker, the PID 1 of its jobs' namespace, has
+taken every process of its jobs with it, though some may still be exiting;
+a cgroup not yet empty is left to a thread of its own to remove, so that the
+I/O thread never waits for it. Cgroups left by a supervisor that
 was killed are removed by the next one that looks (``usable``).
 """
 
@@ -37,12 +39,18 @@ from dataclasses import dataclass
 
 from procq._system.processes import pid_alive
 
-__all__ = ["CONTROLLERS", "JobCgroup", "Place", "make", "remove", "usable"]
+__all__ = ["CONTROLLERS", "JobCgroup", "Place", "make", "remove", "remove_soon", "settle", "usable"]
 
 #: The controllers a sandbox uses: tasks (processes and threads), memory.
 CONTROLLERS = ("pids", "memory")
 #: How long ``remove`` waits for the processes still in a cgroup to exit once killed.
 _REMOVE_WAIT = 5.0
+#: How long the remover's thread keeps trying (it holds up no one), and how
+#: long it lingers with nothing to do.
+_REMOVER_PATIENCE = 60.0
+_REMOVER_IDLE = 5.0
+#: Between two tries at a cgroup that is busy with no process listed.
+_RETRY = 0.01
 _PREFIX = "procq-"
 _NAME = re.compile(r"procq-(\d+)-\d+$")
 _counter = itertools.count(1)
@@ -206,21 +214,97 @@ def _write(directory: str, name: str, value: str) -> None:
         f.write(value)
 
 
-def remove(dirs: list[str]) -> None:
-    """Remove a worker's cgroups. Processes still in one (a worker killed an
-    instant ago takes its jobs' processes with it, which may still be
-    exiting) are killed, and waited for, for at most a few seconds."""
-    for path in dict.fromkeys(dirs):
-        deadline = time.monotonic() + _REMOVE_WAIT
+def remove(dirs: list[str], wait: float = _REMOVE_WAIT) -> list[str]:
+    """Remove a worker's cgroups; those it could not remove in time. Processes
+    still in one (a worker killed an instant ago takes its jobs' processes
+    with it, which may still be exiting) are killed, and waited for, for at
+    most ``wait`` seconds in all."""
+    deadline = time.monotonic() + wait
+    return [path for path in dict.fromkeys(dirs) if not _remove_one(path, deadline)]
+
+
+def _remove_one(path: str, deadline: float) -> bool:
+    while True:
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                return False
+        if not kill_and_wait(path, deadline):
+            return False
+        if not _listed(path):
+            # Busy with no process listed: one whose exit the kernel has yet
+            # to finish accounting, or a cgroup below it. A moment, then again.
+            time.sleep(min(_RETRY, max(0.0, deadline - time.monotonic())))
+
+
+class _Remover:
+    """Removes, on a thread of its own, the cgroups that could not be
+    removed at once: waiting for their processes to exit must never hold up
+    the I/O thread, which reaps workers while it serves every other lane."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queued: list[tuple[list[str], threading.Event]] = []
+        self._wake = threading.Condition(self._lock)
+        self._thread: threading.Thread | None = None
+
+    def remove_soon(self, dirs: list[str]) -> threading.Event:
+        """Remove ``dirs`` now if they are empty, else hand them to the thread;
+        set once every one is gone or has been given up on."""
+        done = threading.Event()
+        busy = remove(dirs, wait=0.0)
+        if not busy:
+            done.set()
+            return done
+        with self._lock:
+            self._queued.append((busy, done))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="procq-cgroups", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        return done
+
+    def _run(self) -> None:
         while True:
+            with self._lock:
+                while not self._queued:
+                    if not self._wake.wait(timeout=_REMOVER_IDLE) and not self._queued:
+                        self._thread = None  # idle: a later removal starts another
+                        return
+                dirs, done = self._queued[0]
             try:
-                os.rmdir(path)
-                break
-            except FileNotFoundError:
-                break
-            except OSError as exc:
-                if exc.errno != errno.EBUSY or not kill_and_wait(path, deadline):
-                    break
+                remove(dirs, wait=_REMOVER_PATIENCE)
+            finally:
+                with self._lock:
+                    self._queued.pop(0)
+                done.set()
+
+    def settle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for every removal handed over so far; True if all ended."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            waiting = [done for _, done in self._queued]
+        return all(done.wait(max(0.0, deadline - time.monotonic())) for done in waiting)
+
+
+_remover = _Remover()
+
+
+def remove_soon(dirs: list[str]) -> threading.Event:
+    """Remove a worker's cgroups without waiting for their processes: what is
+    empty goes now, the rest on a thread of procq's (killed, waited for up to
+    a minute). The event is set once all are gone or given up on."""
+    return _remover.remove_soon(dirs)
+
+
+def settle(timeout: float = _REMOVE_WAIT) -> bool:
+    """Wait up to ``timeout`` seconds for the removals ``remove_soon`` handed
+    to its thread (a closing queue leaves no cgroup behind); True if all ended."""
+    return _remover.settle(timeout)
 
 
 def kill_and_wait(path: str, deadline: float) -> bool:
