@@ -27,8 +27,9 @@ TESTS_DIR = str(Path(__file__).parent)
 
 
 def templates(q: ProcQueue, lane: str = "default") -> list[Template]:
-    kept: list[Template] = q._supervisor._launch.lanes.get(lane, [])
-    return kept
+    # (A trusted lane keeps its templates in a list; an untrusted one keeps a dict of what its channel needs.)
+    kept = q._supervisor._launch.lanes.get(lane, [])
+    return [t for t in (kept.values() if isinstance(kept, dict) else kept) if isinstance(t, Template)]
 
 
 def whoami() -> tuple[int, int]:

@@ -18,7 +18,9 @@ never the API above it.
   and ``ProcessChannel``, what the local kinds share; ``channel_trusted`` and
   ``channel_untrusted``: the two local kinds. ``egress``: a lane's network
   allow-list as its untrusted channel uses it (the lane's proxy, a gate per
-  worker, what a refused job's outcome says).
+  worker, what a refused job's outcome says). ``output``: the relay of
+  what an untrusted lane's workers and jobs print (pipes, never the
+  supervisor's own terminal).
 - ``undertaker``: the small process per queue that kills the workers'
   process groups should the supervisor's process die.
 """

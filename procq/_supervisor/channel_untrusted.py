@@ -23,6 +23,7 @@ from procq._model.values import Completed, Failed, Failure
 from procq._supervisor.channels import KINDS, ProcessChannel
 from procq._supervisor.egress import close_proxy, open_gate, tell, with_refusals
 from procq._supervisor.failures import exit_failure, sandbox_memory_failure, unstarted_failure
+from procq._supervisor.output import OutputRelay, Stream
 from procq._system import cgroups
 from procq._system.processes import ExecProcess, find_descendants, import_path, process_pss, worker_config
 from procq._system.sandbox import sandbox_config
@@ -136,6 +137,8 @@ class UntrustedChannel(ProcessChannel):
         # A lane with a network allow-list: this worker's way out (see _system.egress_proxy).
         self.gate: Gate | None = None
         self.lane: LaneState | None = None  # (with a gate: where its jobs' refusals are told)
+        # The relay of its stdout and stderr, and their streams (released once it is reaped).
+        self.output: tuple[OutputRelay, list[Stream]] | None = None
 
     @classmethod
     def start(cls, lane: LaneState, launch: Launch) -> UntrustedChannel:
@@ -159,6 +162,10 @@ class UntrustedChannel(ProcessChannel):
         passed = [child_conn.fileno(), launch.alive_fd]
         passed += [] if bridge is None else [bridge.fileno()]
         passed += [] if mark is None else [mark.fileno()]
+        # Its stdout and stderr: pipes the lane's relay reads, never the supervisor's own (a terminal, say).
+        relay = _relay(lane, launch)
+        out_w, out = relay.open(1)
+        err_w, err = relay.open(2)
         argv = [
             sys.executable,
             "-I",
@@ -176,6 +183,8 @@ class UntrustedChannel(ProcessChannel):
                 env=env,
                 cwd=spec.cwd,
                 stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=err_w,
                 close_fds=True,
                 pass_fds=passed,
                 start_new_session=True,
@@ -187,8 +196,11 @@ class UntrustedChannel(ProcessChannel):
             cgroups.remove(made)
             if gate is not None:
                 gate.close()
+            relay.release([out, err])
             raise
         finally:
+            os.close(out_w)
+            os.close(err_w)
             child_conn.close()
             if mark is not None:
                 mark.close_fd()
@@ -203,6 +215,7 @@ class UntrustedChannel(ProcessChannel):
         channel.cgroups = made
         channel.gate = gate
         channel.lane = lane if gate is not None else None
+        channel.output = (relay, [out, err])
         return channel
 
     def reap(self) -> int | None:
@@ -213,11 +226,19 @@ class UntrustedChannel(ProcessChannel):
         if self.cgroups:
             made, self.cgroups = self.cgroups, []
             cgroups.remove_soon(made)
+        if self.output is not None:
+            relay, streams = self.output
+            self.output = None
+            relay.release(streams)
         return exitcode
 
     @classmethod
     def close_lane(cls, lane: LaneState, launch: Launch) -> None:
         close_proxy(lane, launch)
+        kept = launch.lanes.get(lane.name)
+        relay = kept.pop(_OUTPUT, None) if isinstance(kept, dict) else None
+        if relay is not None:
+            relay.close()  # what its workers printed last, written out
         # Every worker is reaped: the cgroups still being removed go before
         # close() returns (bounded, as a removal on this thread would be).
         cgroups.settle()
@@ -364,6 +385,19 @@ class UntrustedChannel(ProcessChannel):
         if self.gate is not None:  # what the allow-list refused it, told
             outcome = with_refusals(entry, worker.lane, outcome, self.gate.end())
         return Report(entry.job_id, outcome, False, crashed)
+
+
+#: Where a lane's output relay is kept in ``Launch.lanes[name]``.
+_OUTPUT = "output relay"
+
+
+def _relay(lane: LaneState, launch: Launch) -> OutputRelay:
+    """The relay of what the lane's workers print, made with its first worker."""
+    kept = launch.lanes.setdefault(lane.name, {})
+    relay: OutputRelay | None = kept.get(_OUTPUT)
+    if relay is None:
+        relay = kept[_OUTPUT] = OutputRelay(lane.name)
+    return relay
 
 
 def _make_cgroups(config: dict[str, Any] | None) -> list[str]:
