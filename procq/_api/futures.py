@@ -43,6 +43,7 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
+from concurrent.futures._base import CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED
 from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -74,11 +75,15 @@ class BrokenJob(JobFailed, BrokenProcessPool):
 
 
 def run_callback(fn: Any, arg: Any) -> None:
-    """Call a user's done callback; log what it raises (it runs in some thread
-    of procq's, where an exception would reach no one), as the stdlib does."""
+    """Call a user's done callback; log what it raises, as the stdlib does.
+    It runs in whichever thread ended the job (procq's I/O thread, or a
+    waiter's reading the answer): what it raises belongs to none of them,
+    ``SystemExit`` included. Only ``KeyboardInterrupt`` goes on up."""
     try:
         fn(arg)
-    except Exception:
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
         LOGGER.exception("exception calling callback for %r", arg)
 
 
@@ -104,6 +109,19 @@ class JobFuture(Future[T]):
     def key(self) -> str | None:
         """The key of the job behind the future (None for one made from a cached output)."""
         return None if self._handle is None else self._handle.key
+
+    def add_done_callback(self, fn: Any) -> None:
+        """As the stdlib's, but what ``fn`` raises is logged whatever it is
+        (``run_callback``): never raised in the thread that ended the job."""
+        with self._condition:
+            if self._state not in (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED):
+                self._done_callbacks.append(fn)  # type: ignore[attr-defined]  # (the stdlib's list)
+                return
+        run_callback(fn, self)
+
+    def _invoke_callbacks(self) -> None:
+        for callback in self._done_callbacks:  # type: ignore[attr-defined]
+            run_callback(callback, self)
 
     def handed_over(self) -> bool:
         """The executor hands the job to its queue: the future is RUNNING from

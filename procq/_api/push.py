@@ -305,8 +305,8 @@ class Pusher:
                 if type(fn) is types.FunctionType and len(self._fns) < MAX_FNS and pickled_by_reference(fn):
                     self._fns[fn] = cached
             entry.fn_id, entry.fn_bytes = cached
-        except Exception as exc:
-            raise JobPicklingError(f"job {job.key!r}: its function {fn!r} could not be pickled: {exc}") from exc
+        except (Exception, SystemExit) as exc:  # (a __reduce__ that exits fails the job, not the caller)
+            raise JobPicklingError(f"job {job.key!r}: its function {fn!r} could not be pickled: {exc!r}") from exc
         try:
             args, kwargs = job.args, job.kwargs
             if not args and kwargs is None:
@@ -315,8 +315,8 @@ class Pusher:
                 entry.args_bytes, entry.segment = dumps_args((args, kwargs), dumps_fn, self.segments)
             else:
                 entry.args_bytes = dumps((args, kwargs))
-        except Exception as exc:
-            raise JobPicklingError(f"job {job.key!r}: its arguments could not be pickled: {exc}") from exc
+        except (Exception, SystemExit) as exc:
+            raise JobPicklingError(f"job {job.key!r}: its arguments could not be pickled: {exc!r}") from exc
 
     def _hand_over(self, entry: Entry, offered: Offer, timeout: float | None) -> None:
         """Act on an offer that did not block: send the job to the worker that

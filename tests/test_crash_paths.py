@@ -1,0 +1,84 @@
+"""Failures on the way to and from a worker land on that job's future or
+handle, never elsewhere: pickling that raises ``SystemExit``, done callbacks
+that raise anything but ``KeyboardInterrupt``. (As loky's crash tests ask of
+an executor.)"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import pickle
+import threading
+
+import executor_jobs as ej
+import pytest
+
+from procq import Executor, Job, JobPicklingError, ProcQueue
+
+WAIT = 30
+
+
+class CallableExitAtPickle:
+    """A job's function whose pickling exits the process that pickles it."""
+
+    def __call__(self) -> None:
+        return None
+
+    def __reduce__(self) -> tuple[object, ...]:
+        ej.exit_1()
+        raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("where", ["argument", "function"])
+def test_pickling_that_exits_fails_the_future_not_submit(where: str) -> None:
+    with Executor(1) as ex:
+        calls = {"argument": (ej.mul, ej.ExitAtPickle(), 2), "function": (CallableExitAtPickle(),)}
+        future = ex.submit(*calls[where])
+        error = future.exception(timeout=WAIT)
+        assert isinstance(error, JobPicklingError) and isinstance(error, pickle.PicklingError), error
+        assert "SystemExit" in str(error)
+        assert isinstance(error.__cause__, SystemExit)
+        assert ex.submit(ej.mul, 2, 3).result(timeout=WAIT) == 6
+
+
+def test_a_push_whose_pickling_exits_raises_a_pickling_error_and_leaves_the_key_free() -> None:
+    with ProcQueue(1) as q:
+        with pytest.raises(JobPicklingError, match="SystemExit") as caught:
+            q.push(Job("k", ej.mul, args=(ej.ExitAtPickle(), 2)))
+        assert isinstance(caught.value.__cause__, SystemExit)
+        assert q.push_and_wait(Job("k", ej.mul, args=(3, 2)), timeout=WAIT) == 6
+
+
+@pytest.mark.parametrize("raised", [SystemExit, ValueError])
+def test_a_callback_that_raises_is_logged_and_reaches_no_waiter(
+    raised: type[BaseException], caplog: pytest.LogCaptureFixture
+) -> None:
+    called = threading.Event()
+
+    def callback(_: object) -> None:
+        called.set()
+        raise raised("from the callback")
+
+    with Executor(1) as ex, caplog.at_level(logging.ERROR, logger="procq"):
+        future = ex.submit(ej.mul, 2, 2)
+        future.add_done_callback(callback)
+        assert future.result(timeout=WAIT) == 4  # a waiter on this thread, which may run the callback
+        assert called.wait(WAIT)
+        late = ex.submit(ej.mul, 3, 3)
+        cf.wait([late], timeout=WAIT)
+        late.add_done_callback(callback)  # (done already: called at once, in this thread)
+        assert ex.submit(ej.mul, 5, 5).result(timeout=WAIT) == 25  # the queue serves on
+    assert len([r for r in caplog.records if "exception calling callback" in r.getMessage()]) == 2
+
+
+def test_a_handles_callback_that_exits_leaves_the_queue_serving(caplog: pytest.LogCaptureFixture) -> None:
+    def callback(_: object) -> None:
+        raise SystemExit(3)
+
+    with ProcQueue(1) as q, caplog.at_level(logging.ERROR, logger="procq"):
+        handles = [q.push(Job(f"k{i}", ej.mul, args=(i, 2))).handle for i in range(4)]
+        for handle in handles:
+            handle.add_done_callback(callback)
+        assert [h.result(timeout=WAIT) for h in handles] == [0, 2, 4, 6]
+        assert q.push_and_wait(Job("after", ej.mul, args=(7, 7)), timeout=WAIT) == 49
+    assert len([r for r in caplog.records if "exception calling callback" in r.getMessage()]) == 4
