@@ -367,11 +367,11 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
         try:
             return out.result()
         except JobFailed as failed:
-            cause = failed.__cause__
+            cause = failed.failure.exception
             if failed.failure.kind == "error" and cause is not None:
                 raise cause from cause.__cause__
-            if failed.failure.kind == "error" and failed.failure.exception is None:
-                raise UnpicklableTaskError(failed.key, failed.failure) from None
+            if failed.failure.kind == "error":  # (its traceback's text as the cause)
+                raise UnpicklableTaskError(failed.key, failed.failure) from failed.__cause__
             raise
 
     def abort_everything(self, ensure_ready: bool = True) -> None:

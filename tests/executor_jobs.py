@@ -166,3 +166,18 @@ def square_or_crash(x: int) -> int:
     if x == -1:
         os.kill(os.getpid(), signal.SIGKILL)
     return x * x
+
+
+def raise_error_with(etype: type[BaseException], message: str) -> None:
+    raise etype(message)
+
+
+class ErrorWithMessageAtUnpickle:
+    """Bad object whose unpickling raises ``etype(message)``."""
+
+    def __init__(self, etype: type[BaseException], message: str) -> None:
+        self.etype = etype
+        self.message = message
+
+    def __reduce__(self) -> Any:
+        return raise_error_with, (self.etype, self.message)

@@ -9,11 +9,12 @@ import concurrent.futures as cf
 import logging
 import pickle
 import threading
+from concurrent.futures.process import BrokenProcessPool
 
 import executor_jobs as ej
 import pytest
 
-from procq import Executor, Job, JobPicklingError, ProcQueue
+from procq import Executor, Job, JobFailed, JobPicklingError, Lane, ProcQueue
 
 WAIT = 30
 
@@ -82,3 +83,53 @@ def test_a_handles_callback_that_exits_leaves_the_queue_serving(caplog: pytest.L
         assert [h.result(timeout=WAIT) for h in handles] == [0, 2, 4, 6]
         assert q.push_and_wait(Job("after", ej.mul, args=(7, 7)), timeout=WAIT) == 49
     assert len([r for r in caplog.records if "exception calling callback" in r.getMessage()]) == 4
+
+
+CAUSED = [
+    pytest.param(ej.mul, (ej.ExitAtUnpickle(), 2), "SystemExit", id="arguments: exit at unpickling"),
+    pytest.param(ej.mul, (ej.ErrorAtUnpickle(), 2), "UnpicklingError", id="arguments: error at unpickling"),
+    pytest.param(ej.return_instance, (ej.ExitAtUnpickle,), "SystemExit", id="result: exit at unpickling"),
+    pytest.param(ej.return_instance, (ej.ErrorAtUnpickle,), "UnpicklingError", id="result: error at unpickling"),
+]
+
+
+@pytest.mark.parametrize(("fn", "args", "match"), CAUSED)
+def test_a_job_broken_on_its_way_has_the_original_error_as_its_cause(
+    fn: object, args: tuple[object, ...], match: str
+) -> None:
+    """The future fails with ``BrokenProcessPool``; its ``__cause__`` carries
+    the error where it was raised (its type, message and traceback) as text."""
+    with Executor(1) as ex:
+        error = ex.submit(fn, *args).exception(timeout=WAIT)  # type: ignore[arg-type]
+        assert isinstance(error, BrokenProcessPool), error
+        cause = error.__cause__
+        assert isinstance(cause, Exception) and match in str(cause), repr(cause)
+        assert str(cause).startswith("Traceback (most recent call last):")
+        assert ex.submit(ej.mul, 2, 3).result(timeout=WAIT) == 6
+
+
+def test_informative_error_when_arguments_fail_to_unpickle() -> None:
+    with Executor(2) as ex:
+        future = ex.submit(id, ej.ErrorWithMessageAtUnpickle(RuntimeError, "message raised in child"))
+        with pytest.raises(BrokenProcessPool) as caught:
+            future.result(timeout=WAIT)
+    assert "RuntimeError" in str(caught.value.__cause__)
+    assert "message raised in child" in str(caught.value.__cause__)
+
+
+@pytest.mark.parametrize("trusted", [True, False], ids=["trusted", "untrusted"])
+def test_a_handles_job_failed_carries_the_workers_traceback_as_its_cause(trusted: bool) -> None:
+    with ProcQueue({"default": Lane(workers=1, trusted=trusted)}) as q:
+        with pytest.raises(JobFailed) as caught:
+            q.push_and_wait(
+                Job("args", ej.mul, args=(ej.ErrorWithMessageAtUnpickle(KeyError, "in the worker"), 2)), timeout=WAIT
+            )
+        assert caught.value.failure.kind == "error"
+        assert "KeyError" in str(caught.value.__cause__) and "in the worker" in str(caught.value.__cause__)
+        with pytest.raises(JobFailed) as raised:
+            q.push_and_wait(Job("raise", ej.raise_error_with, args=(ValueError, "its own")), timeout=WAIT)
+        cause = raised.value.__cause__
+        if trusted:  # the exception itself, with the worker's traceback as its own cause
+            assert isinstance(cause, ValueError) and "its own" in str(cause.__cause__)
+        else:  # (an untrusted lane sends no exception object: its text)
+            assert "ValueError: its own" in str(cause)

@@ -36,6 +36,7 @@ from procq import (
     ProcQueue,
     Queued,
 )
+from procq._model.errors import _RemoteTraceback
 
 CPU = "cpu"
 
@@ -185,6 +186,7 @@ CASES = [
         exc_type="RuntimeError",
         message=r"^the job's result could not be unpickled in the supervisor: "
         r"RuntimeError\('UnloadableValue refuses to be unpickled'\)$",
+        traceback="RuntimeError: UnloadableValue refuses to be unpickled",  # (the supervisor's own)
     ),
     Case(
         "argument-wont-pickle",
@@ -263,7 +265,12 @@ def test_crash_table(q: ProcQueue, tmp_path: Any, case: Case) -> None:
 
     cause = info.value.__cause__
     if case.cause is None:
-        assert cause is None and failure.exception is None
+        # Without the exception itself, its traceback's text is the cause, where there is one.
+        assert failure.exception is None
+        if failure.traceback is None:
+            assert cause is None
+        else:
+            assert type(cause) is _RemoteTraceback and str(cause) == failure.traceback
     else:
         assert type(cause) is case.cause and failure.exception is cause
         # The child's traceback is chained below the job's own exception.

@@ -201,9 +201,9 @@ class JobFuture(Future[T]):
     def _unwrapped(failed: JobFailed) -> BaseException:
         """What ``ProcessPoolExecutor`` would raise for this failure (see the module docstring)."""
         failure = failed.failure
-        cause = failed.__cause__
-        if failure.kind == "error" and cause is not None:
-            return cause
+        cause = failed.__cause__  # the job's exception, or the remote traceback's text (``_RemoteTraceback``)
+        if failure.kind == "error" and failure.exception is not None:
+            return failure.exception
         if failure.kind in ("crashed", "protocol", "error"):
             broken = BrokenJob(failed.key, failure, failed.item)
             broken.__cause__ = cause

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from procq._core.entries import Entry
 from procq._core.retention import Done
-from procq._model.errors import JobFailed
+from procq._model.errors import JobFailed, _RemoteTraceback
 from procq._model.job import check_wait
 from procq._model.values import Completed, State
 
@@ -219,7 +219,11 @@ def _unwrap(entry: Entry | Ended | Done) -> Any:  # the T of the handle it serve
         return outcome.output
     failure = outcome.failure  # type: ignore[union-attr]
     error = JobFailed(entry.key, failure)
-    cause = failure.exception
+    # The job's own exception where it came back; else, where the worker (or
+    # the supervisor, unpickling a result) formatted one, its text.
+    cause: BaseException | None = failure.exception
+    if cause is None and failure.traceback:
+        cause = _RemoteTraceback(failure.traceback)
     if cause is not None:
         raise error from cause
     raise error

@@ -178,7 +178,7 @@ class _Out:
 
 def _restate(failed: JobFailed, where: str) -> JobFailed:
     error = JobFailed(failed.key, failed.failure, where)
-    error.__cause__ = failed.__cause__  # the job's own exception, as on the handle's
+    error.__cause__ = failed.__cause__  # the job's own exception (or its traceback's text), as on the handle's
     return error
 
 

@@ -306,7 +306,7 @@ class Pusher:
                     self._fns[fn] = cached
             entry.fn_id, entry.fn_bytes = cached
         except (Exception, SystemExit) as exc:  # (a __reduce__ that exits fails the job, not the caller)
-            raise JobPicklingError(f"job {job.key!r}: its function {fn!r} could not be pickled: {exc!r}") from exc
+            raise JobPicklingError(f"job {job.key!r}: its function {fn!r} could not be pickled: {_why(exc)}") from exc
         try:
             args, kwargs = job.args, job.kwargs
             if not args and kwargs is None:
@@ -316,7 +316,7 @@ class Pusher:
             else:
                 entry.args_bytes = dumps((args, kwargs))
         except (Exception, SystemExit) as exc:
-            raise JobPicklingError(f"job {job.key!r}: its arguments could not be pickled: {exc!r}") from exc
+            raise JobPicklingError(f"job {job.key!r}: its arguments could not be pickled: {_why(exc)}") from exc
 
     def _hand_over(self, entry: Entry, offered: Offer, timeout: float | None) -> None:
         """Act on an offer that did not block: send the job to the worker that
@@ -415,3 +415,10 @@ def lane_full(entry: Entry, timeout: float | None) -> LaneFull:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _why(exc: BaseException) -> str:
+    """What a pickling error says: its message, or, where it has none to
+    speak of (``SystemExit: 1``), its repr."""
+    text = str(exc)
+    return text if isinstance(exc, Exception) and text else repr(exc)

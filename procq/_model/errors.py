@@ -32,6 +32,10 @@ written for ``ProcQueue`` starts catching job failures. It lives in
 job's work failed. Where the job raised an exception that could be unpickled in
 the supervisor, that exception is ``JobFailed.__cause__``, and the child's
 formatted traceback is in turn chained below it (as in ``concurrent.futures``).
+Where there is a traceback but no exception to unpickle (the job's function,
+arguments or result could not be unpickled, an untrusted lane's exception,
+which crosses as text), the traceback's text is ``JobFailed.__cause__``
+itself (a ``_RemoteTraceback``, as loky and ``concurrent.futures`` chain it).
 
 Bad arguments (unknown lane, a key that is not a str, an fn that is not
 callable) raise the built-in ``ValueError`` or ``TypeError`` at once, with a

@@ -38,6 +38,7 @@ import contextlib
 import multiprocessing.process
 import os
 import pickle
+import traceback
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -95,11 +96,18 @@ def describe_error(exc: BaseException) -> str:
 
 
 def _result_failure(exc: BaseException, pid: int | None) -> Failed:
+    """The job's result could not be unpickled here: what unpickling it raised,
+    and where (the traceback, as a worker's error carries its own)."""
+    try:
+        tb = "".join(traceback.format_exception(exc))
+    except BaseException:
+        tb = None
     return Failed(
         Failure(
             "error",
             f"the job's result could not be unpickled in the supervisor: {describe_error(exc)}",
             exc_type=type(exc).__qualname__,
+            traceback=tb,
             pid=pid,
         )
     )
