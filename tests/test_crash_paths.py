@@ -6,12 +6,18 @@ an executor.)"""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
+import gc
 import logging
 import pickle
 import threading
+import weakref
+from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 
 import executor_jobs as ej
+import psutil
 import pytest
 
 from procq import Executor, Job, JobFailed, JobPicklingError, Lane, ProcQueue
@@ -133,3 +139,63 @@ def test_a_handles_job_failed_carries_the_workers_traceback_as_its_cause(trusted
             assert isinstance(cause, ValueError) and "its own" in str(cause.__cause__)
         else:  # (an untrusted lane sends no exception object: its text)
             assert "ValueError: its own" in str(cause)
+
+
+@pytest.fixture
+def no_cycle_collector() -> Iterator[None]:
+    """The cyclic garbage collector off: what is dropped goes by its reference count alone."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _all_exit(pids: list[int]) -> None:
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
+    _, alive = psutil.wait_procs(procs, timeout=WAIT)
+    assert not alive, f"workers still running after their executor was dropped: {alive}"
+
+
+def test_an_executor_dropped_without_shutdown_stops_its_workers(no_cycle_collector: None) -> None:
+    ex = Executor(2)
+    assert ex.submit(ej.mul, 2, 3).result(timeout=WAIT) == 6
+    pids = ex.queue._worker_pids()
+    assert len(pids) == 2
+    dropped = weakref.ref(ex)
+    del ex
+    assert dropped() is None  # no reference cycle holds it
+    _all_exit(pids)
+
+
+def test_an_executor_dropped_with_calls_running_and_waiting_finishes_them(
+    no_cycle_collector: None, tmp_path: Path
+) -> None:
+    """As ``ProcessPoolExecutor``: its submitted calls run to their end, then its workers stop."""
+    go = str(tmp_path / "go")
+    ex = Executor(1)
+    blocked = ex.submit(ej.wait_for_file, go)
+    queued = [ex.submit(ej.mul, i, 2) for i in range(4)]  # (past the lane's window: some wait in the executor)
+    pids = ex.queue._worker_pids()
+    dropped = weakref.ref(ex)
+    del ex
+    Path(go).touch()
+    assert blocked.result(timeout=WAIT) is None
+    assert [f.result(timeout=WAIT) for f in queued] == [0, 2, 4, 6]
+    _all_exit(pids)
+    assert dropped() is None
+
+
+def test_a_queue_dropped_without_close_stops_its_workers(no_cycle_collector: None) -> None:
+    q = ProcQueue(2)
+    assert q.push_and_wait(Job("k", ej.mul, args=(2, 3)), timeout=WAIT) == 6
+    pids = q._worker_pids()
+    dropped = weakref.ref(q)
+    del q
+    assert dropped() is None
+    _all_exit(pids)

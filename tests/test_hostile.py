@@ -50,6 +50,7 @@ from core_support import (
 from process_support import linux_only, subreaper
 
 from procq import Completed, Failed, Job, JobFailed, Lane, Processing, ProcQueue, Queued
+from procq._model.errors import _RemoteTraceback
 
 pytestmark = pytest.mark.skipif(not linux_only, reason="untrusted lanes need Linux (pidfd_open, /proc)")
 
@@ -695,8 +696,8 @@ def test_an_exception_comes_back_as_text(q: ProcQueue) -> None:
         q.push_and_wait(Job("bad", jobs.boom, args=("bad input",), lane=UNTRUSTED), timeout=WAIT)
     failure = info.value.failure
     assert (failure.kind, failure.exc_type, failure.message) == ("error", "ValueError", "ValueError: bad input")
-    assert failure.exception is None and info.value.__cause__ is None
-    assert failure.traceback is not None
+    assert failure.exception is None and failure.traceback is not None
+    assert type(info.value.__cause__) is _RemoteTraceback and str(info.value.__cause__) == failure.traceback
     assert "in boom" in failure.traceback and failure.traceback.rstrip().endswith("ValueError: bad input")
     assert failure.pid in q._worker_pids()  # an exception does not cost the worker
     _assert_lane_works(q)

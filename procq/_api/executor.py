@@ -38,6 +38,10 @@ job: the next ``submit`` works, and a program that rebuilds its pool on
 ``BrokenProcessPool`` rebuilds it needlessly but loses nothing.
 ``InitializerFailed`` is a ``BrokenProcessPool`` too. procq's own limits
 (``timeout``, ``memory_limit``) fail with ``JobFailed``.
+
+An executor dropped without ``shutdown()`` is freed as soon as it is
+unreachable (nothing it owns refers back to it): as ``ProcessPoolExecutor``,
+its submitted calls run to their end, then its workers stop.
 """
 
 from __future__ import annotations
@@ -148,10 +152,15 @@ class Executor(concurrent.futures.Executor):
         # Per lane, how many of its jobs may be handed to the queue at once: its workers + 1.
         self._windows = {name: spec.workers + 1 for name, spec in self.queue.lanes.items()}
         self._default_lane = next(iter(self._windows))
-        self._feed = Feed(self._windows, self._hand_over)
         self._forgettable: deque[str] = deque()  # generated keys of resolved futures, to drop
+        self._hand_over = _HandOver(self.queue, self._forgettable)
+        self._feed = Feed(self._windows, self._hand_over)
+        self._hand_over.feed = self._feed
         self._closer: threading.Thread | None = None
         _executors.add(self)
+        # Dropped without shutdown(): as shutdown(wait=False). (At exit, _python_exit does it.)
+        self._finalizer = weakref.finalize(self, _dropped, self._feed, self.queue)
+        self._finalizer.atexit = False
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
         """Run ``fn(*args, **kwargs)`` in a worker; a ``Future`` of its result.
@@ -211,56 +220,6 @@ class Executor(concurrent.futures.Executor):
             raise ValueError(f"submit(): unknown lane {lane!r}; this executor's lanes are {known}")
         return lane
 
-    def _hand_over(self, item: Call, raising: bool = False) -> None:
-        """Push a call's job (from the submitting thread, or the feeder's): its
-        future runs from now on. A push that fails fails the future; ``raising``
-        (the submitting thread) lets ``QueueClosed`` through as the stdlib's
-        ``RuntimeError``."""
-        future, job = item.future, item.job
-        if not future.handed_over():  # cancelled while it waited
-            self._feed.ended(item.lane)
-            return
-        try:
-            outcome = self.queue.push(job)
-        except QueueClosed:
-            self._feed.ended(item.lane)
-            if raising:
-                future.set_exception(RuntimeError("cannot schedule new futures after shutdown"))
-                raise RuntimeError("cannot schedule new futures after shutdown") from None
-            future.set_exception(RuntimeError("the executor's queue closed before the job could be handed to it"))
-            return
-        except JobPicklingError as exc:  # failed in the future, as ProcessPoolExecutor fails it
-            self._feed.ended(item.lane)
-            future.set_exception(exc)
-            return
-        except BaseException as exc:  # (a key conflict, an interrupt): the submitting thread's to see
-            self._feed.ended(item.lane)
-            future.set_exception(exc)
-            if raising:
-                raise
-            return
-        if isinstance(outcome, Cached):
-            self._feed.ended(item.lane)
-            future.set_result(outcome.output)
-            return
-        handle = outcome.handle
-        future._owned = isinstance(outcome, Queued)
-        forget = item.mine and future._owned
-        lane = item.lane
-
-        def ended(_: Any) -> None:
-            self._feed.ended(lane)
-            if forget:
-                if self.queue._store is None:  # the core's forget is a dict change under its lock: safe here
-                    with contextlib.suppress(ValueError):
-                        self.queue._core.forget(handle.key)
-                else:  # a row's delete, from the caller's thread (never from a committing thread)
-                    self._forgettable.append(handle.key)
-
-        future._handle = handle
-        handle.add_done_callback(future._settle)
-        handle.add_done_callback(ended)
-
     def map(
         self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None, chunksize: int = 1
     ) -> Iterator[T]:
@@ -284,6 +243,7 @@ class Executor(concurrent.futures.Executor):
         for it at exit)."""
         with self._lock:
             self._shutdown = True
+        self._finalizer.detach()
         if cancel_futures:
             for item in self._feed.take_waiting():
                 item.future.cancel()
@@ -313,6 +273,69 @@ class Executor(concurrent.futures.Executor):
     def __repr__(self) -> str:
         state = "shut down" if self._shutdown else "running"
         return f"<procq.Executor {state} {self.queue!r}>"
+
+
+class _HandOver:
+    """Hands a call's job to the queue: the executor's ``Feed`` calls it, and
+    ``submit``. It holds what it needs and not the executor, so that an
+    executor nobody shut down is freed once unreachable (see ``_dropped``)."""
+
+    __slots__ = ("feed", "forgettable", "queue")
+
+    def __init__(self, queue: ProcQueue, forgettable: deque[str]) -> None:
+        self.queue = queue
+        self.forgettable = forgettable
+        self.feed: Feed  # (set once the feed, which calls this, is made)
+
+    def __call__(self, item: Call, raising: bool = False) -> None:
+        """Push a call's job (from the submitting thread, or the feeder's): its
+        future runs from now on. A push that fails fails the future; ``raising``
+        (the submitting thread) lets ``QueueClosed`` through as the stdlib's
+        ``RuntimeError``."""
+        future, job = item.future, item.job
+        if not future.handed_over():  # cancelled while it waited
+            self.feed.ended(item.lane)
+            return
+        try:
+            outcome = self.queue.push(job)
+        except QueueClosed:
+            self.feed.ended(item.lane)
+            if raising:
+                future.set_exception(RuntimeError("cannot schedule new futures after shutdown"))
+                raise RuntimeError("cannot schedule new futures after shutdown") from None
+            future.set_exception(RuntimeError("the executor's queue closed before the job could be handed to it"))
+            return
+        except JobPicklingError as exc:  # failed in the future, as ProcessPoolExecutor fails it
+            self.feed.ended(item.lane)
+            future.set_exception(exc)
+            return
+        except BaseException as exc:  # (a key conflict, an interrupt): the submitting thread's to see
+            self.feed.ended(item.lane)
+            future.set_exception(exc)
+            if raising:
+                raise
+            return
+        if isinstance(outcome, Cached):
+            self.feed.ended(item.lane)
+            future.set_result(outcome.output)
+            return
+        handle = outcome.handle
+        future._owned = isinstance(outcome, Queued)
+        forget = item.mine and future._owned
+        lane = item.lane
+
+        def ended(_: Any) -> None:
+            self.feed.ended(lane)
+            if forget:
+                if self.queue._store is None:  # the core's forget is a dict change under its lock: safe here
+                    with contextlib.suppress(ValueError):
+                        self.queue._core.forget(handle.key)
+                else:  # a row's delete, from the caller's thread (never from a committing thread)
+                    self.forgettable.append(handle.key)
+
+        future._handle = handle
+        handle.add_done_callback(future._settle)
+        handle.add_done_callback(ended)
 
 
 def _start_method(mp_context: Any) -> str | None:
@@ -346,6 +369,20 @@ def _flatten(chunks: Iterator[list[T]]) -> Iterator[T]:
         close = getattr(chunks, "close", None)
         if close is not None:
             close()
+
+
+def _dropped(feed: Feed, queue: ProcQueue) -> None:
+    """An executor became unreachable without ``shutdown()``: as
+    ``ProcessPoolExecutor``, its submitted calls run to their end, then its
+    workers stop, on a thread of their own (this runs wherever the last
+    reference went, maybe procq's I/O thread)."""
+    with contextlib.suppress(RuntimeError):  # (no new thread at interpreter shutdown: _python_exit's then)
+        threading.Thread(target=_finish, args=(feed, queue), name="procq-executor-shutdown").start()
+
+
+def _finish(feed: Feed, queue: ProcQueue) -> None:
+    feed.drain()
+    queue.close()
 
 
 def _python_exit() -> None:
