@@ -152,6 +152,22 @@ def test_a_program_run_with_dash_c_runs_its_jobs(tmp_path: Path, python: str) ->
     )
 
 
+@pytest.mark.parametrize("python", PYTHONS)
+def test_a_script_read_from_stdin_runs_its_jobs(tmp_path: Path, python: str) -> None:
+    """``python - < script.py``: its ``__file__`` is ``<stdin>``, no file a
+    worker could run (each would die as it starts); the workers run none."""
+    proc = subprocess.run(
+        [python, "-"], input=DASH_C, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["CRASHED crashed", "RESULT 42"]
+    assert "FileNotFoundError" not in proc.stderr
+    assert (
+        "procq.worker DEBUG the forkserver does not import the main module: the program has no main file" in proc.stderr
+    )
+
+
 # A script whose import fails in the forkserver only: its first import as
 # __mp_main__ raises (and leaves a mark), the next ones (each worker's) do not.
 FAILS_ONCE = textwrap.dedent(

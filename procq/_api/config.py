@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -135,9 +136,40 @@ def worker_context(start_method: str | None, lanes: Mapping[str, Lane]) -> tuple
         )
     if any(not lane.trusted for lane in lanes.values()):
         make_untraceable()
+    skip_missing_main_file()
     if method == "forkserver":
         preload_worker(context)
     return method, context
+
+
+def skip_missing_main_file() -> None:
+    """Keep every child started from here (procq's workers, and the rest)
+    from running a main "file" that does not exist.
+
+    ``multiprocessing.spawn`` tells each child to run the main module's
+    ``__file__``, and a child dies at its start when that is no file: a
+    script read from stdin has ``<stdin>`` there (joined to the current
+    directory), and an embedding program may set anything. A child has
+    nothing to import then, as for ``python -c``: the preparation data each
+    child gets leaves the path out. Done once per process, only when the
+    main module names a missing file, and only for a path that is missing
+    when a child starts."""
+    from multiprocessing import spawn
+
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    original = spawn.get_preparation_data
+    if not isinstance(path, str) or os.path.isfile(path) or getattr(original, "_procq_wrapped", False):
+        return
+
+    def get_preparation_data(name: str) -> dict[str, Any]:
+        data: dict[str, Any] = original(name)
+        path = data.get("init_main_from_path")
+        if path is not None and not os.path.isfile(path):
+            del data["init_main_from_path"]
+        return data
+
+    get_preparation_data._procq_wrapped = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = get_preparation_data
 
 
 def preload_worker(context: Any) -> None:
