@@ -5,6 +5,7 @@ errors, crashes, limits); bad input is refused when the Sandbox or Lane is made.
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
@@ -12,6 +13,7 @@ import select
 import signal
 import socket
 import stat
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -306,3 +308,39 @@ def test_procq_run_sandbox_reads_only_what_it_is_given(area: Area) -> None:
 def test_procq_run_refuses_bad_sandbox_options(args: list[str], message: str) -> None:
     done = procq_run("jobs_sandbox:square", *args, stdin="3\n")
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+# A program run from a file directly in /tmp: /tmp is then on its import path,
+# where the sandbox's own private /tmp is in every job's view.
+FROM_TMP = """
+import os, sys, tempfile
+from procq import Job, Lane, ProcQueue, Sandbox
+
+def use_tmp(text):
+    with tempfile.NamedTemporaryFile("w", delete=False) as f:
+        f.write(text)
+    with open(f.name) as f:
+        return [os.path.dirname(f.name), f.read(), os.path.exists({script!r})]
+
+if __name__ == "__main__":
+    with ProcQueue({{"jail": Lane(workers=1, trusted=False, sandbox=Sandbox())}}) as q:
+        print("RESULT", q.push_and_wait(Job("tmp", use_tmp, args=("written",)), timeout=60))
+"""
+
+
+def test_a_program_run_from_tmp_uses_a_sandboxed_lane(tmp_path: Path) -> None:
+    script = Path("/tmp") / f"procq-from-tmp-{os.getpid()}-{os.urandom(4).hex()}.py"
+    script.write_text(FROM_TMP.format(script=str(script)))
+    root = str(Path(__file__).resolve().parent.parent)
+    try:
+        proc = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+            env=dict(os.environ, PYTHONPATH=root),
+        )  # fmt: skip
+    finally:
+        script.unlink()
+    assert proc.returncode == 0, proc.stderr
+    # The job's own /tmp, private: it writes there (its TMPDIR), and sees nothing of the host's (the script).
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
+    where, text, sees_script = ast.literal_eval(line[len("RESULT ") :])
+    assert where.startswith("/tmp/procq-job-") and text == "written" and sees_script is False, line

@@ -89,6 +89,8 @@ _DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom"
 _BUILD = "/tmp"
 #: Where a job's POSIX shared memory lives: a tmpfs of its worker's in the view.
 SHM = "/dev/shm"
+#: Never bound from the host for a job to read: the root, and the view's own mounts.
+_NEVER_READ = ("/", "/tmp", SHM, "/proc")
 
 
 def _check(result: int, what: str) -> int:
@@ -103,10 +105,13 @@ def _check(result: int, what: str) -> int:
 
 def default_reads(import_path: list[str], network: bool = False) -> list[str]:
     """The paths every sandboxed job may read: the interpreter's prefixes,
-    the import path's directories (never ``/``), system libraries; with the
-    network, name resolution's files and certificates."""
+    the import path's directories (never ``/``, nor the view's own ``/tmp``,
+    ``/dev/shm`` and ``/proc``: a read-only copy of the host's would hide the
+    job's private one, as a script run from ``/tmp`` puts ``/tmp`` on the
+    path), system libraries; with the network, name resolution's files and
+    certificates."""
     paths = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, os.path.realpath(sys.executable)]
-    paths += [p for p in import_path if os.path.isdir(p) and os.path.realpath(p) != "/"]
+    paths += [p for p in import_path if os.path.isdir(p) and os.path.realpath(p) not in _NEVER_READ]
     paths += _SYSTEM_READS + (_NETWORK_READS if network else ())
     return _existing(paths)
 
