@@ -44,6 +44,7 @@ from procq._model.errors import JobPicklingError, KeyConflict, KeyConflictWarnin
 from procq._model.job import Job
 from procq._model.values import Failed
 from procq._wire.fingerprint import fn_name
+from procq._wire.main_by_value import main_imported_by_workers
 from procq._wire.main_ref import dumps_shared
 from procq._wire.protocol import digest, dumps, dumps_fn, pickled_by_reference
 from procq._wire.shm import ArgSegments, dumps_args
@@ -312,9 +313,10 @@ class Pusher:
             if not args and kwargs is None:
                 entry.args_bytes = NO_ARGS
             elif entry.lane.shared_memory:  # large buffers through shared memory (_wire.shm)
-                entry.args_bytes, entry.segment = dumps_args((args, kwargs), dumps_fn, self.segments)
-            else:
-                entry.args_bytes = dumps((args, kwargs))
+                by_value = not main_imported_by_workers()
+                entry.args_bytes, entry.segment = dumps_args((args, kwargs), dumps_fn, self.segments, by_value)
+            else:  # an untrusted or remote lane's workers never import the main module
+                entry.args_bytes = dumps((args, kwargs), main_by_value=True)
         except (Exception, SystemExit) as exc:
             raise JobPicklingError(f"job {job.key!r}: its arguments could not be pickled: {_why(exc)}") from exc
 

@@ -7,6 +7,8 @@ Shared by the supervisor's side and the workers' side; imports only
   it decodes to.
 - ``main_ref``: a main script's function sent to a lane with an
   initializer, by name, so that it shares the worker's main module.
+  ``main_by_value``: when what the main module defines crosses by value (a
+  notebook, the REPL, ``python -c``, stdin, a zipapp; untrusted and remote lanes).
 - ``plain``: which pickles unpickle without running code.
 - ``oob``: a trusted job's large buffers (arguments and results) out of the
   pickle (protocol 5). ``shm``: the shared-memory segments they travel in,

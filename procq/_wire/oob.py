@@ -18,6 +18,8 @@ import pickle
 from collections.abc import Callable
 from typing import Any
 
+from procq._wire.main_by_value import MAIN
+
 __all__ = ["OOB_BYTES", "dumps_in_band", "dumps_oob"]
 
 #: A message's buffers travel out of band (through a segment) when they come
@@ -93,12 +95,15 @@ def _lift(obj: Any, depth: int = _LIFT_DEPTH) -> Any:
     return obj
 
 
-def dumps_oob(obj: Any, fallback: Callable[..., bytes]) -> tuple[bytes, list[pickle.PickleBuffer]]:
+def dumps_oob(
+    obj: Any, fallback: Callable[..., bytes], main_by_value: bool = False
+) -> tuple[bytes, list[pickle.PickleBuffer]]:
     """Pickle ``obj`` with its buffers out of band when they come to
     ``OOB_BYTES`` or more in all: the pickle and the buffers it left out (in
     order; none when they are fewer bytes, kept in the pickle then).
     ``fallback(obj, buffer_callback=...)`` pickles what the standard pickler
-    refuses (cloudpickle); raises what it raises.
+    refuses (cloudpickle), and, with ``main_by_value``, a pickle that names
+    the main module (``_wire.main_by_value``); raises what it raises.
 
     The common case, a small value without buffers, costs one ``pickle.dumps``
     with a ``buffer_callback``: the cheapest that still sees every buffer. A
@@ -115,14 +120,17 @@ def dumps_oob(obj: Any, fallback: Callable[..., bytes]) -> tuple[bytes, list[pic
             data = _dumps_buffers(obj, buffer_callback=buffers.append)
         except Exception:
             how = fallback
-            buffers = []
-            data = fallback(obj, buffer_callback=buffers.append)
     else:
         if len(data) >= OOB_BYTES:
             lifted = _lift(obj)
             if lifted is not obj:
                 buffers = []
                 data = pickle.dumps(lifted, 5, buffer_callback=buffers.append)
+    if main_by_value and how is not fallback and MAIN in data:
+        how = fallback
+    if how is fallback:
+        buffers = []
+        data = fallback(obj, buffer_callback=buffers.append)
     if buffers and sum(buffer.raw().nbytes for buffer in buffers) < OOB_BYTES:
         return how(obj, buffer_callback=_in_band), []  # too few bytes to be worth a segment
     return data, buffers
@@ -142,12 +150,16 @@ def _dumps_buffers(obj: Any, buffer_callback: Callable[[pickle.PickleBuffer], An
     return out.getvalue()
 
 
-def dumps_in_band(obj: Any, fallback: Callable[..., bytes]) -> bytes:
-    """Pickle ``obj`` with every buffer in the stream (a ``memoryview`` too)."""
+def dumps_in_band(obj: Any, fallback: Callable[..., bytes], main_by_value: bool = False) -> bytes:
+    """Pickle ``obj`` with every buffer in the stream (a ``memoryview`` too);
+    ``fallback`` and ``main_by_value`` as for ``dumps_oob``."""
     try:
-        return pickle.dumps(obj, 5)
+        data = pickle.dumps(obj, 5)
     except Exception:
         try:
-            return _dumps_buffers(obj, buffer_callback=_in_band)
+            data = _dumps_buffers(obj, buffer_callback=_in_band)
         except Exception:
             return fallback(obj)
+    if main_by_value and MAIN in data:
+        return fallback(obj)
+    return data

@@ -113,6 +113,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from procq._model.values import Completed, Failed, FailureKind
+from procq._wire.main_by_value import MAIN
 
 try:
     # hashlib's blake2b, without hashlib: importing hashlib loads OpenSSL's
@@ -232,18 +233,17 @@ class DecodeLater(NamedTuple):
 Event = Ready | Report | Violation | DecodeLater
 
 
-def dumps(obj: Any) -> bytes:
-    """Pickle ``obj`` for the other side of a worker pipe.
-
-    The standard pickler is tried first because it is several times faster on
-    plain data; cloudpickle is the fallback for what it cannot do (lambdas,
-    closures, local classes). Raises whatever cloudpickle raises when neither
-    can pickle ``obj``.
-    """
+def dumps(obj: Any, main_by_value: bool = False) -> bytes:
+    """Pickle ``obj`` for the other side of a worker pipe: the standard pickler
+    first (several times faster on plain data), cloudpickle for what it cannot
+    do (lambdas, closures, local classes) and, with ``main_by_value``, for a
+    pickle that names the main module (``_wire.main_by_value``). Raises what
+    cloudpickle raises when neither can pickle ``obj``."""
     try:
-        return pickle.dumps(obj, PROTOCOL)
+        data = pickle.dumps(obj, PROTOCOL)
     except Exception:
         return dumps_fn(obj)
+    return dumps_fn(obj) if main_by_value and MAIN in data else data
 
 
 def digest(data: bytes) -> bytes:

@@ -348,11 +348,14 @@ class _MappedArgs:
         return load_mapped, (self.name, self.generation, self.spans, self.data)
 
 
-def dumps_args(obj: Any, fallback: Callable[..., bytes], segments: ArgSegments) -> tuple[bytes, Segment | None]:
+def dumps_args(
+    obj: Any, fallback: Callable[..., bytes], segments: ArgSegments, main_by_value: bool = False
+) -> tuple[bytes, Segment | None]:
     """A job's ``(args, kwargs)`` pickled for a trusted worker: large buffers
     in a segment of ``segments`` (returned, for the caller to ``release``
-    once the job has ended), the rest as ``pickle.loads`` in the worker takes it."""
-    data, buffers = dumps_oob(obj, fallback)
+    once the job has ended), the rest as ``pickle.loads`` in the worker takes
+    it; ``main_by_value`` as for ``_wire.oob.dumps_oob``."""
+    data, buffers = dumps_oob(obj, fallback, main_by_value)
     if not buffers:
         return data, None
     try:
@@ -360,7 +363,7 @@ def dumps_args(obj: Any, fallback: Callable[..., bytes], segments: ArgSegments) 
     except OSError:
         # No room in SHM_DIR (a container's is 64 MiB by default), or none at
         # all: the buffers go in the pipe, as they would without shared memory.
-        return dumps_in_band(obj, fallback), None
+        return dumps_in_band(obj, fallback, main_by_value), None
     return pickle.dumps(_MappedArgs(segment, spans, data), 5), segment
 
 
