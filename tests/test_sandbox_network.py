@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import jobs_egress as je
+import jobs_sandbox as js
 import pytest
 from core_support import WAIT, failure_of, open_queue, procq_run, wait_until
 from egress_servers import Banner, Echo, EchoServer, Hello, V6Server
@@ -321,6 +322,27 @@ def test_a_request_whose_head_could_be_read_two_ways_is_refused(queue: ProcQueue
     handle = _handle(queue, je.raw_http, head.format(a=servers.a))
     assert handle.result().split(" ")[1] in ("400", "403")
     assert [r.what for r in handle.sandbox_refused()] == ["malformed"]
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        # Superscript digits (latin-1, as the proxy reads a head): str.isdigit() holds, int() refuses them.
+        "GET http://127.0.0.2:\u00b2/ HTTP/1.1\r\nHost: 127.0.0.2:\u00b2\r\n\r\n",
+        "CONNECT 127.0.0.2:\u00b9\u00b2 HTTP/1.1\r\nHost: 127.0.0.2:\u00b9\u00b2\r\n\r\n",
+    ],
+    ids=["absolute URI", "CONNECT"],
+)
+def test_a_port_of_digits_that_are_not_ascii_is_malformed_and_raises_nothing_in_the_supervisor(
+    queue: ProcQueue, servers: Servers, head: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    raised: list[str] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(f"{args.thread}: {args.exc_value!r}"))
+    handle = _handle(queue, je.raw_http, head)
+    assert handle.result().split(" ")[1] == "400"
+    assert [r.what for r in handle.sandbox_refused()] == ["malformed"]
+    assert raised == []
+    assert queue.push_and_wait(Job(f"after:{os.urandom(4).hex()}", js.square, args=(7,)), timeout=WAIT) == 49
 
 
 def test_a_listed_name_that_resolves_to_loopback_is_refused_unless_its_address_is_listed(

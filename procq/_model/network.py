@@ -80,7 +80,7 @@ def host_name(text: str) -> str | None:
 
 
 def _port(entry: str, text: str) -> int:
-    if not text.isdigit() or not 1 <= int(text) <= 65535:
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= 65535:
         raise ValueError(f"Sandbox network entry {entry!r}: the port {text!r} is not a number from 1 to 65535")
     return int(text)
 

@@ -72,7 +72,8 @@ def split_authority(authority: str, default_port: int | None) -> tuple[str, int]
         if default_port is None:
             raise Malformed(f"no port in {authority[:200]!r}")
         return host, default_port
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    # ASCII digits only: str.isdigit() is true of "²" too, which int() refuses.
+    if not (port_text.isascii() and port_text.isdigit()) or not 0 < int(port_text) < 65536:
         raise Malformed(f"the port {port_text[:20]!r} in {authority[:200]!r}")
     return host, int(port_text)
 
