@@ -345,6 +345,15 @@ def test_a_port_of_digits_that_are_not_ascii_is_malformed_and_raises_nothing_in_
     assert queue.push_and_wait(Job(f"after:{os.urandom(4).hex()}", js.square, args=(7,)), timeout=WAIT) == 49
 
 
+@pytest.mark.parametrize("size", [64 << 10, 1 << 20])
+def test_a_head_past_its_limit_is_answered_400_and_refused(queue: ProcQueue, servers: Servers, size: int) -> None:
+    head = f"GET http://127.0.0.2:{servers.a}/ HTTP/1.1\r\nX-Filler: {'a' * size}\r\n\r\n"
+    handle = _handle(queue, je.raw_http, head)
+    assert handle.result().split(" ")[1] == "400"
+    refused = handle.sandbox_refused()
+    assert [r.what for r in refused] == ["malformed"] and "longer than 65536 bytes" in refused[0].why
+
+
 def test_a_listed_name_that_resolves_to_loopback_is_refused_unless_its_address_is_listed(
     queue: ProcQueue, servers: Servers
 ) -> None:

@@ -125,7 +125,11 @@ class Connection:
     # --- HTTP: a forward proxy and CONNECT -------------------------------------------------
 
     def _http(self) -> None:
-        head, rest = _read_head(self.conn, self._got)
+        try:
+            head, rest = _read_head(self.conn, self._got)
+        except HeadTooLong as exc:
+            self._answer(400, str(exc))
+            raise Refusal("malformed", "an HTTP request", str(exc)) from None
         try:
             request = parse_request(head)
         except Malformed as exc:
@@ -198,6 +202,9 @@ class Connection:
         head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
         with contextlib.suppress(OSError):
             self.conn.sendall(head.encode() + b"Connection: close\r\n\r\n" + body)
+            # Said, then closed our way: what the job still sends is not read,
+            # and a close with it unread would reset the answer away.
+            self.conn.shutdown(socket.SHUT_WR)
 
     # --- SOCKS5 ----------------------------------------------------------------------------
 
@@ -345,14 +352,18 @@ def _socks_reply(code: int) -> bytes:
     return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
 
 
+class HeadTooLong(Malformed):
+    """A request head past ``HEAD_LIMIT``: answered 400 and refused, not just dropped."""
+
+
 def _read_head(sock: socket.socket, data: bytes) -> tuple[bytes, bytes]:
     """A request's head (without the blank line) and what came after it; ``data``: what was read of it."""
     while True:
-        end = data.find(b"\r\n\r\n")
+        end = data.find(b"\r\n\r\n", 0, HEAD_LIMIT + 4)
         if end >= 0:
             return data[:end], data[end + 4 :]
-        if len(data) > HEAD_LIMIT:
-            raise Malformed(f"a request head longer than {HEAD_LIMIT} bytes")
+        if len(data) >= HEAD_LIMIT + 4:
+            raise HeadTooLong(f"a request head longer than {HEAD_LIMIT} bytes")
         more = sock.recv(65536)
         if not more:
             raise Malformed("the job closed the connection before its request's head ended")
