@@ -226,3 +226,15 @@ def loopback_packet() -> int | None:
             return int(struct.unpack_from("=I", answer, offset + 4)[0])
         offset += (size + 3) & ~3
     return None
+
+
+def refusals(n: int, port: int) -> list[str]:
+    """Ask the proxy ``n`` times for a host off the list, each time another
+    (127.0.0.3 at ``n`` ports from ``port`` on): the status lines it answered, counted."""
+    answers: dict[str, int] = {}
+    for i in range(n):
+        with socket.create_connection(_proxy(), timeout=20) as sock:
+            sock.sendall(f"CONNECT 127.0.0.3:{port + i} HTTP/1.1\r\n\r\n".encode())
+            status = sock.recv(4096).split(b"\r\n")[0].decode()
+        answers[status] = answers.get(status, 0) + 1
+    return [f"{status} x{count}" for status, count in answers.items()]

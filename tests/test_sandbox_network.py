@@ -34,9 +34,9 @@ from egress_servers import Banner, Echo, EchoServer, Hello, V6Server
 from observe_support import require
 
 from procq import Job, Lane, ProcQueue, Refused, Sandbox
-from procq._model.network import AllowList, parse_entry
+from procq._model.network import AllowList, Refusals, parse_entry
 from procq._system.egress_bridge import PORT, SEGMENT
-from procq._system.egress_proxy import EgressProxy, Gate
+from procq._system.egress_proxy import MAX_RECORDS, EgressProxy, Gate
 from procq._system.sandbox import _parts, kernel
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
@@ -352,6 +352,34 @@ def test_a_head_past_its_limit_is_answered_400_and_refused(queue: ProcQueue, ser
     assert handle.result().split(" ")[1] == "400"
     refused = handle.sandbox_refused()
     assert [r.what for r in refused] == ["malformed"] and "longer than 65536 bytes" in refused[0].why
+
+
+def test_a_jobs_refusal_records_are_bounded_whatever_it_tries(
+    queue: ProcQueue, servers: Servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job asking for 300 hosts off the list, each another: each refused
+    (403) and counted, but told one by one only up to MAX_RECORDS kinds."""
+    with caplog.at_level(logging.WARNING, logger="procq"):
+        handle = _handle(queue, je.refusals, 300, 20000)
+    assert handle.result() == ["HTTP/1.1 403 Forbidden x300"]
+    refused = handle.sandbox_refused()
+    assert len(refused) == MAX_RECORDS + 1
+    assert sum(r.times for r in refused) == 300 and {r.what for r in refused} == {"not-listed"}
+    others = [r for r in refused if r.target == "(others)"]
+    assert len(others) == 1 and others[0].times == 300 - MAX_RECORDS
+    assert max(len(r.getMessage()) for r in caplog.records) < 64 << 10
+    assert queue.metrics().lanes["s"].sandbox_refused.get("not-listed", 0) >= 300  # every one counted
+
+
+def test_a_lanes_refusal_records_are_bounded_in_all() -> None:
+    records = Refusals(keep=100, max_records=50)
+    for i in range(40):
+        records.record(f"k{i}", tuple(Refused("not-listed", f"h{i}-{j}:1", "not on the list", 1) for j in range(3)))
+    held = [k for i in range(40) if (k := f"k{i}") and records.of(k) is not None]
+    assert held == [f"k{i}" for i in range(24, 40)]  # the newest 16 jobs: 48 records, within 50
+    assert records.by_kind() == {"not-listed": 120}  # every refusal counted all the same
+    records.record("k39", ())  # a key run again, refused nothing: its old records go
+    assert records.of("k39") is None
 
 
 def test_a_listed_name_that_resolves_to_loopback_is_refused_unless_its_address_is_listed(

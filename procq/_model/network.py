@@ -260,23 +260,29 @@ class Refusals:
     ``keep`` jobs that had any. Written by the thread that reads a job's end,
     read by any thread; its own lock guards it."""
 
-    def __init__(self, keep: int = 10_000) -> None:
+    def __init__(self, keep: int = 10_000, max_records: int = 20_000) -> None:
         self._lock = threading.Lock()
         self._keep = keep
+        # In all, across jobs: a job's own are bounded where they are made
+        # (the proxy's gate), so this bounds the memory a lane's hold.
+        self._max_records = max_records
+        self._records = 0
         self._by_kind: Counter[str] = Counter()
         self._by_key: OrderedDict[str, tuple[Refused, ...]] = OrderedDict()
 
     def record(self, key: str, refused: tuple[Refused, ...]) -> None:
-        """Job ``key`` ended having been refused ``refused`` (maybe nothing)."""
+        """Job ``key`` ended having been refused ``refused`` (maybe nothing);
+        the oldest jobs' records go past ``keep`` jobs or ``max_records`` records."""
         with self._lock:
-            self._by_key.pop(key, None)
+            self._records -= len(self._by_key.pop(key, ()))
             if not refused:
                 return
             for r in refused:
                 self._by_kind[r.what] += r.times
             self._by_key[key] = refused
-            if len(self._by_key) > self._keep:
-                self._by_key.popitem(last=False)
+            self._records += len(refused)
+            while len(self._by_key) > self._keep or self._records > self._max_records:
+                self._records -= len(self._by_key.popitem(last=False)[1])
 
     def of(self, key: str) -> tuple[Refused, ...] | None:
         """The refusals of the last job of ``key`` that ended here, if it had any."""

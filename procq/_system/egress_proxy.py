@@ -40,10 +40,14 @@ from collections import Counter
 from procq._model.network import AllowList, Refused
 from procq._system.egress_conn import Connection, Refusal, shut
 
-__all__ = ["IDLE_TIMEOUT", "MAX_CONNECTIONS", "EgressProxy", "Gate", "Job"]
+__all__ = ["IDLE_TIMEOUT", "MAX_CONNECTIONS", "MAX_RECORDS", "EgressProxy", "Gate", "Job"]
 
 IDLE_TIMEOUT = 300.0
 MAX_CONNECTIONS = 64
+#: A job's refusals kept one by one (each kind: what, target and why); the
+#: rest are counted by kind alone. Each record's words are cut at RECORD_CHARS.
+MAX_RECORDS = 32
+RECORD_CHARS = 200
 
 
 class Job:
@@ -150,7 +154,15 @@ class Gate:
             self._count(job, refusal.what, refusal.target, refusal.why)
 
     def _count(self, job: Job, what: str, target: str, why: str) -> None:
-        job.refused[(what, target, why)] += 1
+        """One more refusal of ``job``. What a job is told, and what its lane
+        keeps of it, is bounded whatever it tries: ``MAX_RECORDS`` kinds one
+        by one (their words cut at ``RECORD_CHARS``), the rest counted by
+        ``what`` alone."""
+        key = (what, target[:RECORD_CHARS], why[:RECORD_CHARS])
+        refused = job.refused
+        if key not in refused and len(refused) >= MAX_RECORDS:
+            key = (what, "(others)", f"not told one by one: a job's report keeps {MAX_RECORDS} kinds")
+        refused[key] += 1
 
     def _serve(self, job: Job, conn: socket.socket) -> None:
         try:
