@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import ssl
 import struct
@@ -238,3 +239,47 @@ def refusals(n: int, port: int) -> list[str]:
             status = sock.recv(4096).split(b"\r\n")[0].decode()
         answers[status] = answers.get(status, 0) + 1
     return [f"{status} x{count}" for status, count in answers.items()]
+
+
+def trickle(head: str, interval: float, seconds: float) -> str:
+    """Send ``head`` to the proxy a byte every ``interval`` seconds, for at
+    most ``seconds``: how it ended (the proxy closed it after so many bytes,
+    or it answered, or it was still open)."""
+    import time
+
+    data = head.encode("latin-1")
+    with socket.create_connection(_proxy(), timeout=20) as sock:
+        deadline = time.monotonic() + seconds
+        for i in range(len(data)):
+            if time.monotonic() > deadline:
+                return f"still open after {i} bytes"
+            try:
+                sock.sendall(data[i : i + 1])
+            except OSError:
+                return f"closed after {i} bytes"
+            ready, _, _ = select.select([sock], [], [], interval)
+            if ready:
+                got = sock.recv(4096)
+                if not got:
+                    return f"closed after {i + 1} bytes"
+                if got.startswith(b"HTTP/"):
+                    return f"answered {got.split(b' ')[1].decode()}"
+                # (SOCKS5's answer to its greeting: the handshake goes on)
+        return "sent it all"
+
+
+def connect_then_wait(target: str, seconds: float) -> str:
+    """CONNECT to ``target``, then send nothing: how long the proxy kept the tunnel open for no ClientHello."""
+    import time
+
+    start = time.monotonic()
+    with socket.create_connection(_proxy(), timeout=seconds) as sock:
+        sock.sendall(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+        answer = sock.recv(4096)
+        if b" 200 " not in answer.split(b"\r\n")[0] + b" ":
+            return f"answered {answer[:40]!r}"
+        try:
+            got = sock.recv(4096)
+        except TimeoutError:
+            return "still open"
+        return f"closed after {time.monotonic() - start:.1f} s" if not got else f"sent {got[:40]!r}"

@@ -35,6 +35,7 @@ from observe_support import require
 
 from procq import Job, Lane, ProcQueue, Refused, Sandbox
 from procq._model.network import AllowList, Refusals, parse_entry
+from procq._system import egress_conn
 from procq._system.egress_bridge import PORT, SEGMENT
 from procq._system.egress_proxy import MAX_RECORDS, EgressProxy, Gate
 from procq._system.sandbox import _parts, kernel
@@ -380,6 +381,37 @@ def test_a_lanes_refusal_records_are_bounded_in_all() -> None:
     assert records.by_kind() == {"not-listed": 120}  # every refusal counted all the same
     records.record("k39", ())  # a key run again, refused nothing: its old records go
     assert records.of("k39") is None
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "GET http://127.0.0.2:{a}/ HTTP/1.1\r\nHost: 127.0.0.2:{a}\r\nX-Slow: {pad}\r\n\r\n",
+        "CONNECT 127.0.0.2:{a} HTTP/1.1\r\nX-Slow: {pad}\r\n\r\n",
+        "\x05\x01\x00\x05\x01\x00\x03\x40{pad}",  # SOCKS5, a 64-byte name
+    ],
+    ids=["http", "connect", "socks5"],
+)
+def test_a_handshake_sent_a_byte_at_a_time_ends_at_its_deadline(
+    queue: ProcQueue, servers: Servers, head: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handshake's limit is one deadline for all of it, not a limit per
+    read: a byte every 0.1 s never waits 1 s for a read, yet it is cut off."""
+    monkeypatch.setattr(egress_conn, "HANDSHAKE_TIMEOUT", 1.0)
+    handle = _handle(queue, je.trickle, head.format(a=servers.a, pad="p" * 64), 0.1, 15.0)
+    assert handle.result().startswith("closed after "), handle.result()
+    refused = handle.sandbox_refused()
+    assert [(r.what, r.why) for r in refused] == [("malformed", "not finished within 1 s")]
+
+
+def test_a_tunnels_client_hello_is_part_of_the_handshake(
+    queue: ProcQueue, servers: Servers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After CONNECT is answered, the ClientHello is still due by the handshake's deadline."""
+    monkeypatch.setattr(egress_conn, "HANDSHAKE_TIMEOUT", 1.0)
+    handle = _handle(queue, je.connect_then_wait, f"127.0.0.2:{servers.a}", 15.0)
+    assert handle.result().startswith("closed after "), handle.result()
+    assert [r.what for r in handle.sandbox_refused()] == ["malformed"]
 
 
 def test_a_listed_name_that_resolves_to_loopback_is_refused_unless_its_address_is_listed(

@@ -14,6 +14,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from procq._model.network import AllowList, host_name
@@ -56,14 +57,16 @@ class Connection:
         self.gate, self.job, self.conn = gate, job, conn
         self.allow: AllowList = gate.proxy.allow
         self.last = time.monotonic()
+        # The whole handshake (a request's head, SOCKS5's exchange, a
+        # tunnel's TLS ClientHello) is read by then, however slowly it comes.
+        self.deadline = self.last + HANDSHAKE_TIMEOUT
         self._got = b""  # read from the job ahead of what the handshake took (see _take)
 
     def serve(self) -> None:
         conn = self.conn
-        conn.settimeout(HANDSHAKE_TIMEOUT)
         try:
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            first = self._got = conn.recv(4096)
+            first = self._got = self._recv(4096)
             if not first:
                 return
             if first[0] == 5:
@@ -74,6 +77,18 @@ class Connection:
             self.gate.refuse(self.job, refusal)
         except (OSError, Malformed):
             return
+
+    def _recv(self, n: int) -> bytes:
+        """Up to ``n`` bytes of the handshake from the job, by its deadline;
+        past it, a refusal (what a job that sends a byte at a time is told)."""
+        left = self.deadline - time.monotonic()
+        if left > 0:
+            self.conn.settimeout(left)
+            try:
+                return self.conn.recv(n)
+            except TimeoutError:
+                pass
+        raise Refusal("malformed", "a handshake", f"not finished within {HANDSHAKE_TIMEOUT:g} s")
 
     # --- deciding and connecting --------------------------------------------------------
 
@@ -126,7 +141,7 @@ class Connection:
 
     def _http(self) -> None:
         try:
-            head, rest = _read_head(self.conn, self._got)
+            head, rest = _read_head(self._recv, self._got)
         except HeadTooLong as exc:
             self._answer(400, str(exc))
             raise Refusal("malformed", "an HTTP request", str(exc)) from None
@@ -242,7 +257,7 @@ class Connection:
     def _take(self, n: int) -> bytes:
         """The next ``n`` bytes from the job (a client may send its whole handshake at once)."""
         while len(self._got) < n:
-            more = self.conn.recv(4096)
+            more = self._recv(4096)
             if not more:
                 raise Malformed("the job closed the connection partway through its request")
             self._got += more
@@ -266,6 +281,7 @@ class Connection:
         try:
             if tunnel is not None:
                 first = self._check_hello(first, tunnel, tls)
+                self.conn.settimeout(idle)
             if first:
                 if not self.gate.spend(self.job, len(first)):
                     return
@@ -295,7 +311,9 @@ class Connection:
                 break
             if len(data) > HEAD_LIMIT:
                 raise Refusal("nested", target, "a TLS ClientHello too large to read")
-            more = self.conn.recv(65536)
+            # A tunnel's ClientHello is part of the handshake; SOCKS5 may carry
+            # a protocol whose server speaks first, the client answering later.
+            more = self._recv(65536) if tls else self.conn.recv(65536)
             if not more:
                 return data
             data += more
@@ -356,15 +374,16 @@ class HeadTooLong(Malformed):
     """A request head past ``HEAD_LIMIT``: answered 400 and refused, not just dropped."""
 
 
-def _read_head(sock: socket.socket, data: bytes) -> tuple[bytes, bytes]:
-    """A request's head (without the blank line) and what came after it; ``data``: what was read of it."""
+def _read_head(recv: Callable[[int], bytes], data: bytes) -> tuple[bytes, bytes]:
+    """A request's head (without the blank line) and what came after it;
+    ``data``: what was read of it; ``recv``: reads more."""
     while True:
         end = data.find(b"\r\n\r\n", 0, HEAD_LIMIT + 4)
         if end >= 0:
             return data[:end], data[end + 4 :]
         if len(data) >= HEAD_LIMIT + 4:
             raise HeadTooLong(f"a request head longer than {HEAD_LIMIT} bytes")
-        more = sock.recv(65536)
+        more = recv(65536)
         if not more:
             raise Malformed("the job closed the connection before its request's head ended")
         data += more

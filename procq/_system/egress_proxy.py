@@ -24,8 +24,11 @@ reads TLS payloads. Every refusal is counted for the job that made it
 Limits: at most ``max_connections`` open connections per job (more are
 refused, counted as ``"limit"``), at most ``max_bytes`` relayed per job
 if set (past it every connection of the job is closed and new ones are
-refused, counted as ``"limit"``), a handshake must arrive within
-``HANDSHAKE_TIMEOUT`` and a connection idle for ``idle_timeout`` is closed.
+refused, counted as ``"limit"``), the whole handshake (the ClientHello of
+a tunnel included) must arrive within ``HANDSHAKE_TIMEOUT`` of the
+connection, a deadline rather than a limit per read, and a connection idle
+for ``idle_timeout`` is closed. What a job is refused is bounded
+(``MAX_RECORDS`` kinds told one by one, the rest counted by kind).
 When a job ends its connections are closed; when the lane closes, all.
 """
 
