@@ -173,6 +173,18 @@ def test_an_executor_dropped_without_shutdown_stops_its_workers(no_cycle_collect
     _all_exit(pids)
 
 
+def test_an_executor_shut_down_and_dropped_leaves_no_cycle(no_cycle_collector: None) -> None:
+    """Nothing it made waits for the cyclic collector (whose finalizers may
+    run at any allocation, inside multiprocessing's own locks among others)."""
+    ex = Executor(2)
+    futures = [ex.submit(ej.mul, i, 2) for i in range(8)]  # (more than its window: some wait in the feed)
+    assert [f.result(timeout=WAIT) for f in futures] == [2 * i for i in range(8)]
+    ex.shutdown()
+    dropped, queue = weakref.ref(ex), weakref.ref(ex.queue)
+    del ex, futures
+    assert dropped() is None and queue() is None
+
+
 def test_an_executor_dropped_with_calls_running_and_waiting_finishes_them(
     no_cycle_collector: None, tmp_path: Path
 ) -> None:

@@ -280,12 +280,24 @@ class _HandOver:
     ``submit``. It holds what it needs and not the executor, so that an
     executor nobody shut down is freed once unreachable (see ``_dropped``)."""
 
-    __slots__ = ("feed", "forgettable", "queue")
+    __slots__ = ("_feed", "forgettable", "queue")
 
     def __init__(self, queue: ProcQueue, forgettable: deque[str]) -> None:
         self.queue = queue
         self.forgettable = forgettable
-        self.feed: Feed  # (set once the feed, which calls this, is made)
+        # The feed that calls this, held weakly: no cycle keeps the queue
+        # alive until the cyclic collector runs (whose finalizers, run at any
+        # allocation, could then land inside multiprocessing's own locks).
+        self._feed: weakref.ref[Feed] | None = None
+
+    @property
+    def feed(self) -> Feed | _NoFeed:
+        feed = None if self._feed is None else self._feed()
+        return _NO_FEED if feed is None else feed
+
+    @feed.setter
+    def feed(self, feed: Feed) -> None:
+        self._feed = weakref.ref(feed)
 
     def __call__(self, item: Call, raising: bool = False) -> None:
         """Push a call's job (from the submitting thread, or the feeder's): its
@@ -336,6 +348,16 @@ class _HandOver:
         future._handle = handle
         handle.add_done_callback(future._settle)
         handle.add_done_callback(ended)
+
+
+class _NoFeed:
+    """The feed once it is gone (its executor dropped, no call left waiting): room is nobody's concern."""
+
+    def ended(self, lane: str) -> None:
+        return None
+
+
+_NO_FEED = _NoFeed()
 
 
 def _start_method(mp_context: Any) -> str | None:
