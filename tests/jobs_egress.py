@@ -283,3 +283,20 @@ def connect_then_wait(target: str, seconds: float) -> str:
         except TimeoutError:
             return "still open"
         return f"closed after {time.monotonic() - start:.1f} s" if not got else f"sent {got[:40]!r}"
+
+
+def heavy_heads(url: str, kib: int, times: int) -> list[str]:
+    """Ask ``url`` through the proxy ``times`` times, each request's head
+    carrying ``kib`` KiB of header: the status of each, or how it failed."""
+    said = []
+    request = urllib.request.Request(url, headers={"X-Filler": "h" * (kib << 10)})
+    for _ in range(times):
+        try:
+            with urllib.request.urlopen(request, timeout=20) as answer:
+                answer.read()
+                said.append(str(answer.status))
+        except urllib.error.HTTPError as exc:
+            said.append(str(exc.code))
+        except OSError as exc:
+            said.append(type(exc).__name__)
+    return said

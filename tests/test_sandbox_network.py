@@ -573,6 +573,20 @@ def test_a_job_past_its_network_bytes_is_cut_off_and_the_next_job_is_served(serv
         assert _run(q, je.fetch, f"http://127.0.0.2:{servers.a}/x")[0] == "ok"  # each job its own count
 
 
+def test_request_heads_count_towards_network_bytes(servers: Servers) -> None:
+    """Bytes sent in request heads are bytes moved: 40 requests with 60 KiB
+    heads (2.3 MiB) to a listed server stop at a 1 MiB network_bytes."""
+    sandbox = Sandbox(network=servers.allow(), network_bytes=1 << 20)
+    with open_queue({"s": Lane(workers=1, trusted=False, sandbox=sandbox)}) as q:
+        handle = q.push(Job("heads", je.heavy_heads, args=(f"http://127.0.0.2:{servers.a}/x", 60, 40))).handle  # type: ignore[union-attr]
+        said = handle.result(timeout=WAIT)
+        passed = said.count("200")
+        assert 10 <= passed <= 17 and said[:passed] == ["200"] * passed, said  # 17 heads of 60 KiB pass 1 MiB
+        assert "200" not in said[passed:]
+        assert {r.what for r in handle.sandbox_refused()} == {"limit"}  # the bytes, then each connection after
+        assert _run(q, je.fetch, f"http://127.0.0.2:{servers.a}/x")[0] == "ok"  # each job its own count
+
+
 # --- the proxy alone: idle connections, stopping ------------------------------------------------
 
 

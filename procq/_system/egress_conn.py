@@ -85,10 +85,22 @@ class Connection:
         if left > 0:
             self.conn.settimeout(left)
             try:
-                return self.conn.recv(n)
+                return self._spent(self.conn.recv(n))
             except TimeoutError:
                 pass
         raise Refusal("malformed", "a handshake", f"not finished within {HANDSHAKE_TIMEOUT:g} s")
+
+    def _spent(self, data: bytes) -> bytes:
+        """``data``, read from the job or said to it, counted towards its
+        ``network_bytes`` as it passes (heads and handshakes too, not only
+        what is relayed); past the limit the job's connections end."""
+        if data and not self.gate.spend(self.job, len(data)):
+            raise ConnectionAbortedError("the job moved its network_bytes")
+        return data
+
+    def _say(self, data: bytes) -> None:
+        """Send the proxy's own words to the job (counted as any byte)."""
+        self.conn.sendall(self._spent(data))
 
     # --- deciding and connecting --------------------------------------------------------
 
@@ -190,7 +202,7 @@ class Connection:
         upstream = self._opened(host, port, False)
         if upstream is None:
             return
-        self.conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        self._say(b"HTTP/1.1 200 Connection established\r\n\r\n")
         self._relay(upstream, rest, (host, port), tls=True)
 
     def _opened(self, host: str, port: int, socks: bool) -> socket.socket | None:
@@ -199,13 +211,13 @@ class Connection:
             upstream = self._open(host, port)
         except Refusal as refusal:
             if socks:
-                self.conn.sendall(_socks_reply(2))
+                self._say(_socks_reply(2))
             else:
                 self._answer(403, f"{refusal.target} ({refusal.why})")
             raise
         except OSError as exc:
             if socks:
-                self.conn.sendall(_socks_reply(5))
+                self._say(_socks_reply(5))
             else:
                 self._answer(502, str(exc))
             return None
@@ -216,7 +228,7 @@ class Connection:
         body = (f"procq: the sandbox refused: {text}\n" if status == 403 else f"procq: {text}\n").encode()
         head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
         with contextlib.suppress(OSError):
-            self.conn.sendall(head.encode() + b"Connection: close\r\n\r\n" + body)
+            self._say(head.encode() + b"Connection: close\r\n\r\n" + body)
             # Said, then closed our way: what the job still sends is not read,
             # and a close with it unread would reset the answer away.
             self.conn.shutdown(socket.SHUT_WR)
@@ -224,13 +236,13 @@ class Connection:
     # --- SOCKS5 ----------------------------------------------------------------------------
 
     def _socks(self) -> None:
-        conn, take = self.conn, self._take
+        take = self._take
         version, count = take(2)
         methods = take(count)
         if 0 not in methods:
-            conn.sendall(b"\x05\xff")
+            self._say(b"\x05\xff")
             return
-        conn.sendall(b"\x05\x00")
+        self._say(b"\x05\x00")
         version, command, _, kind = take(4)
         if kind == 1:
             host = socket.inet_ntop(socket.AF_INET, take(4))
@@ -239,11 +251,11 @@ class Connection:
         elif kind == 3:
             host = take(take(1)[0]).decode("ascii", "replace")
         else:
-            conn.sendall(_socks_reply(8))
+            self._say(_socks_reply(8))
             raise Refusal("malformed", "a SOCKS5 request", f"address type {kind}")
         (port,) = struct.unpack("!H", take(2))
         if version != 5 or command != 1:
-            conn.sendall(_socks_reply(7))
+            self._say(_socks_reply(7))
             what, why = (
                 ("udp", "UDP (SOCKS5 UDP ASSOCIATE)") if command == 3 else ("malformed", f"SOCKS5 command {command}")
             )
@@ -251,7 +263,7 @@ class Connection:
         upstream = self._opened(host, port, True)
         if upstream is None:
             return
-        conn.sendall(_socks_reply(0))
+        self._say(_socks_reply(0))
         self._relay(upstream, self._got, (host, port), tls=False)
 
     def _take(self, n: int) -> bytes:
@@ -282,9 +294,7 @@ class Connection:
             if tunnel is not None:
                 first = self._check_hello(first, tunnel, tls)
                 self.conn.settimeout(idle)
-            if first:
-                if not self.gate.spend(self.job, len(first)):
-                    return
+            if first:  # (counted as it was read)
                 upstream.sendall(first)
             self._pump(self.conn, upstream)
         except BaseException:
@@ -313,7 +323,7 @@ class Connection:
                 raise Refusal("nested", target, "a TLS ClientHello too large to read")
             # A tunnel's ClientHello is part of the handshake; SOCKS5 may carry
             # a protocol whose server speaks first, the client answering later.
-            more = self._recv(65536) if tls else self.conn.recv(65536)
+            more = self._recv(65536) if tls else self._spent(self.conn.recv(65536))
             if not more:
                 return data
             data += more
