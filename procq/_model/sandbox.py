@@ -85,8 +85,8 @@ class Sandbox:
       or ranges (``["pypi.org", "*.example.com:443", "10.0.0.0/8"]``): only
       those, through procq's filtering proxy (see ``_model.network``).
     - ``network_bytes``: with an allow-list, how many bytes (both ways, all
-      connections) a job may move through the proxy; past it its
-      connections are closed and new ones refused. None (the default): no bound.
+      connections, request heads and handshakes included) a job may move
+      through the proxy; past it its connections are closed and new ones refused. None (the default): no bound.
     - ``max_processes``: how many processes and threads a job's tree may
       run at once (256; None: unbounded). A lane's ``rlimits["nproc"]``, if
       lower, bounds it the same way.
