@@ -9,8 +9,10 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import jobs
 import pytest
@@ -174,3 +176,45 @@ def test_the_child_can_open_a_queue_of_its_own() -> None:
         assert _in_forked_child(own_queue) == "returned 16"
         assert q.push_and_wait(Job("after", jobs.square, args=(5,))) == 25
         assert q._worker_pids() == pids and q.state("child") is None
+
+
+def test_a_child_forked_while_the_resource_tracker_was_busy_can_use_it() -> None:
+    """A thread of the parent inside multiprocessing's resource tracker at
+    the fork (a queue's starter thread asks it at every worker start) leaves
+    the child's copy of its lock held: the child's first tracker call would
+    fail as reentrant, or hang. procq's at-fork hook gives the child a fresh one."""
+    from multiprocessing import resource_tracker
+
+    tracker: Any = resource_tracker._resource_tracker
+    tracker.ensure_running()
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with tracker._lock:
+            held.set()
+            release.wait(WAIT)
+
+    def use_tracker() -> str:
+        outcome: list[str] = []
+
+        def call() -> None:
+            try:
+                tracker.ensure_running()
+                outcome.append("ok")
+            except BaseException as e:
+                outcome.append(type(e).__name__)
+
+        thread = threading.Thread(target=call)
+        thread.start()
+        thread.join(10)
+        return outcome[0] if outcome else "hung"
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(WAIT)
+        said = _in_forked_child(use_tracker)
+    finally:
+        release.set()
+        holder.join(WAIT)
+    assert said == "returned 'ok'", said

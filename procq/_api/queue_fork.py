@@ -24,6 +24,7 @@ def _after_fork_in_child() -> None:
     for q in list(queues):
         q._disown()
     _forget_parents_forkserver()
+    _release_resource_tracker_lock()
     # multiprocessing's exit handler joins every process in its list of
     # children (and terminates the daemonic ones); the child's copy of that
     # list names the parent's trusted workers, and reading their sentinels
@@ -54,6 +55,20 @@ def _forget_parents_forkserver() -> None:
     if alive is not None:
         with contextlib.suppress(OSError):
             os.close(alive)
+
+
+def _release_resource_tracker_lock() -> None:
+    """A forked child inherits multiprocessing's resource tracker's lock as
+    it was: held, if a thread of the parent was inside the tracker at the
+    fork (a queue's starter thread asks it at every worker start). The
+    child's own first thread may then get that thread's identity, and its
+    first call into the tracker fails as reentrant (``ReentrantCallError``),
+    or another of its threads waits forever. Nothing in the child holds it:
+    give the child's copy a fresh lock."""
+    module = sys.modules.get("multiprocessing.resource_tracker")
+    tracker = getattr(module, "_resource_tracker", None)
+    if tracker is not None and hasattr(tracker, "_lock"):
+        tracker._lock = threading.RLock()  # private: no public way to do this
 
 
 if hasattr(os, "register_at_fork"):
