@@ -300,3 +300,13 @@ def heavy_heads(url: str, kib: int, times: int) -> list[str]:
         except OSError as exc:
             said.append(type(exc).__name__)
     return said
+
+
+def connect_only(target: str) -> str:
+    """Send a CONNECT for ``target`` and read what comes back, to its end."""
+    with socket.create_connection(_proxy(), timeout=20) as sock:
+        sock.sendall(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+        got = b""
+        while more := sock.recv(4096):
+            got += more
+        return got.split(b"\r\n")[0].decode() or "closed"

@@ -9,6 +9,7 @@ started here."""
 
 from __future__ import annotations
 
+import gc
 import http.server
 import json
 import logging
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -585,6 +587,22 @@ def test_request_heads_count_towards_network_bytes(servers: Servers) -> None:
         assert "200" not in said[passed:]
         assert {r.what for r in handle.sandbox_refused()} == {"limit"}  # the bytes, then each connection after
         assert _run(q, je.fetch, f"http://127.0.0.2:{servers.a}/x")[0] == "ok"  # each job its own count
+
+
+def test_a_connection_cut_off_before_it_is_relayed_leaves_no_socket_to_the_collector(servers: Servers) -> None:
+    """network_bytes runs out as the proxy answers a CONNECT (the head, 35
+    bytes, and the answer, 39, pass 60): the upstream connection already made
+    is closed there and then, not left for the garbage collector."""
+    sandbox = Sandbox(network=servers.allow(), network_bytes=60)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        with open_queue({"s": Lane(workers=1, trusted=False, sandbox=sandbox)}) as q:
+            handle = q.push(Job("cut", je.connect_only, args=(f"127.0.0.2:{servers.a}",))).handle  # type: ignore[union-attr]
+            assert handle.result(timeout=WAIT) == "closed"
+            assert {r.what for r in handle.sandbox_refused()} == {"limit"}
+        gc.collect()
+    unclosed = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert unclosed == []
 
 
 # --- the proxy alone: idle connections, stopping ------------------------------------------------

@@ -14,7 +14,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from procq._model.network import AllowList, host_name
@@ -190,7 +190,8 @@ class Connection:
         ), "Connection: close"]  # fmt: skip
         if not said:
             lines.insert(1, f"Host: {authority}")
-        upstream.sendall("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + rest)
+        with _closed_on_error(upstream):
+            upstream.sendall("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + rest)
         self._relay(upstream, b"", None)
 
     def _tunnel(self, authority: str, rest: bytes) -> None:
@@ -202,7 +203,8 @@ class Connection:
         upstream = self._opened(host, port, False)
         if upstream is None:
             return
-        self._say(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        with _closed_on_error(upstream):
+            self._say(b"HTTP/1.1 200 Connection established\r\n\r\n")
         self._relay(upstream, rest, (host, port), tls=True)
 
     def _opened(self, host: str, port: int, socks: bool) -> socket.socket | None:
@@ -263,7 +265,8 @@ class Connection:
         upstream = self._opened(host, port, True)
         if upstream is None:
             return
-        self._say(_socks_reply(0))
+        with _closed_on_error(upstream):
+            self._say(_socks_reply(0))
         self._relay(upstream, self._got, (host, port), tls=False)
 
     def _take(self, n: int) -> bytes:
@@ -374,6 +377,17 @@ class Connection:
 def _authority(text: str, default_port: int) -> tuple[str, int]:
     host, port = split_authority(text.strip(), default_port)
     return host.lower().rstrip("."), port
+
+
+@contextlib.contextmanager
+def _closed_on_error(upstream: socket.socket) -> Iterator[None]:
+    """Close ``upstream`` if what comes before ``_relay`` (which closes it
+    from then on) fails: never left for the garbage collector."""
+    try:
+        yield
+    except BaseException:
+        upstream.close()
+        raise
 
 
 def _socks_reply(code: int) -> bytes:
