@@ -27,12 +27,25 @@ def _prog() -> str:
     return "python -m procq" if name in ("__main__.py", "-m", "") else "procq"
 
 
+def _version() -> str:
+    """The installed distribution's version (the package's own, where it is run from a checkout)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("procq")
+    except metadata.PackageNotFoundError:
+        from procq import __version__
+
+        return __version__
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="procq: keyed jobs in supervised worker processes; a crash fails only its own job.",
         epilog=f"Run '{prog} COMMAND --help' for a command's options.",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(title="commands", metavar="COMMAND")
     for name, summary in COMMANDS.items():
         sub.add_parser(name, help=summary, add_help=False)

@@ -4,6 +4,7 @@ run killed and resumed)."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import re
 import subprocess
@@ -34,6 +35,12 @@ def test_help_lists_the_commands() -> None:
     assert proc.returncode == 0, proc.stderr
     assert "run " in proc.stdout and "demo " in proc.stdout
     assert cli().returncode == 2
+
+
+def test_version() -> None:
+    proc = cli("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"python -m procq {importlib.metadata.version('procq')}"
 
 
 def test_run_help_reads_well() -> None:
