@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if args[:1] == ["demo"]:
         from procq._cli.demo import main as demo
 
-        return demo(args[1:])
+        return demo(args[1:], prog=f"{prog} demo")
     if args[:1] == ["run"]:
         from procq._cli.run import main as run
 

@@ -43,6 +43,13 @@ def test_version() -> None:
     assert proc.stdout.strip() == f"python -m procq {importlib.metadata.version('procq')}"
 
 
+def test_each_command_names_itself_as_it_was_called() -> None:
+    for command in ("demo", "run", "top"):
+        proc = cli(command, "--help")
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(f"usage: python -m procq {command} "), proc.stdout[:200]
+
+
 def test_run_help_reads_well() -> None:
     proc = cli("run", "--help")
     assert proc.returncode == 0
@@ -139,4 +146,4 @@ def test_the_console_script() -> None:
         pytest.skip("procq is not installed as a console script in this environment")
     proc = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=50)
     assert proc.returncode == 0
-    assert proc.stdout.startswith("usage: procq [-h] COMMAND ...")
+    assert proc.stdout.startswith("usage: procq [-h] [--version] COMMAND ...")

@@ -348,9 +348,9 @@ def stats_lines(s: QueueStats) -> list[str]:
 # --- Entry point ------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m procq demo",
+        prog=prog,
         description="Run a small procq pipeline: CPU-bound jobs (prime counts, SHA-256 chains) and "
         "parsing jobs (ast complexity of stdlib modules) in two lanes of two workers, with keys "
         "pushed again while they run (InFlight) and once completed (Cached), and jobs that "
@@ -397,8 +397,8 @@ def _positive(text: str) -> float:
     return float(text)
 
 
-def main(argv: list[str]) -> int:
-    opts = _parser().parse_args(argv)
+def main(argv: list[str], prog: str = "procq demo") -> int:
+    opts = _parser(prog).parse_args(argv)
     start = time.perf_counter()
     try:
         with contextlib.ExitStack() as stack:
