@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import re
 import subprocess
 import sys
@@ -48,6 +49,30 @@ def test_each_command_names_itself_as_it_was_called() -> None:
         proc = cli(command, "--help")
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.startswith(f"usage: python -m procq {command} "), proc.stdout[:200]
+
+
+NOISY = """
+import sys
+
+def stage(x):
+    print(f"debug: processing {x}")
+    print(f"note: {x}", file=sys.stderr)
+    return x * 2
+"""
+
+
+@pytest.mark.parametrize("mode", [[], ["--untrusted"]], ids=["trusted", "untrusted"])
+def test_what_a_stage_prints_never_mixes_with_the_json_lines(tmp_path: Path, mode: list[str]) -> None:
+    (tmp_path / "noisy.py").write_text(NOISY)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]))
+    proc = subprocess.run(
+        [sys.executable, "-m", "procq", "run", "noisy:stage", "-q", *mode], input="1\n2\n3\n", cwd=tmp_path,
+        capture_output=True, text=True, timeout=50, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(line["output"] for line in lines(proc.stdout)) == [2, 4, 6]  # every line is JSON
+    for x in (1, 2, 3):
+        assert f"debug: processing {x}" in proc.stderr and f"note: {x}" in proc.stderr
 
 
 def test_run_help_reads_well() -> None:

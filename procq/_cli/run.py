@@ -83,7 +83,8 @@ output:  one JSON line per input item, in the order items end:
          "index" is the item's place in the input (from 0); "key" identifies
          the item's content for --store; a failure's "kind" is one of error,
          crashed, timeout, memory, protocol, cancelled, input (a line that is
-         not JSON), output (a result that is not JSON).
+         not JSON), output (a result that is not JSON). What the function
+         prints goes to stderr, never among the lines on stdout.
 resume:  items are matched by content: equal items run once, and a re-run
          finds its completed items even if the input was reordered. The
          output file is written afresh by each run and ends up holding every
@@ -191,6 +192,9 @@ def main(argv: list[str], prog: str = "procq run") -> int:
         p.error(str(exc))
     source = _open(p, args.input, "r")
     sink = _open(p, args.output, "w")
+    kept = _keep_stdout_for_data() if sink is sys.stdout else None
+    if kept is not None:
+        sink = kept[0]
     tally = Tally(sys.stderr, total=_count_lines(args.input), quiet=args.quiet)
     try:
         return _run(fn, _items(source, args.text), sink, tally, lane, args)
@@ -200,6 +204,29 @@ def main(argv: list[str], prog: str = "procq run") -> int:
         for f in (source, sink):
             if f not in (sys.stdin, sys.stdout):
                 f.close()
+        if kept is not None:
+            sys.stdout.flush()
+            os.dup2(kept[1], 1)
+            os.close(kept[1])
+
+
+def _keep_stdout_for_data() -> tuple[IO[str], int] | None:
+    """The JSON lines go to stdout; what the stages print must not. Point
+    file descriptor 1 at stderr, so that every worker started from here, and
+    what an untrusted lane relays, prints there, and write the lines to a
+    copy of the real stdout: the stream for them, and a copy to put stdout
+    back from at the end. None where stdout is not descriptor 1 (a caller
+    that replaced ``sys.stdout``): nothing to keep apart then."""
+    try:
+        if sys.stdout.fileno() != 1:
+            return None
+    except (AttributeError, OSError, ValueError):
+        return None
+    sys.stdout.flush()
+    data = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    return data, saved
 
 
 def _sandbox(p: argparse.ArgumentParser, args: argparse.Namespace) -> Sandbox | None:
