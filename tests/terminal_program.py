@@ -81,7 +81,7 @@ def main() -> None:
             said["flood"] = q.push_and_wait(Job("flood", jt.flood, args=(FLOOD,), lane="untrusted"), timeout=300)
         finally:
             flooding.clear()
-            thread.join()
+            thread.join(60)  # (its last push waits 30 s at most)
         said["peak growth KiB"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak
         said["canaries"] = len(answered)
         said["slowest canary"] = max(answered)

@@ -46,14 +46,13 @@ _LAST_CHUNKS = 16
 class Stream:
     """One pipe's read end, relayed to the supervisor's descriptor ``target``."""
 
-    __slots__ = ("broken", "deadline", "done", "fd", "target")
+    __slots__ = ("broken", "deadline", "fd", "target")
 
     def __init__(self, fd: int, target: int) -> None:
         self.fd = fd
         self.target = target
         self.deadline: float | None = None  # once its worker is reaped: closed by then at the latest
         self.broken = False  # the target refused a write: what comes next is read and dropped
-        self.done = threading.Event()  # set once the read end is closed
 
 
 class OutputRelay:
@@ -171,7 +170,6 @@ class OutputRelay:
         selector.unregister(stream.fd)
         del self._streams[stream.fd]
         os.close(stream.fd)
-        stream.done.set()
 
 
 def _write_all(fd: int, data: bytes) -> bool:

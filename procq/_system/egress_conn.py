@@ -231,8 +231,9 @@ class Connection:
         head = f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
         with contextlib.suppress(OSError):
             self._say(head.encode() + b"Connection: close\r\n\r\n" + body)
-            # Said, then closed our way: what the job still sends is not read,
-            # and a close with it unread would reset the answer away.
+            # Our end of the stream follows the answer at once, so the job
+            # reads both before the close, which resets the connection if the
+            # job sent more than was read (a head past the limit).
             self.conn.shutdown(socket.SHUT_WR)
 
     # --- SOCKS5 ----------------------------------------------------------------------------
