@@ -14,6 +14,9 @@ class Hello(http.server.BaseHTTPRequestHandler):
     """GET: "hello from <server address> for <Host>", or /mib/N: N MiB of zeros."""
 
     def do_GET(self) -> None:
+        self._hello()
+
+    def _hello(self) -> None:
         if self.path.startswith("/mib/"):  # that many MiB
             size = int(self.path[5:]) << 20
             self.send_response(200)
@@ -30,6 +33,39 @@ class Hello(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+
+class KeepAlive(Hello):
+    """A listed server as a hostile job would wish for: HTTP/1.1 that keeps
+    every connection open, whatever the request asks (``Connection:
+    close`` included), and serves what follows on it. Each request it
+    reads is recorded (method, path, Host) in its server's ``seen``; a
+    POST's body is read by its length and answered as a GET."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self.server.seen.append((self.command, self.path, self.headers["Host"]))  # type: ignore[attr-defined]
+        self._hello()
+        self.close_connection = False
+
+    def do_POST(self) -> None:
+        if self.headers.get("Transfer-Encoding") == "chunked":
+            while size := int(self.rfile.readline().split(b";")[0], 16):
+                self.rfile.read(size + 2)
+            while self.rfile.readline() not in (b"\r\n", b""):  # trailers
+                pass
+        else:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.do_GET()
+
+
+class RecordingServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.seen: list[tuple[str, str, str]] = []
 
 
 class V6Server(http.server.ThreadingHTTPServer):

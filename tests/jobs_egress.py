@@ -310,3 +310,33 @@ def connect_only(target: str) -> str:
         while more := sock.recv(4096):
             got += more
         return got.split(b"\r\n")[0].decode() or "closed"
+
+
+def exchange(data: str, then: str = "") -> list[str]:
+    """``data`` sent to the proxy at once; with ``then``, that too once a
+    whole first answer has come back (as a client that keeps a connection
+    alive would). The status lines of every answer read until the proxy
+    closes the connection."""
+    got = b""
+    with socket.create_connection(_proxy(), timeout=20) as sock:
+        sock.sendall(data.encode("latin-1"))
+        if then:
+            while b"\r\n\r\n" not in got or len(got.partition(b"\r\n\r\n")[2]) < _length(got):
+                more = sock.recv(65536)
+                if not more:
+                    break
+                got += more
+            with contextlib.suppress(OSError):
+                sock.sendall(then.encode("latin-1"))
+        with contextlib.suppress(OSError):
+            while more := sock.recv(65536):
+                got += more
+    return [line.decode() for line in got.split(b"\r\n") if line.startswith(b"HTTP/1.")]
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.partition(b"\r\n\r\n")[0].split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0

@@ -32,7 +32,7 @@ import jobs_egress as je
 import jobs_sandbox as js
 import pytest
 from core_support import WAIT, failure_of, open_queue, procq_run, wait_until
-from egress_servers import Banner, Echo, EchoServer, Hello, V6Server
+from egress_servers import Banner, Echo, EchoServer, Hello, KeepAlive, RecordingServer, V6Server
 from observe_support import require
 
 from procq import Job, Lane, ProcQueue, Refused, Sandbox
@@ -158,13 +158,16 @@ class Servers:
     https: int  # HTTPS on 127.0.0.1, listed as "localhost" and its address
     v6: int  # HTTP on ::1, on the list
     banner: int  # a server that speaks first, on 127.0.0.2: on the list
+    keep: int  # HTTP/1.1 that keeps every connection open, on 127.0.0.2: on the list
     udp: socket.socket  # a UDP socket on 127.0.0.2
     cafile: str
+    seen: list[tuple[str, str, str]]  # the requests ``keep`` read: method, path, Host
 
     def allow(self) -> list[str]:
         return [
             f"127.0.0.2:{self.a}", f"127.0.0.2:{self.echo_a}", f"localhost:{self.echo_local}",
             f"localhost:{self.https}", f"127.0.0.1:{self.https}", f"[::1]:{self.v6}", f"127.0.0.2:{self.banner}",
+            f"127.0.0.2:{self.keep}",
         ]  # fmt: skip
 
 
@@ -202,6 +205,7 @@ def servers(certificate: tuple[str, str]) -> Iterator[Servers]:
         https,
         V6Server(("::1", 0), Hello),
         EchoServer(("127.0.0.2", 0), Banner),
+        RecordingServer(("127.0.0.2", 0), KeepAlive),
     ]
     threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in made]
     for t in threads:
@@ -210,7 +214,7 @@ def servers(certificate: tuple[str, str]) -> Iterator[Servers]:
     udp.bind(("127.0.0.2", 0))
     ports = [s.server_address[1] for s in made]  # type: ignore[attr-defined]
     try:
-        yield Servers(*ports, udp=udp, cafile=cert)
+        yield Servers(*ports, udp=udp, cafile=cert, seen=made[-1].seen)  # type: ignore[attr-defined]
     finally:
         for s in made:
             s.shutdown()
@@ -346,6 +350,82 @@ def test_a_port_of_digits_that_are_not_ascii_is_malformed_and_raises_nothing_in_
     assert [r.what for r in handle.sandbox_refused()] == ["malformed"]
     assert raised == []
     assert queue.push_and_wait(Job(f"after:{os.urandom(4).hex()}", js.square, args=(7,)), timeout=WAIT) == 49
+
+
+_SMUGGLED = "GET /second HTTP/1.1\r\nHost: evil.test\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("first", "then"),
+    [
+        ("GET http://127.0.0.2:{k}/first HTTP/1.1\r\nHost: 127.0.0.2:{k}\r\n\r\n" + _SMUGGLED, ""),  # pipelined
+        ("POST http://127.0.0.2:{k}/first HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello" + _SMUGGLED, ""),
+        (
+            "POST http://127.0.0.2:{k}/first HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+            "5\r\nhello\r\n0\r\n\r\n" + _SMUGGLED,
+            "",
+        ),
+        ("GET http://127.0.0.2:{k}/first HTTP/1.1\r\n\r\n", _SMUGGLED),  # after the first answer: kept alive
+    ],
+    ids=["pipelined", "after a sized body", "after a chunked body", "after the first answer"],
+)
+def test_nothing_after_a_checked_request_reaches_its_server(
+    queue: ProcQueue, servers: Servers, first: str, then: str
+) -> None:
+    """The listed server keeps connections open and serves what follows on
+    them, whatever it is asked: a second request on the job's connection,
+    whose Host no proxy checked, must never reach it."""
+    handle = _handle(queue, je.exchange, first.format(k=servers.keep), then)
+    said = handle.result()
+    assert servers.seen[1:] == [] and servers.seen[:1] in (
+        [],
+        [(first.split(" ")[0], "/first", f"127.0.0.2:{servers.keep}")],
+    )
+    assert said[:1] in ([], ["HTTP/1.1 200 OK"]) and len(said) <= 1
+    refused = [(r.what, r.why) for r in handle.sandbox_refused()]
+    second = ("malformed", "a second request on one connection: one request per connection")
+    if then:  # the connection ended with the first answer: what came later was never read
+        assert refused in ([], [second])
+    else:
+        assert refused == [second]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "Content-Length: 5\r\n\r\nhello",
+        "Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "Transfer-Encoding: chunked\r\n\r\n2\r\nhe\r\n3;x=1\r\nllo\r\n0\r\nX-Trailer: 1\r\n\r\n",
+    ],
+    ids=["sized", "chunked", "chunk extensions and a trailer"],
+)
+def test_a_request_with_a_body_is_carried_whole(queue: ProcQueue, servers: Servers, body: str) -> None:
+    handle = _handle(queue, je.exchange, f"POST http://127.0.0.2:{servers.keep}/first HTTP/1.1\r\n{body}")
+    assert handle.result() == ["HTTP/1.1 200 OK"]
+    assert servers.seen == [("POST", "/first", f"127.0.0.2:{servers.keep}")]
+    assert handle.sandbox_refused() == ()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        "POST http://127.0.0.2:{k}/ HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        "POST http://127.0.0.2:{k}/ HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        "POST http://127.0.0.2:{k}/ HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+        "GET http://127.0.0.2:{k}/ HTTP/1.1\r\nHost : 127.0.0.2\r\n\r\n",
+        "GET http://127.0.0.2:{k}/ HTTP/1.1\r\nX: a\rb\r\n\r\n",
+        "GET http://127.0.0.2:{k}/ HTTP/1.1 extra\r\n\r\n",
+    ],
+    ids=["sized and chunked", "two lengths", "a coding other than chunked", "a space before the colon",
+         "a bare CR", "a request line of four parts"],
+)  # fmt: skip
+def test_a_request_two_readers_could_frame_differently_is_refused(
+    queue: ProcQueue, servers: Servers, head: str
+) -> None:
+    handle = _handle(queue, je.raw_http, head.format(k=servers.keep))
+    assert handle.result().split(" ")[1] == "400"
+    assert [r.what for r in handle.sandbox_refused()] == ["malformed"]
+    assert servers.seen == []
 
 
 @pytest.mark.parametrize("size", [64 << 10, 1 << 20])

@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING
 from procq._model.network import AllowList, host_name
 from procq._system.egress_wire import (
     HEAD_LIMIT,
+    Answer,
+    Forward,
     Malformed,
     client_hello,
     looks_like_http,
-    parse_request,
+    read_request,
     split_authority,
 )
 
@@ -158,7 +160,7 @@ class Connection:
             self._answer(400, str(exc))
             raise Refusal("malformed", "an HTTP request", str(exc)) from None
         try:
-            request = parse_request(head)
+            request, forward = read_request(head, rest)
         except Malformed as exc:
             self._answer(400, str(exc))
             raise Refusal("malformed", "an HTTP request", str(exc)) from None
@@ -182,17 +184,61 @@ class Connection:
             raise Refusal(
                 "malformed", f"{authority} (Host: {', '.join(said)[:200]})", "the Host header names another host"
             )
+        headers = [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP]
+        if not said:
+            headers.insert(0, ("Host", authority))
+        try:
+            first = forward.head(request.method, f"/{path}", [*headers, ("Connection", "close")])
+        except Malformed as exc:
+            self._answer(400, str(exc))
+            raise Refusal("malformed", target[:200], str(exc)) from None
         upstream = self._opened(host, port, False)
         if upstream is None:
             return
-        lines = [f"{request.method} /{path} {request.version}", *(
-            f"{k}: {v}" for k, v in request.headers if k.lower() not in _HOP_BY_HOP
-        ), "Connection: close"]  # fmt: skip
-        if not said:
-            lines.insert(1, f"Host: {authority}")
-        with _closed_on_error(upstream):
-            upstream.sendall("\r\n".join(lines).encode("latin-1") + b"\r\n\r\n" + rest)
-        self._relay(upstream, b"", None)
+        send = lambda: self._send_request(upstream, first, forward, target)  # noqa: E731
+        self._relay(upstream, send, Answer(request.method))
+
+    def _send_request(self, upstream: socket.socket, head: bytes, forward: Forward, target: str) -> None:
+        """Send the request on: its head, then its body as it comes. One
+        request per connection: whatever the job sends after the body's end
+        is never read as a request (its ``Host`` could name any host the
+        destination serves, and a destination may keep the connection open
+        whatever it is asked): it is refused (``malformed``) and the
+        connection ends both ways at once."""
+        upstream.sendall(head)
+        data = b""
+        while True:
+            out = forward.body(data)
+            if out:
+                upstream.sendall(out)
+            if forward.done:
+                break
+            data = self._read_job()
+            if not data:  # the job went (or its network_bytes did) partway through its body
+                shut(upstream)
+                return
+        if forward.beyond or self._read_job():
+            why = "a second request on one connection: one request per connection"
+            self.gate.refuse(self.job, Refusal("malformed", target[:200], why))
+            shut(upstream)
+            shut(self.conn)
+
+    def _read_job(self) -> bytes:
+        """The job's next bytes past the handshake (counted), ``b""`` once it
+        has closed, moved its ``network_bytes``, or both ways were idle for
+        the idle timeout."""
+        idle = self.gate.proxy.idle_timeout
+        while True:
+            try:
+                data = self.conn.recv(65536)
+            except TimeoutError:
+                if time.monotonic() - self.last < idle:
+                    continue  # the other way is busy
+                return b""
+            if data and not self.gate.spend(self.job, len(data)):
+                return b""
+            self.last = time.monotonic()
+            return data
 
     def _tunnel(self, authority: str, rest: bytes) -> None:
         try:
@@ -205,7 +251,7 @@ class Connection:
             return
         with _closed_on_error(upstream):
             self._say(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        self._relay(upstream, rest, (host, port), tls=True)
+        self._relay(upstream, lambda: self._carry(upstream, rest, (host, port), tls=True))
 
     def _opened(self, host: str, port: int, socks: bool) -> socket.socket | None:
         """``_open``, answering the job when it is refused or cannot connect."""
@@ -268,7 +314,7 @@ class Connection:
             return
         with _closed_on_error(upstream):
             self._say(_socks_reply(0))
-        self._relay(upstream, self._got, (host, port), tls=False)
+        self._relay(upstream, lambda: self._carry(upstream, self._got, (host, port), tls=False))
 
     def _take(self, n: int) -> bytes:
         """The next ``n`` bytes from the job (a client may send its whole handshake at once)."""
@@ -282,25 +328,20 @@ class Connection:
 
     # --- relaying ---------------------------------------------------------------------------
 
-    def _relay(self, upstream: socket.socket, first: bytes, tunnel: tuple[str, int] | None, tls: bool = False) -> None:
-        """Copy both ways until both ends are done. ``tunnel`` (host, port):
-        the first bytes from the job, if TLS (required if ``tls``), must
-        name that host (an address: name nothing). What the far end sends
-        flows from the start: a protocol whose server speaks first (SSH,
-        SMTP) works through SOCKS5."""
+    def _relay(self, upstream: socket.socket, send: Callable[[], None], answer: Answer | None = None) -> None:
+        """Relay until both ends are done: what the far end sends flows back
+        to the job from the start (on a thread of its own: a protocol whose
+        server speaks first, SSH or SMTP, works through SOCKS5), while
+        ``send`` carries the job's side on this thread. ``answer``: plain
+        HTTP, whose answer's end ends the connection both ways."""
         idle = self.gate.proxy.idle_timeout
         self.conn.settimeout(idle)
         upstream.settimeout(idle)
         self.gate.hold(self.job, upstream)
-        back = threading.Thread(target=self._pump, args=(upstream, self.conn), name="procq-egress", daemon=True)
+        back = threading.Thread(target=self._back, args=(upstream, answer), name="procq-egress", daemon=True)
         back.start()
         try:
-            if tunnel is not None:
-                first = self._check_hello(first, tunnel, tls)
-                self.conn.settimeout(idle)
-            if first:  # (counted as it was read)
-                upstream.sendall(first)
-            self._pump(self.conn, upstream)
+            send()
         except BaseException:
             shut(upstream)  # refused or broken: the way back ends too
             raise
@@ -308,6 +349,22 @@ class Connection:
             back.join()
             self.gate.hold(self.job, upstream, False)
             upstream.close()
+
+    def _back(self, upstream: socket.socket, answer: Answer | None) -> None:
+        self._pump(upstream, self.conn, answer)
+        if answer is not None:
+            shut(upstream)
+            shut(self.conn)  # wakes this connection's reading of the job
+
+    def _carry(self, upstream: socket.socket, first: bytes, tunnel: tuple[str, int], tls: bool) -> None:
+        """The job's side of a tunnel: its first bytes, if TLS (required if
+        ``tls``), must name the host of ``tunnel`` (an address: name
+        nothing); then everything, as it comes."""
+        first = self._check_hello(first, tunnel, tls)
+        self.conn.settimeout(self.gate.proxy.idle_timeout)
+        if first:  # (counted as it was read)
+            upstream.sendall(first)
+        self._pump(self.conn, upstream)
 
     def _check_hello(self, data: bytes, tunnel: tuple[str, int], tls: bool) -> bytes:
         host, port = tunnel
@@ -342,9 +399,10 @@ class Connection:
             raise Refusal("sni", target, f"the TLS ClientHello {said}, not the host connected to")
         return data
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, answer: Answer | None = None) -> None:
         """Copy ``src`` to ``dst`` until ``src`` ends (then end ``dst``'s
-        writing) or both ways have been idle for the idle timeout. Plain
+        writing), ``answer`` has ended (what follows it is dropped), or
+        both ways have been idle for the idle timeout. Plain
         reads and writes of up to 1 MiB: measured here, they move more than
         ``splice`` through a pipe does, with or without reading and writing
         overlapped (the proxy copies nothing then, but the job's reads of
@@ -366,8 +424,12 @@ class Connection:
                     break
                 if not n or not self.gate.spend(self.job, n):
                     break
+                if answer is not None:
+                    n = answer.take(view[:n])
                 dst.sendall(view[:n])
                 self.last = time.monotonic()
+                if answer is not None and answer.done:
+                    break
         except OSError:
             shut(src)
         finally:

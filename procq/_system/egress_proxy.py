@@ -8,8 +8,9 @@ its network namespace, and speaks one of:
 
 - HTTP, as to a forward proxy (``http://`` URLs): an absolute URI whose host
   and port are checked, and a ``Host`` header that must name the same; the
-  request goes on with ``Connection: close`` (one request per connection,
-  so a second one cannot name another host);
+  request (read by h11, its body framed one way) goes on with
+  ``Connection: close``, and the connection ends with its answer: one
+  request per connection, so a second one cannot name another host;
 - ``CONNECT host:port``, for TLS: the tunnel's first bytes must be a TLS
   ClientHello that names (SNI) the host connected to; anything else (plain
   HTTP, a nested ``CONNECT``) is refused;
