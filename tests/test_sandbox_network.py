@@ -391,6 +391,32 @@ def test_nothing_after_a_checked_request_reaches_its_server(
 
 
 @pytest.mark.parametrize(
+    ("parts", "status", "refused"),
+    [
+        (["GET /first HTTP/1.1\r\nHost: 127.0.0.2:{k}\r\n\r\n"], "200", []),
+        (["GET /first HTTP/1.1\r\nHost: evil.test\r\n\r\n"], "403", ["the Host header names another host"]),
+        (["G", "ET /first HTTP/1.1\r\nHost: evil.test\r\n\r\n"], "403", ["the Host header names another host"]),
+        (["GET http://evil.test/first HTTP/1.1\r\nHost: 127.0.0.2:{k}\r\n\r\n"], "403",
+         ["the URL names another host"]),
+        (["GET /first HTTP/1.1\r\nHost: 127.0.0.2:{k}\r\n\r\n" + _SMUGGLED], "200?",
+         ["a second request on one connection: one request per connection"]),
+    ],
+    ids=["its own host", "another host", "a method split over two segments", "an absolute URL", "pipelined"],
+)  # fmt: skip
+def test_plain_http_through_socks5_is_held_to_the_same_rules(
+    queue: ProcQueue, servers: Servers, parts: list[str], status: str, refused: list[str]
+) -> None:
+    handle = _handle(queue, je.socks_http, "127.0.0.2", servers.keep, *(p.format(k=servers.keep) for p in parts))
+    said = [line.split(" ")[1] for line in handle.result()]
+    first = [("GET", "/first", f"127.0.0.2:{servers.keep}")]
+    if status == "200?":  # the connection ends as the second request comes: the first's answer may be cut
+        assert said in ([], ["200"]) and servers.seen in ([], first)
+    else:
+        assert said == [status] and servers.seen == (first if status == "200" else [])
+    assert [(r.what, r.why) for r in handle.sandbox_refused()] == [("malformed", why) for why in refused]
+
+
+@pytest.mark.parametrize(
     "body",
     [
         "Content-Length: 5\r\n\r\nhello",

@@ -16,10 +16,11 @@ workers, a Dask lane's far side); imports only ``procq._model``.
   memory, temporary files), or why nothing can.
 - ``cgroups``: the cgroups (v1 or v2) a sandboxed worker's jobs run in.
 - ``seccomp``: the seccomp filter, assembled by hand (x86-64 and aarch64).
-- ``egress_bridge``, ``egress_proxy``, ``egress_conn``, ``egress_wire``: a
-  network allow-list (``Sandbox(network=[...])``): the listener a sandboxed
-  worker makes in its network namespace and hands over; the filtering proxy
-  that accepts on it in the supervisor (its gates, one per worker); one
-  connection's handshake, decision and relay; the bytes it parses (HTTP
-  heads, SOCKS5, a TLS ClientHello's server name).
+- ``egress_bridge``, ``egress_proxy``, ``egress_conn``, ``egress_relay``,
+  ``egress_wire``: a network allow-list (``Sandbox(network=[...])``): the
+  listener a sandboxed worker makes in its network namespace and hands
+  over; the filtering proxy that accepts on it in the supervisor (its
+  gates, one per worker); one connection's handshake and decision; its
+  relay both ways; the bytes it parses (HTTP requests and answers' ends,
+  a TLS ClientHello's server name).
 """

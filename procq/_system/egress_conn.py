@@ -12,18 +12,20 @@ import contextlib
 import ipaddress
 import socket
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from procq._model.network import AllowList, host_name
+from procq._system.egress_relay import Relay, shut
 from procq._system.egress_wire import (
     HEAD_LIMIT,
     Answer,
     Forward,
     Malformed,
+    Request,
     client_hello,
+    could_be_http,
     looks_like_http,
     read_request,
     split_authority,
@@ -32,10 +34,9 @@ from procq._system.egress_wire import (
 if TYPE_CHECKING:
     from procq._system.egress_proxy import Gate, Job
 
-__all__ = ["HANDSHAKE_TIMEOUT", "Connection", "Refusal", "shut"]
+__all__ = ["HANDSHAKE_TIMEOUT", "Connection", "Refusal"]
 
 HANDSHAKE_TIMEOUT = 10.0
-_CHUNK = 1 << 20
 _HOP_BY_HOP = {"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "upgrade"}
 
 
@@ -47,21 +48,15 @@ class Refusal(Exception):
         self.what, self.target, self.why = what, target, why
 
 
-def shut(sock: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        sock.shutdown(socket.SHUT_RDWR)
-
-
 class Connection:
     """One connection from a job, on a thread of its own."""
 
     def __init__(self, gate: Gate, job: Job, conn: socket.socket) -> None:
         self.gate, self.job, self.conn = gate, job, conn
         self.allow: AllowList = gate.proxy.allow
-        self.last = time.monotonic()
         # The whole handshake (a request's head, SOCKS5's exchange, a
         # tunnel's TLS ClientHello) is read by then, however slowly it comes.
-        self.deadline = self.last + HANDSHAKE_TIMEOUT
+        self.deadline = time.monotonic() + HANDSHAKE_TIMEOUT
         self._got = b""  # read from the job ahead of what the handshake took (see _take)
 
     def serve(self) -> None:
@@ -154,30 +149,44 @@ class Connection:
     # --- HTTP: a forward proxy and CONNECT -------------------------------------------------
 
     def _http(self) -> None:
-        try:
-            head, rest = _read_head(self._recv, self._got)
-        except HeadTooLong as exc:
-            self._answer(400, str(exc))
-            raise Refusal("malformed", "an HTTP request", str(exc)) from None
-        try:
-            request, forward = read_request(head, rest)
-        except Malformed as exc:
-            self._answer(400, str(exc))
-            raise Refusal("malformed", "an HTTP request", str(exc)) from None
+        request, forward, rest = self._read_request(self._got)
         if request.method == "CONNECT":
             self._tunnel(request.target, rest)
             return
         target = request.target
         if not target.lower().startswith("http://"):
             why = "https:// goes through CONNECT" if target.lower().startswith("https://") else "no absolute URI"
-            self._answer(400, why)
-            raise Refusal("malformed", f"{request.method} {target[:200]}", why)
+            self._refused(400, f"{request.method} {target[:200]}", why)
         authority, _, path = target[7:].partition("/")
         try:
             host, port = split_authority(authority, 80)
         except Malformed as exc:
-            self._answer(400, str(exc))
-            raise Refusal("malformed", target[:200], str(exc)) from None
+            self._refused(400, target[:200], str(exc))
+        head = self._head_on(request, forward, authority, f"/{path}")
+        upstream = self._opened(host, port, False)
+        if upstream is None:
+            return
+        answer = Answer(request.method)
+        self._relay(upstream, lambda relay: self._send_request(relay, answer, head, forward, target))
+
+    def _read_request(self, data: bytes) -> tuple[Request, Forward, bytes]:
+        """The job's request (its head by the handshake's deadline, ``data``
+        what was read of it), its way on, and what followed its head; what
+        cannot be read is answered 400 and refused."""
+        try:
+            head, rest = _read_head(self._recv, data)
+        except HeadTooLong as exc:
+            self._refused(400, "an HTTP request", str(exc))
+        try:
+            request, forward = read_request(head, rest)
+        except Malformed as exc:
+            self._refused(400, "an HTTP request", str(exc))
+        return request, forward, rest
+
+    def _head_on(self, request: Request, forward: Forward, authority: str, path: str) -> bytes:
+        """The request's head as its destination ``authority`` (``host[:port]``)
+        reads it: a ``Host`` header must name that authority (or is added),
+        hop-by-hop headers are dropped, and ``Connection: close`` is said."""
         said = [v for k, v in request.headers if k.lower() == "host"]
         if len(said) > 1 or (said and _authority(said[0], 80) != _authority(authority, 80)):
             self._answer(403, "the Host header names another host")
@@ -188,57 +197,40 @@ class Connection:
         if not said:
             headers.insert(0, ("Host", authority))
         try:
-            first = forward.head(request.method, f"/{path}", [*headers, ("Connection", "close")])
+            return forward.head(request.method, path, [*headers, ("Connection", "close")])
         except Malformed as exc:
-            self._answer(400, str(exc))
-            raise Refusal("malformed", target[:200], str(exc)) from None
-        upstream = self._opened(host, port, False)
-        if upstream is None:
-            return
-        send = lambda: self._send_request(upstream, first, forward, target)  # noqa: E731
-        self._relay(upstream, send, Answer(request.method))
+            self._refused(400, f"{authority}{path}"[:200], str(exc))
 
-    def _send_request(self, upstream: socket.socket, head: bytes, forward: Forward, target: str) -> None:
-        """Send the request on: its head, then its body as it comes. One
-        request per connection: whatever the job sends after the body's end
-        is never read as a request (its ``Host`` could name any host the
-        destination serves, and a destination may keep the connection open
-        whatever it is asked): it is refused (``malformed``) and the
-        connection ends both ways at once."""
-        upstream.sendall(head)
+    def _send_request(self, relay: Relay, answer: Answer, head: bytes, forward: Forward, target: str) -> None:
+        """Send the request on: its head, then its body as it comes; the way
+        back ends with ``answer``. One request per connection: whatever the
+        job sends after the body's end is never read as a request (its
+        ``Host`` could name any host the destination serves, and a
+        destination may keep the connection open whatever it is asked): it
+        is refused (``malformed``) and the connection ends both ways at once."""
+        relay.answer = answer
+        self.conn.settimeout(relay.idle)
+        relay.upstream.sendall(head)
         data = b""
         while True:
             out = forward.body(data)
             if out:
-                upstream.sendall(out)
+                relay.upstream.sendall(out)
             if forward.done:
                 break
-            data = self._read_job()
+            data = relay.read_job()
             if not data:  # the job went (or its network_bytes did) partway through its body
-                shut(upstream)
+                shut(relay.upstream)
                 return
-        if forward.beyond or self._read_job():
+        if forward.beyond or relay.read_job():
             why = "a second request on one connection: one request per connection"
             self.gate.refuse(self.job, Refusal("malformed", target[:200], why))
-            shut(upstream)
+            shut(relay.upstream)
             shut(self.conn)
 
-    def _read_job(self) -> bytes:
-        """The job's next bytes past the handshake (counted), ``b""`` once it
-        has closed, moved its ``network_bytes``, or both ways were idle for
-        the idle timeout."""
-        idle = self.gate.proxy.idle_timeout
-        while True:
-            try:
-                data = self.conn.recv(65536)
-            except TimeoutError:
-                if time.monotonic() - self.last < idle:
-                    continue  # the other way is busy
-                return b""
-            if data and not self.gate.spend(self.job, len(data)):
-                return b""
-            self.last = time.monotonic()
-            return data
+    def _refused(self, status: int, target: str, why: str) -> NoReturn:
+        self._answer(status, why)
+        raise Refusal("malformed", target, why)
 
     def _tunnel(self, authority: str, rest: bytes) -> None:
         try:
@@ -251,7 +243,7 @@ class Connection:
             return
         with _closed_on_error(upstream):
             self._say(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        self._relay(upstream, lambda: self._carry(upstream, rest, (host, port), tls=True))
+        self._relay(upstream, lambda relay: self._carry(relay, rest, (host, port), tls=True))
 
     def _opened(self, host: str, port: int, socks: bool) -> socket.socket | None:
         """``_open``, answering the job when it is refused or cannot connect."""
@@ -314,7 +306,7 @@ class Connection:
             return
         with _closed_on_error(upstream):
             self._say(_socks_reply(0))
-        self._relay(upstream, lambda: self._carry(upstream, self._got, (host, port), tls=False))
+        self._relay(upstream, lambda relay: self._carry(relay, self._got, (host, port), tls=False))
 
     def _take(self, n: int) -> bytes:
         """The next ``n`` bytes from the job (a client may send its whole handshake at once)."""
@@ -328,43 +320,59 @@ class Connection:
 
     # --- relaying ---------------------------------------------------------------------------
 
-    def _relay(self, upstream: socket.socket, send: Callable[[], None], answer: Answer | None = None) -> None:
-        """Relay until both ends are done: what the far end sends flows back
-        to the job from the start (on a thread of its own: a protocol whose
-        server speaks first, SSH or SMTP, works through SOCKS5), while
-        ``send`` carries the job's side on this thread. ``answer``: plain
-        HTTP, whose answer's end ends the connection both ways."""
-        idle = self.gate.proxy.idle_timeout
-        self.conn.settimeout(idle)
-        upstream.settimeout(idle)
+    def _relay(self, upstream: socket.socket, send: Callable[[Relay], None]) -> None:
+        """Relay both ways (``_system.egress_relay``), ``send`` carrying the
+        job's side; ``upstream`` is closed when the job ends, and after."""
+        relay = Relay(self.conn, upstream, self.gate.proxy.idle_timeout, lambda n: self.gate.spend(self.job, n))
         self.gate.hold(self.job, upstream)
-        back = threading.Thread(target=self._back, args=(upstream, answer), name="procq-egress", daemon=True)
-        back.start()
         try:
-            send()
-        except BaseException:
-            shut(upstream)  # refused or broken: the way back ends too
-            raise
+            relay.run(lambda: send(relay))
         finally:
-            back.join()
             self.gate.hold(self.job, upstream, False)
             upstream.close()
 
-    def _back(self, upstream: socket.socket, answer: Answer | None) -> None:
-        self._pump(upstream, self.conn, answer)
-        if answer is not None:
-            shut(upstream)
-            shut(self.conn)  # wakes this connection's reading of the job
-
-    def _carry(self, upstream: socket.socket, first: bytes, tunnel: tuple[str, int], tls: bool) -> None:
+    def _carry(self, relay: Relay, first: bytes, tunnel: tuple[str, int], tls: bool) -> None:
         """The job's side of a tunnel: its first bytes, if TLS (required if
         ``tls``), must name the host of ``tunnel`` (an address: name
-        nothing); then everything, as it comes."""
+        nothing); plain HTTP through SOCKS5 is held to the forward proxy's
+        rules; anything else goes on as it comes."""
         first = self._check_hello(first, tunnel, tls)
-        self.conn.settimeout(self.gate.proxy.idle_timeout)
+        if not tls and could_be_http(first):
+            self.deadline = time.monotonic() + HANDSHAKE_TIMEOUT  # its head, read as a handshake
+            while not looks_like_http(first) and could_be_http(first) and (more := self._recv(65536)):
+                first += more
+            if looks_like_http(first):
+                self._origin(relay, first, tunnel)
+                return
+        self.conn.settimeout(relay.idle)
         if first:  # (counted as it was read)
-            upstream.sendall(first)
-        self._pump(self.conn, upstream)
+            relay.upstream.sendall(first)
+        relay.pump(self.conn, relay.upstream)
+
+    def _origin(self, relay: Relay, data: bytes, tunnel: tuple[str, int]) -> None:
+        """Plain HTTP through SOCKS5, to the server itself: its ``Host`` (and
+        its URL, if absolute) must name the host and port connected to, and
+        it is one request per connection, as through the forward proxy (a
+        listed server's other virtual hosts are not reached by naming them
+        in a request to it)."""
+        host, port = tunnel
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        request, forward, _ = self._read_request(data)
+        path = request.target
+        if path.lower().startswith("http://"):
+            given, _, rest = path[7:].partition("/")
+            try:
+                same = _authority(given, 80) == _authority(authority, 80)
+            except Malformed:
+                same = False
+            if not same:
+                self._answer(403, "the URL names another host than the one connected to")
+                raise Refusal("malformed", f"{authority} (URL: {path[:200]})", "the URL names another host")
+            path = f"/{rest}"
+        elif not path.startswith("/"):
+            self._refused(400, f"{request.method} {path[:200]}", "a request target that is no path or http:// URL")
+        head = self._head_on(request, forward, authority, path)
+        self._send_request(relay, Answer(request.method), head, forward, f"{authority}{path}")
 
     def _check_hello(self, data: bytes, tunnel: tuple[str, int], tls: bool) -> bytes:
         host, port = tunnel
@@ -398,43 +406,6 @@ class Connection:
             said = f"names {sni!r}" if sni is not None else "names no host"
             raise Refusal("sni", target, f"the TLS ClientHello {said}, not the host connected to")
         return data
-
-    def _pump(self, src: socket.socket, dst: socket.socket, answer: Answer | None = None) -> None:
-        """Copy ``src`` to ``dst`` until ``src`` ends (then end ``dst``'s
-        writing), ``answer`` has ended (what follows it is dropped), or
-        both ways have been idle for the idle timeout. Plain
-        reads and writes of up to 1 MiB: measured here, they move more than
-        ``splice`` through a pipe does, with or without reading and writing
-        overlapped (the proxy copies nothing then, but the job's reads of
-        the pages it passes on cost the job more CPU than the proxy saves).
-        Larger buffers measured no better within this machine's noise, and
-        filling them with zeros lengthens every connection's set-up; a
-        second thread writing while this one reads measured worse
-        (bench.sandbox_network)."""
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
-        idle = self.gate.proxy.idle_timeout
-        try:
-            while True:
-                try:
-                    n = src.recv_into(buf)
-                except TimeoutError:
-                    if time.monotonic() - self.last < idle:
-                        continue  # the other way is busy
-                    break
-                if not n or not self.gate.spend(self.job, n):
-                    break
-                if answer is not None:
-                    n = answer.take(view[:n])
-                dst.sendall(view[:n])
-                self.last = time.monotonic()
-                if answer is not None and answer.done:
-                    break
-        except OSError:
-            shut(src)
-        finally:
-            with contextlib.suppress(OSError):
-                dst.shutdown(socket.SHUT_WR)
 
 
 def _authority(text: str, default_port: int) -> tuple[str, int]:

@@ -15,7 +15,9 @@ its network namespace, and speaks one of:
   ClientHello that names (SNI) the host connected to; anything else (plain
   HTTP, a nested ``CONNECT``) is refused;
 - SOCKS5 (no authentication, ``CONNECT`` only), for other TCP, by name or
-  address; a ClientHello sent through it is checked as above.
+  address; a ClientHello sent through it is checked as above, and plain
+  HTTP through it as a forward proxy's request is (its ``Host`` naming the
+  host connected to, one request per connection).
 
 The proxy decides by name and port (``_model.network.AllowList``), resolves
 names itself, and connects only to addresses the list allows. It never
@@ -42,7 +44,8 @@ import threading
 from collections import Counter
 
 from procq._model.network import AllowList, Refused
-from procq._system.egress_conn import Connection, Refusal, shut
+from procq._system.egress_conn import Connection, Refusal
+from procq._system.egress_relay import shut
 
 __all__ = ["IDLE_TIMEOUT", "MAX_CONNECTIONS", "MAX_RECORDS", "EgressProxy", "Gate", "Job"]
 

@@ -234,6 +234,11 @@ def split_authority(authority: str, default_port: int | None) -> tuple[str, int]
     return host, int(port_text)
 
 
+def could_be_http(data: bytes) -> bool:
+    """Could these first bytes (some, or all, of a method's) start an HTTP request?"""
+    return any((m + b" ").startswith(data[: len(m) + 1]) for m in _METHODS)
+
+
 def looks_like_http(data: bytes) -> bool:
     """Do these first bytes start an HTTP request (a nested CONNECT among them)?"""
     return any(data.startswith(m + b" ") for m in _METHODS)
