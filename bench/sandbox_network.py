@@ -43,6 +43,7 @@ import time
 from typing import Any
 
 from procq import Job, Lane, ProcQueue, Sandbox
+from procq._system.egress_proxy import MAX_CONNECTIONS
 
 MIB = 1 << 20
 
@@ -114,6 +115,31 @@ def connections(host: str, port: int, n: int) -> list[float]:
     return times
 
 
+def tunnels(host: str, port: int, n: int, size: int, hold: float) -> int:
+    """In the job: ``n`` connections through the proxy with SOCKS5, each
+    echoing ``size`` bytes, all then held open ``hold`` seconds (while the
+    bench reads the supervisor's memory). The bytes echoed, in all."""
+    proxy = os.environ["ALL_PROXY"].split("//")[1].rsplit(":", 1)
+    request = b"\x05\x01\x00" + b"\x05\x01\x00\x01" + socket.inet_aton(host) + struct.pack("!H", port)
+    held, echoed = [], 0
+    for _ in range(n):
+        sock = socket.create_connection((proxy[0], int(proxy[1])), timeout=30)
+        sock.sendall(request)
+        got = b""
+        while len(got) < 12:
+            got += sock.recv(12 - len(got))
+        sock.sendall(bytes(size))
+        left = size
+        while left:
+            left -= len(sock.recv(min(left, MIB)))
+        echoed += size
+        held.append(sock)
+    time.sleep(hold)
+    for sock in held:
+        sock.close()
+    return echoed
+
+
 def serve() -> None:
     """The servers, in a process of their own (as they would be on another
     machine: not sharing the supervisor's interpreter with the proxy): their
@@ -137,6 +163,7 @@ def run(quick: bool) -> list[str]:
         assert servers.stdout is not None
         web_port, echo_port = (int(p) for p in servers.stdout.readline().split())
         rates, setups = _measure(web_port, echo_port, mib, rounds, conns)
+        held = _held(echo_port)
     finally:
         servers.communicate(timeout=30)  # stdin closed: it exits
     d_rate, p_rate = statistics.median(rates["direct"]), statistics.median(rates["proxied"])
@@ -150,6 +177,10 @@ def run(quick: bool) -> list[str]:
         "|---|---|---|---|",
         f"| download, median MiB/s | {d_rate:.0f} | {p_rate:.0f} | {ratio:.2f}x |",
         f"| connection set-up, median ms | {d_setup:.3f} | {p_setup:.3f} | {added:+.3f} ms |",
+        "",
+        "| tunnels held open by one job (its lane's limit) | supervisor's RSS growth, MiB | per tunnel, KiB |",
+        "|---|---|---|",
+        *(f"| {what} | {grew:.1f} | {grew * 1024 / MAX_CONNECTIONS:.0f} |" for what, grew in held.items()),
         "",
         f"[{'MET' if ratio >= 0.8 else 'MISSED'}] download through the proxy at least 0.8x direct: {ratio:.2f}x",
         f"[{'MET' if added <= 1.0 else 'MISSED'}] connection set-up adds at most 1 ms: {added:+.3f} ms",
@@ -178,6 +209,31 @@ def _measure(
                     Job(f"c-{lane}-{i}", connections, args=("127.0.0.2", echo_port, conns // rounds), lane=lane)
                 )
     return rates, setups
+
+
+def _held(echo_port: int) -> dict[str, float]:
+    """The supervisor's peak RSS growth while one job holds its lane's
+    limit of tunnels open: idle (a byte echoed each) and after each carried
+    8 MiB both ways. Read from this process (the supervisor: the proxy runs
+    on its threads) every 20 ms while the job holds them."""
+    import psutil
+
+    me = psutil.Process()
+    lane = Lane(workers=1, trusted=False, sandbox=Sandbox(network=[f"127.0.0.2:{echo_port}"]))
+    grew = {}
+    with ProcQueue({"proxied": lane}) as q:
+        q.push_and_wait(Job("warm", tunnels, args=("127.0.0.2", echo_port, 1, 1, 0.0)))
+        for what, size in (("idle (1 byte echoed each)", 1), ("busy (8 MiB echoed each)", 8 * MIB)):
+            base = me.memory_info().rss
+            job = Job(f"held-{size}", tunnels, args=("127.0.0.2", echo_port, MAX_CONNECTIONS, size, 2.0))
+            handle = q.push(job).handle  # type: ignore[union-attr]
+            peak = base
+            while not handle.done():
+                peak = max(peak, me.memory_info().rss)
+                time.sleep(0.02)
+            handle.result()
+            grew[what] = (peak - base) / MIB
+    return grew
 
 
 def main(argv: list[str] | None = None) -> None:
