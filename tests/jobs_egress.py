@@ -365,3 +365,28 @@ def socks_http(host: str, port: int, *parts: str) -> list[str]:
             while more := sock.recv(65536):
                 got += more
     return [line.decode() for line in got.split(b"\r\n") if line.startswith(b"HTTP/1.")]
+
+
+def hold_tunnels(host: str, port: int, n: int, hold: float) -> int:
+    """``n`` connections through the proxy with SOCKS5 to ``host:port`` (an
+    echo server, by address), a byte echoed on each, all then held open
+    ``hold`` seconds: how many echoed."""
+    import time
+
+    held: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            sock = socket.create_connection(_proxy(), timeout=20)
+            held.append(sock)
+            sock.sendall(b"\x05\x01\x00\x05\x01\x00\x01" + socket.inet_aton(host) + struct.pack("!H", port))
+            got = b""
+            while len(got) < 12:
+                got += sock.recv(12 - len(got))
+            sock.sendall(b"x")
+            if sock.recv(1) != b"x":
+                break
+        time.sleep(hold)
+        return len(held)
+    finally:
+        for sock in held:
+            sock.close()

@@ -46,6 +46,7 @@ class Refusal(Exception):
     def __init__(self, what: str, target: str, why: str) -> None:
         super().__init__(f"{target} ({why})")
         self.what, self.target, self.why = what, target, why
+        self.counted = False
 
 
 class Connection:
@@ -71,7 +72,8 @@ class Connection:
             else:
                 self._http()
         except Refusal as refusal:
-            self.gate.refuse(self.job, refusal)
+            if not refusal.counted:
+                self.gate.refuse(self.job, refusal)
         except (OSError, Malformed):
             return
 
@@ -85,7 +87,7 @@ class Connection:
                 return self._spent(self.conn.recv(n))
             except TimeoutError:
                 pass
-        raise Refusal("malformed", "a handshake", f"not finished within {HANDSHAKE_TIMEOUT:g} s")
+        raise self._counted(Refusal("malformed", "a handshake", f"not finished within {HANDSHAKE_TIMEOUT:g} s"))
 
     def _spent(self, data: bytes) -> bytes:
         """``data``, read from the job or said to it, counted towards its
@@ -189,10 +191,8 @@ class Connection:
         hop-by-hop headers are dropped, and ``Connection: close`` is said."""
         said = [v for k, v in request.headers if k.lower() == "host"]
         if len(said) > 1 or (said and _authority(said[0], 80) != _authority(authority, 80)):
-            self._answer(403, "the Host header names another host")
-            raise Refusal(
-                "malformed", f"{authority} (Host: {', '.join(said)[:200]})", "the Host header names another host"
-            )
+            target = f"{authority} (Host: {', '.join(said)[:200]})"
+            self._refused(403, target, "the Host header names another host")
         headers = [(k, v) for k, v in request.headers if k.lower() not in _HOP_BY_HOP]
         if not said:
             headers.insert(0, ("Host", authority))
@@ -229,15 +229,24 @@ class Connection:
             shut(self.conn)
 
     def _refused(self, status: int, target: str, why: str) -> NoReturn:
+        """Refuse a request as ``malformed``, answering ``status``."""
+        refusal = self._counted(Refusal("malformed", target, why))
         self._answer(status, why)
-        raise Refusal("malformed", target, why)
+        raise refusal
+
+    def _counted(self, refusal: Refusal) -> Refusal:
+        """Count ``refusal`` for the job now, before the job is told (by an
+        answer, or by the end of its connection): a job that has read that
+        may end at once, and its report must hold the refusal."""
+        self.gate.refuse(self.job, refusal)
+        refusal.counted = True
+        return refusal
 
     def _tunnel(self, authority: str, rest: bytes) -> None:
         try:
             host, port = split_authority(authority, None)
         except Malformed as exc:
-            self._answer(400, str(exc))
-            raise Refusal("malformed", f"CONNECT {authority[:200]}", str(exc)) from None
+            self._refused(400, f"CONNECT {authority[:200]}", str(exc))
         upstream = self._opened(host, port, False)
         if upstream is None:
             return
@@ -250,6 +259,7 @@ class Connection:
         try:
             upstream = self._open(host, port)
         except Refusal as refusal:
+            self._counted(refusal)
             if socks:
                 self._say(_socks_reply(2))
             else:
@@ -292,15 +302,17 @@ class Connection:
         elif kind == 3:
             host = take(take(1)[0]).decode("ascii", "replace")
         else:
+            refusal = self._counted(Refusal("malformed", "a SOCKS5 request", f"address type {kind}"))
             self._say(_socks_reply(8))
-            raise Refusal("malformed", "a SOCKS5 request", f"address type {kind}")
+            raise refusal
         (port,) = struct.unpack("!H", take(2))
         if version != 5 or command != 1:
-            self._say(_socks_reply(7))
             what, why = (
                 ("udp", "UDP (SOCKS5 UDP ASSOCIATE)") if command == 3 else ("malformed", f"SOCKS5 command {command}")
             )
-            raise Refusal(what, f"{host}:{port}", why)
+            refusal = self._counted(Refusal(what, f"{host}:{port}", why))
+            self._say(_socks_reply(7))
+            raise refusal
         upstream = self._opened(host, port, True)
         if upstream is None:
             return
@@ -366,8 +378,7 @@ class Connection:
             except Malformed:
                 same = False
             if not same:
-                self._answer(403, "the URL names another host than the one connected to")
-                raise Refusal("malformed", f"{authority} (URL: {path[:200]})", "the URL names another host")
+                self._refused(403, f"{authority} (URL: {path[:200]})", "the URL names another host")
             path = f"/{rest}"
         elif not path.startswith("/"):
             self._refused(400, f"{request.method} {path[:200]}", "a request target that is no path or http:// URL")
@@ -381,15 +392,16 @@ class Connection:
             if data and not tls and data[:1] != b"\x16":
                 return data  # SOCKS5: not TLS, nothing to check
             if data and looks_like_http(data):
-                raise Refusal("nested", target, "plain HTTP inside a CONNECT tunnel (a nested CONNECT or request)")
+                why = "plain HTTP inside a CONNECT tunnel (a nested CONNECT or request)"
+                raise self._counted(Refusal("nested", target, why))
             try:
                 complete, sni = client_hello(data)
             except Malformed as exc:
-                raise Refusal("nested", target, f"a tunnel that is not TLS: {exc}") from None
+                raise self._counted(Refusal("nested", target, f"a tunnel that is not TLS: {exc}")) from None
             if complete:
                 break
             if len(data) > HEAD_LIMIT:
-                raise Refusal("nested", target, "a TLS ClientHello too large to read")
+                raise self._counted(Refusal("nested", target, "a TLS ClientHello too large to read"))
             # A tunnel's ClientHello is part of the handshake; SOCKS5 may carry
             # a protocol whose server speaks first, the client answering later.
             more = self._recv(65536) if tls else self._spent(self.conn.recv(65536))
@@ -404,7 +416,7 @@ class Connection:
         named = host_name(sni) if sni is not None else None
         if named != wanted:
             said = f"names {sni!r}" if sni is not None else "names no host"
-            raise Refusal("sni", target, f"the TLS ClientHello {said}, not the host connected to")
+            raise self._counted(Refusal("sni", target, f"the TLS ClientHello {said}, not the host connected to"))
         return data
 
 

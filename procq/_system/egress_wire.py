@@ -27,6 +27,7 @@ __all__ = [
 #: The most a request's head may take: more is refused.
 HEAD_LIMIT = 64 * 1024
 
+_BYTES = re.compile(r"bytearray\(b(['\"])(.*)\1\)")  # how h11 quotes what it refused
 _BARE = re.compile(rb"\r(?!\n)|(?<!\r)\n")
 _METHODS = (b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"PATCH", b"TRACE", b"CONNECT")
 
@@ -184,7 +185,7 @@ def read_request(head: bytes, rest: bytes) -> tuple[Request, Forward]:
     try:
         event = parser.next_event()
     except h11.RemoteProtocolError as exc:
-        raise Malformed(f"{exc}"[:200]) from None
+        raise Malformed(_BYTES.sub(r"\1\2\1", str(exc))[:200]) from None
     if not isinstance(event, h11.Request):  # pragma: no cover - a whole head always makes a Request
         raise Malformed("not an HTTP request")
     headers = [(name.decode("latin-1"), value.decode("latin-1")) for name, value in event.headers.raw_items()]
