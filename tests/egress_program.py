@@ -11,7 +11,8 @@ Each hostile job (``CASES``) runs twice; around the second run it reads
 what the supervisor holds (open fds, threads, RSS), waiting (bounded) for
 the proxy's threads to finish after the job. It also collects every
 exception raised in a thread of the supervisor, every unraisable one, and
-every ``ResourceWarning`` (a socket left for the collector).
+every ``ResourceWarning`` (a socket left for the collector), and the length
+of every line the ``procq.sandbox`` logger wrote.
 
 It prints, as the last line of its output, a JSON object of what it saw.
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import os
 import sys
 import threading
@@ -118,6 +120,7 @@ def _cases(keep: int, echo: int, other: int) -> dict[str, tuple[Any, tuple[Any, 
             je.trickle,
             (f"GET http://{listed}/ HTTP/1.1\r\nX-Slow: {'p' * 64}\r\n\r\n", 0.1, 15.0),
         ),
+        "a tunnel whose ClientHello never comes": (je.connect_then_wait, (f"127.0.0.2:{echo}", 15.0)),
         "the connection limit held open": (je.hold_tunnels, ("127.0.0.2", echo, 64, 1.0)),
     }
 
@@ -208,9 +211,13 @@ def main() -> None:
     warned: list[str] = []
     warnings.simplefilter("always", ResourceWarning)
     warnings.showwarning = lambda message, *rest: warned.append(str(message)[:200])
+    logged: list[int] = []  # the length of each line the sandbox's logger wrote
+    handler = logging.Handler()
+    handler.emit = lambda record: logged.append(len(record.getMessage()))  # type: ignore[method-assign]
+    logging.getLogger("procq.sandbox").addHandler(handler)
     said = _run_cases()
     gc.collect()  # a socket left for the collector warns now
-    said["raised"], said["warned"] = raised, warned
+    said["raised"], said["warned"], said["logged"] = raised, warned, logged
     print()
     print(json.dumps(said))
 

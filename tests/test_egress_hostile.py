@@ -64,7 +64,7 @@ def test_nothing_escapes_the_proxys_threads_and_no_socket_is_left_to_the_collect
         "a port of digits that are not ASCII", "a request framed two ways", "a head past its limit",
         "a second request after a checked one", "a second request through SOCKS5", "another host through SOCKS5",
         "request heads past network_bytes", "refusals in a loop", "a handshake a byte at a time",
-        "the connection limit held open",
+        "a tunnel whose ClientHello never comes", "the connection limit held open",
     ],
 )  # fmt: skip
 def test_each_attack_leaves_the_supervisor_as_it_was(said: dict[str, Any], name: str) -> None:
@@ -118,6 +118,18 @@ def test_a_handshake_a_byte_at_a_time_ends_at_its_deadline(said: dict[str, Any])
     case = said["cases"]["a handshake a byte at a time"]
     assert case["result"].startswith("closed after "), case
     assert _refused(case) == [("malformed", "not finished within 2 s")], case
+
+
+def test_a_tunnels_client_hello_is_due_by_the_handshakes_deadline(said: dict[str, Any]) -> None:
+    case = said["cases"]["a tunnel whose ClientHello never comes"]
+    assert case["result"].startswith("closed after "), case
+    assert _refused(case) == [("malformed", "not finished within 2 s")], case
+
+
+def test_the_sandbox_logs_bounded_lines(said: dict[str, Any]) -> None:
+    """One WARNING line per job refused anything, whatever it tried (2,000
+    refusals of as many targets among them)."""
+    assert said["logged"] and max(said["logged"]) < 16 << 10, said["logged"]
 
 
 def test_the_connection_limit_held_open_costs_the_supervisor_little(said: dict[str, Any]) -> None:
