@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import jobs
@@ -109,6 +110,14 @@ def tree_then_hog(gate: str, report: str, hog_mib: int) -> None:
 def allocate(mib: int) -> int:
     """Allocate (and touch) ``mib`` MiB; return how many bytes were held."""
     block = bytearray(mib << 20)
+    return len(block)
+
+
+def allocate_for(mib: int, seconds: float) -> int:
+    """Allocate (and touch) ``mib`` MiB and hold it ``seconds`` (long enough
+    for the supervisor's memory samples to see it); return how many bytes."""
+    block = bytearray(mib << 20)
+    time.sleep(seconds)
     return len(block)
 
 

@@ -48,6 +48,30 @@ def test_a_job_past_its_memory_limit_fails_alone(start_method: str, tmp_path: An
         )
 
 
+def test_a_memory_limited_job_is_not_charged_for_what_its_worker_kept_of_earlier_results() -> None:
+    """A trusted worker keeps the shared-memory segments of its last large
+    results, to write the next ones into, and maps them while it waits. A
+    job with a memory limit sent to it just after such a result counts its
+    memory from its own start: 30 MiB under a 64 MiB limit passes, however
+    large the result before it (here 200-375 MiB, whose pages the worker
+    maps as the job is sent); 100 MiB still fails. (Each result is larger than
+    the last, so that each goes into a new segment, which the worker maps
+    as it waits.)"""
+    import jobs_arrays
+
+    with open_queue({"m": Lane(workers=1)}) as q:
+        for i in range(8):
+            size = (200 + 25 * i) * MIB
+            big = q.push(Job(f"big-{i}", jobs_arrays.zeros, args=(size // 8,))).handle
+            small = q.push(Job(f"small-{i}", jobs_control.allocate_for, args=(30, 0.3), memory_limit="64M")).handle
+            assert big.result(timeout=WAIT).nbytes == size
+            assert small.result(timeout=WAIT) == 30 * MIB
+        big = q.push(Job("big-last", jobs_arrays.zeros, args=(300 * MIB // 8,))).handle
+        greedy = q.push(Job("greedy", jobs_control.allocate_for, args=(100, 0.3), memory_limit="64M")).handle
+        assert big.result(timeout=WAIT).nbytes == 300 * MIB
+        failure_of(greedy, "memory")
+
+
 def test_a_memory_limit_ends_with_its_job(start_method: str) -> None:
     """The address-space limit is set around one job: the worker's next job,
     with no limit, may use more."""

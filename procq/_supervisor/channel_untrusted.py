@@ -114,6 +114,8 @@ def decode_job_message(frame: bytes, max_values: int) -> tuple[int, Decoded]:
 
 
 class UntrustedChannel(ProcessChannel):
+    #: Its job's memory counts from the job's sending (the job's process unmaps the start mark).
+    COUNTS_FROM_START = False
     #: A job frame larger than this is sent from a thread of its own: a worker
     #: that stops reading its pipe can then stall nothing else.
     inline_limit = 1 << 16

@@ -65,6 +65,8 @@ class ProcessChannel(WorkerChannel):
     """A worker that is a local process, on a duplex pipe of its own: sending
     RUN frames, signalling its tree and reaping it are the same for both kinds."""
 
+    COUNTS_FROM_START = True  # (see _from_start)
+
     #: A job frame larger than this is written from a thread of its own.
     inline_limit = 1 << 62
     #: Starting a local process touches nothing the I/O thread owns.
@@ -96,7 +98,7 @@ class ProcessChannel(WorkerChannel):
             fn_bytes: bytes | None = entry.fn_bytes
             if self.fns.touch(entry.fn_id):
                 fn_bytes = None
-            if entry.memory_limit is not None:
+            if entry.memory_limit is not None and not self._from_start():
                 entry.rss_base = self.memory_base()  # measured as job_memory measures the tree
             frame = pickle.dumps((RUN, entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes, entry.memory_limit), -1)
             if len(frame) > self.inline_limit:
@@ -158,7 +160,24 @@ class ProcessChannel(WorkerChannel):
         # untrusted job's process, a copy of its worker, adds only what it
         # changes or allocates: the pages it shares with the worker are split
         # between the two.)
-        return tree_memory(self.pid, children, entry.rss_base, entry.memory_limit)
+        base = self._memory_from(entry)
+        if base is None:
+            return 0  # not started yet: nothing of it runs
+        return tree_memory(self.pid, children, base, entry.memory_limit)
+
+    def _memory_from(self, entry: Entry) -> int | None:
+        """What of the tree is not ``entry``'s: what the worker said it held
+        as the job started (``_wire.startmark``; None before), or else what
+        it held as the job was sent."""
+        if self.mark is not None and self._from_start():
+            return self.mark.base(entry.job_id)
+        return entry.rss_base
+
+    def _from_start(self) -> bool:
+        """Does the worker say in its start mark what it held as a job with a
+        memory limit started? A trusted worker does (an untrusted job's
+        process unmaps the page before its job runs)."""
+        return self.mark is not None and self.COUNTS_FROM_START
 
     def terminate(self) -> list[Any]:
         descendants = find_descendants(self.pid)

@@ -18,6 +18,13 @@ it held was started there if, and only if, the page holds that job's id
 writes its id the same way, then unmaps the page before the job runs, so
 hostile code cannot forge it.
 
+A trusted worker also says there what it holds as a job with a memory
+limit starts (its proportional set size, after it has let go of the result
+segments it keeps mapped), in a second word written before the id: that job's
+memory is counted from there (``StartMark.base``), not from what the
+worker held when the job was sent (it may map, or stop sharing, pages in
+between that are none of the job's).
+
 Where ``os.memfd_create`` is missing (not Linux) there is no page, and
 every held job counts as started, as before.
 """
@@ -34,7 +41,7 @@ from procq._model.values import Failed
 
 __all__ = ["StartMark", "Unstarted", "WorkerMark", "open_mark"]
 
-_SIZE = 8  # one signed 64-bit job id, in native byte order
+_SIZE = 16  # signed 64-bit words in native byte order: the job's id, then the worker's memory as it started
 
 
 class StartMark:
@@ -73,6 +80,15 @@ class StartMark:
         """The id of the last job the worker started (0: none)."""
         return int(self._view[0])
 
+    def base(self, job_id: int) -> int | None:
+        """What the worker held, in bytes, as it started job ``job_id`` (one
+        with a memory limit); None until it has started it. (The worker
+        writes the size, then the id: read the other way round.)"""
+        if self._view[0] != job_id:
+            return None
+        base = int(self._view[1])
+        return base if self._view[0] == job_id else None
+
     def close_fd(self) -> None:
         """The worker has its own copy: the supervisor keeps only the mapping."""
         if self._fd >= 0:
@@ -104,8 +120,9 @@ def _rebuild(dup: Any) -> WorkerMark:
 
 
 def open_mark(fd: int | None) -> memoryview | None:
-    """The worker's side: the page as one writable ``int64`` (``mark[0] =
-    job_id``), its descriptor closed (the mapping stays). None without a page."""
+    """The worker's side: the page as writable ``int64`` words (``mark[1] =
+    memory``, then ``mark[0] = job_id``), its descriptor closed (the mapping
+    stays). None without a page."""
     if fd is None:
         return None
     try:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from procq._model.job import format_size
 from procq._system.privileges import set_dumpable
+from procq._system.processes import process_pss
 from procq._wire.plain import Parts, result_frame, send_message
 from procq._wire.protocol import CANCEL, ERROR, READY, RUN, RUN_MANY, SKIPPED, TRAILER, FnMirror, dumps, json_dumps
 from procq._wire.shm_results import MappedFrame, ResultSegments
@@ -299,7 +300,7 @@ def _serve(
 ) -> None:
     recv, send_bytes, fd = conn.recv_bytes, conn.send_bytes, conn.fileno()
     if mark is None:
-        mark = memoryview(bytearray(8)).cast("q")  # (no shared page: written all the same, read by no one)
+        mark = memoryview(bytearray(16)).cast("q")  # (no shared page: written all the same, read by no one)
 
     def send(frame: bytes | Parts | MappedFrame) -> None:
         send_message(fd, send_bytes, frame)
@@ -331,6 +332,10 @@ def _serve(
                 run.skip(*job)
                 send(TRAILER.pack(job[0], SKIPPED))
                 continue
+            if job[4] is not None:  # a memory limit: its memory counts from here (see _wire.startmark)
+                if segments is not None:
+                    segments.no_mappings()
+                mark[1] = process_pss(os.getpid())
             # Started from here on: a death now is this job's (see _wire.startmark).
             mark[0] = job[0]
             run(*job)
@@ -418,8 +423,6 @@ class _Runner:
                 send(codec.error(job_id, "error", failed, pickle_it=True))
                 return
         limits = self.limits
-        if memory_limit is not None and isinstance(codec, _Pickled) and codec.segments is not None:
-            codec.segments.no_mappings()
         # Held by the call alone, let go as it returns: arguments mapped from shared
         # memory are unmapped before the result is sent, their segment free to reuse.
         held = [args, kwargs]
