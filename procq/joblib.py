@@ -368,11 +368,14 @@ class ProcqBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc
             return out.result()
         except JobFailed as failed:
             cause = failed.failure.exception
-            if failed.failure.kind == "error" and cause is not None:
-                raise cause from cause.__cause__
-            if failed.failure.kind == "error":  # (its traceback's text as the cause)
-                raise UnpicklableTaskError(failed.key, failed.failure) from failed.__cause__
-            raise
+            try:
+                if failed.failure.kind == "error" and cause is not None:
+                    raise cause from cause.__cause__
+                if failed.failure.kind == "error":  # (its traceback's text as the cause)
+                    raise UnpicklableTaskError(failed.key, failed.failure) from failed.__cause__
+                raise
+            finally:
+                del cause  # (see _api.handle._unwrap: no cycle through this frame)
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
         """joblib stops the call after an error: cancel every batch still waiting

@@ -191,3 +191,38 @@ def test_a_forked_child_exiting_leaves_the_queues_segments_alone() -> None:
         assert segments() == held
         assert q.push_and_wait(Job("b", jobs_arrays.total, args=(_big(),)), timeout=WAIT) == BIG
     assert segments() == []
+
+
+@pytest.mark.parametrize("store", [None, "sqlite"])
+def test_nothing_mapped_waits_for_the_garbage_collector(tmp_path: Path, store: str | None) -> None:
+    """With the cyclic garbage collector off, a result is unmapped as soon as
+    nothing holds it: one read by a function that a failure (a worker that
+    died) then passed through, and one a store's queue kept for its key.
+    Neither procq's failure nor its records make a reference cycle that
+    would hold them until a collection ran."""
+    import jobs
+
+    def read_then_fail(q: ProcQueue) -> None:
+        kept = q.push_and_wait(Job("big", jobs_arrays.times_two, args=(_big(),)), timeout=WAIT)
+        assert jobs_arrays.in_segment(kept)
+        q.push_and_wait(Job("dies", jobs.exit_now, args=(3,)), timeout=WAIT)
+
+    url = None if store is None else f"sqlite:///{tmp_path / 'store.db'}"
+    gc.collect()
+    gc.disable()
+    try:
+        with open_queue(1, **({} if url is None else {"store": url})) as q:
+            try:
+                read_then_fail(q)
+            except JobFailed as exc:
+                assert exc.failure.kind == "crashed"
+            else:
+                pytest.fail("the job that exits did not fail")
+            failed = q.push(Job("fails", jobs_arrays.total, args=("not an array",))).handle  # type: ignore[union-attr]
+            with pytest.raises(JobFailed):
+                failed.result(timeout=WAIT)
+            del failed
+            assert q.forget("big")
+            assert jobs_arrays.mapped_ranges() == []
+    finally:
+        gc.enable()

@@ -54,6 +54,8 @@ class JobHandle(Generic[T]):
             face = entry.face
             if face is None:
                 face = entry.face = Done.standing_for(entry)
+                if entry.outcome is not None:  # it ended meanwhile: see StateMap._ended
+                    entry.face = None
             held = face
         self._held = held
         # The queue, kept alive while a handle on one of its jobs exists.
@@ -224,6 +226,13 @@ def _unwrap(entry: Entry | Ended | Done) -> Any:  # the T of the handle it serve
     cause: BaseException | None = failure.exception
     if cause is None and failure.traceback:
         cause = _RemoteTraceback(failure.traceback)
-    if cause is not None:
-        raise error from cause
-    raise error
+    try:
+        if cause is not None:
+            raise error from cause
+        raise error
+    finally:
+        # The traceback holds this frame: without its names the exception
+        # and the frame make no cycle, which would keep the frames the
+        # exception passed through (their locals: results, arrays mapped
+        # from shared memory) until the garbage collector ran.
+        del error, cause, entry, outcome

@@ -351,6 +351,12 @@ class StateMap:
         # walk over and over). Read only while the entry is live.
         del entry.job
         entry.fn_bytes = entry.args_bytes = b""
+        # The handles' stand-in may keep referring to the entry (a failure, or
+        # an outcome a store has yet to commit, is read there): the entry no
+        # longer refers to it, so the two make no cycle, which would hold the
+        # outcome (a result mapped from shared memory) until the garbage
+        # collector ran. A handle made from now on holds a stand-in of its own.
+        entry.face = None
         wakeups: list[Wakeup] = []
         if entry.segment is not None:  # given back with no lock held, as a wake-up
             wakeups.append(entry.segment.release)
