@@ -202,3 +202,26 @@ def test_a_pipe_a_waiter_hands_back_as_the_queue_stops_is_closed_once_unwatched(
         q.close()
     assert failures == []
     assert worker.channel.messages.closed
+
+
+def test_many_callers_waiting_on_one_job_cost_nothing_while_they_wait(gates: Gates) -> None:
+    """One caller leads; the others wait to be woken, not trying again every
+    slice: 500 threads waiting a second cost the process a few milliseconds
+    of CPU (polling every 50 ms, they cost it a large part of a core), and
+    every one gets the job's output."""
+    import resource
+
+    with open_queue(1) as q:
+        handle, _, gate = _hold(q, gates, "held")
+        waiting = [_lead_in_thread(handle, timeout=WAIT) for _ in range(500)]
+        wait_until(lambda: _leading(q), what="a waiter reading the worker's pipe")
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        time.sleep(1.0)  # (a window to measure the CPU the waiting takes, not a synchronisation)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        used = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        gate.open()
+        for thread, _ in waiting:
+            thread.join(WAIT)
+        outputs = {repr(got) for _, got in waiting}
+        assert len(outputs) == 1 and not isinstance(waiting[0][1][0], BaseException), outputs
+        assert used < 0.1, f"{used:.3f} s of CPU in 1 s while 500 threads waited"

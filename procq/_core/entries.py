@@ -235,6 +235,7 @@ class WorkerSlot:
         "entry",
         "jobs",
         "lane",
+        "led",
         "life",
         "pid",
         "queue",
@@ -270,6 +271,10 @@ class WorkerSlot:
         # Held by whichever thread reads the pipe: the I/O thread, or a caller
         # waiting on the job the worker runs (``_supervisor.lead``).
         self.reading = threading.Lock()
+        # True while the thread holding ``reading`` is such a caller, not the
+        # I/O thread: the other callers waiting on its jobs then wait to be
+        # woken, not to take over (``_supervisor.lead``).
+        self.led = False
         self.life = WorkerLife.BOOTING
         self.jobs = 0  # jobs it has been given (0: a fresh worker)
         # A report asked for it to be replaced (``max_worker_rss``) while it had

@@ -8,8 +8,10 @@ waits (``JobHandle.result``) on a job a worker is running, while no other
 thread reads that worker's pipe, becomes its reader for as long as it waits:
 
 - it takes the worker's ``reading`` lock without blocking (someone else
-  reading will settle the job, or let go: it waits on the event for a slice,
-  then tries again);
+  reading will settle the job, or let go: if that is the I/O thread, it waits
+  on the event for a slice, then tries again; if it is another caller, it
+  waits on the event alone: the I/O thread reads the pipe once that caller
+  lets go, so many callers waiting on one job cost nothing while they wait);
 - it takes a right to send (``WorkerSlot.sending``), so the pipe is not
   closed under it, and has the I/O thread's selector pass over the pipe;
 - it waits for the pipe to be readable, in slices, so that a worker that is
@@ -69,9 +71,11 @@ class Leader:
             reading = worker.reading
             if reading.acquire(blocking=False):
                 wakeups: list[Wakeup] = []
+                worker.led = True
                 try:
                     going = self._lead(worker, entry, deadline, wakeups)
                 finally:
+                    worker.led = False
                     reading.release()
                 # Woken with the pipe let go: a done callback that waits on
                 # another job of this worker does not wait on this thread.
@@ -79,8 +83,13 @@ class Leader:
                 if not going:
                     break
                 continue
-            # Another thread reads it now (the I/O thread, or a caller waiting
-            # on the job too): it settles the job, or lets go and this one leads.
+            if worker.led:
+                # Another caller leads: it settles the job, or lets go of the
+                # pipe, which the I/O thread then reads. Waiting for the job
+                # here, not trying again every slice, is what lets a thousand
+                # callers wait on one job at no cost.
+                break
+            # The I/O thread reads it now: it settles the job, or lets go and this one leads.
             wait = LEAD_SLICE if deadline is None else min(LEAD_SLICE, deadline - time.monotonic())
             if wait <= 0:
                 break
