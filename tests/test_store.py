@@ -499,3 +499,34 @@ def test_retention_deletes_rows(url: str, tmp_path: Path) -> None:
         q.push_and_wait(Job("k3", store_jobs.counted, args=(log, 3)), timeout=WAIT)
         assert q.state("k3") is None and q.keys() == []
         assert q._store is not None and sweep_rows(q._store) >= 1
+
+
+@pytest.mark.parametrize("retention", [Retention(max_completed=3), Retention(ttl=0.0, failed_ttl=0.0)])
+def test_sqlite_sweeps_and_counts_search_the_ended_rows_never_the_whole_table(
+    tmp_path: Path, retention: Retention
+) -> None:
+    """What q.stats() counts and what a retention sweep deletes are found
+    through the index of ended rows: their cost follows the rows they touch,
+    not how many the table holds (a scan of the table, its outputs
+    included, stalled pushes for a second at a million rows)."""
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    log = str(tmp_path / "log")
+    with ProcQueue(1, store=url, retention=retention) as q:
+        for i in range(6):
+            q.push_and_wait(Job(f"k{i}", store_jobs.counted, args=(log, i)), timeout=WAIT)
+        ran: list[str] = []
+        assert q._store is not None
+        db = q._store.conn.db  # type: ignore[attr-defined]
+        db.set_trace_callback(ran.append)
+        try:
+            q.stats()
+            deleted = sweep_rows(q._store)
+        finally:
+            db.set_trace_callback(None)
+        assert deleted == (3 if retention.max_completed else 6)
+        asked = [sql for sql in ran if "procq_keys" in sql and sql.lstrip().upper().startswith(("SELECT", "DELETE"))]
+        assert any("count(" in sql for sql in asked) and any(sql.lstrip().startswith("DELETE") for sql in asked), ran
+        with sqlite3.connect(tmp_path / "store.db") as check:
+            for sql in asked:
+                plan = " / ".join(row[-1] for row in check.execute(f"EXPLAIN QUERY PLAN {sql}"))
+                assert "SCAN procq_keys" not in plan, (sql, plan)

@@ -43,6 +43,10 @@ _DDL = [
         output BLOB, encoding TEXT, failure TEXT, attempts INTEGER NOT NULL DEFAULT 1,
         not_before REAL, created REAL NOT NULL, ended REAL)""",
     "CREATE INDEX IF NOT EXISTS procq_keys_live ON procq_keys (holder) WHERE state = 'live'",
+    # The ended rows by state and time: a retention sweep finds what to delete,
+    # and the counts of q.stats() are read, from this index alone, never a
+    # scan of the table (whose rows hold outputs).
+    "CREATE INDEX IF NOT EXISTS procq_keys_ended ON procq_keys (state, ended) WHERE state != 'live'",
     "CREATE TABLE IF NOT EXISTS procq_holders (id TEXT PRIMARY KEY, pid INTEGER, host TEXT, expires REAL NOT NULL)",
     "CREATE TABLE IF NOT EXISTS procq_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
 ]
@@ -373,8 +377,8 @@ class SqliteConn:
         return {r[0] for r in self._query(sql, (time.time(),))}
 
     def counts(self) -> tuple[int, int]:
-        found = dict(self._query("SELECT state, count(*) FROM procq_keys WHERE state != 'live' GROUP BY state"))
-        return found.get("done", 0), found.get("failed", 0)
+        sql = "SELECT count(*) FROM procq_keys WHERE state = ? AND state != 'live'"  # (the ended index: see _DDL)
+        return self._query(sql, ("done",))[0][0], self._query(sql, ("failed",))[0][0]
 
     def renew(self, holder: str, lease: float) -> None:
         with self._tx() as db:
@@ -385,33 +389,40 @@ class SqliteConn:
 
     def purge(self, ttl: float | None, failed_ttl: float | None, max_completed: int | None) -> int:
         # Short transactions of at most _BATCH rows each: a sweep never holds the write lock for long.
+        # (Each condition says state != 'live', which SQLite cannot infer from
+        # state = 'done': the ended index, partial, is used only then.)
         deleted = 0
         now = time.time()
         wheres: list[tuple[str, tuple[Any, ...]]] = []
         if ttl is not None:
-            wheres.append(("state = 'done' AND ended <= ?", (now - ttl,)))
+            wheres.append(("state = 'done' AND ended <= ? AND state != 'live'", (now - ttl,)))
         if failed_ttl is not None:
-            wheres.append(("state = 'failed' AND ended <= ?", (now - failed_ttl,)))
+            wheres.append(("state = 'failed' AND ended <= ? AND state != 'live'", (now - failed_ttl,)))
         for where, args in wheres:
-            while True:
-                with self._tx() as db:
-                    sql = f"DELETE FROM procq_keys WHERE key IN (SELECT key FROM procq_keys WHERE {where} LIMIT ?)"
-                    n = db.execute(sql, (*args, _BATCH)).rowcount
-                deleted += n
-                if n < _BATCH:
-                    break
+            deleted += self._delete_where(where, args)
         if max_completed is not None:
-            while True:
-                with self._tx() as db:
-                    sql = (
-                        "DELETE FROM procq_keys WHERE key IN (SELECT key FROM procq_keys WHERE state = 'done' "
-                        "ORDER BY ended DESC LIMIT ? OFFSET ?)"
-                    )
-                    n = db.execute(sql, (_BATCH, max_completed)).rowcount
-                deleted += n
-                if n < _BATCH:
-                    break
+            # The newest kept row's time, read (no lock) along the ended
+            # index; then the older rows go, a batch a transaction, found by
+            # the same index. (Rows ended at that very time all stay.)
+            sql = (
+                "SELECT ended FROM procq_keys WHERE state = 'done' AND state != 'live' "
+                "ORDER BY ended DESC LIMIT 1 OFFSET ?"
+            )
+            found = self._query(sql, (max_completed - 1,)) if max_completed else [(float("inf"),)]
+            if found:
+                older = ("state = 'done' AND ended < ? AND state != 'live'", (found[0][0],))
+                deleted += self._delete_where(*older)
         return deleted
+
+    def _delete_where(self, where: str, args: tuple[Any, ...]) -> int:
+        deleted = 0
+        while True:
+            with self._tx() as db:
+                sql = f"DELETE FROM procq_keys WHERE key IN (SELECT key FROM procq_keys WHERE {where} LIMIT ?)"
+                n = db.execute(sql, (*args, _BATCH)).rowcount
+            deleted += n
+            if n < _BATCH:
+                return deleted
 
     def release(self, holder: str) -> None:
         with self._tx() as db:
