@@ -13,7 +13,7 @@ import pytest
 from core_support import WAIT, open_queue
 from test_shared_memory import BIG, segments
 
-from procq import Executor
+from procq import Executor, Job
 from procq._wire.fingerprint import content_key
 from procq._wire.shm import segment_prefix
 
@@ -85,3 +85,22 @@ def test_the_joblib_backend() -> None:
     assert out == [(a.sum(), True, True) for a in arrays]
     procq.joblib.shutdown()  # its workers are kept for the next call, and the segments they reuse
     assert segments() == []
+
+
+def test_a_large_bytes_argument_is_never_copied_in_the_supervisor() -> None:
+    """A 64 MiB ``bytes`` argument goes to the worker through shared memory,
+    written there once: neither its key's fingerprint (too large to read,
+    known from its length) nor its pickle (lifted out of band before
+    pickling) makes a copy of it in the supervisor's heap."""
+    import tracemalloc
+
+    data = os.urandom(64 << 20)
+    with open_queue(1) as q:
+        assert q.push_and_wait(Job("warm", len, args=(b"x",)), timeout=WAIT) == 1
+        tracemalloc.start()
+        try:
+            assert q.push_and_wait(Job("big", len, args=(data,)), timeout=WAIT) == len(data)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert peak < 8 << 20, f"the push allocated {peak / (1 << 20):.1f} MiB"

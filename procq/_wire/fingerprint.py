@@ -133,6 +133,11 @@ def job_fingerprint(job: Any) -> bytes:
 
 def _flat(head: bytes, args: tuple[Any, ...]) -> bytes:
     """The fingerprint of a function (``head``) and flat arguments (see ``fingerprint``)."""
+    # Text and bytes past MAX_BYTES are known too large before marshal copies
+    # them (a str's marshal is at least one byte a character): the result is
+    # the same, without writing a copy of a large argument first.
+    if sum(len(a) for a in args if type(a) is bytes or type(a) is str) > MAX_BYTES:
+        return head
     data = _marshal(args, 0)
     if len(data) > MAX_BYTES:  # too large to compare: the function alone
         return head

@@ -95,6 +95,27 @@ def _lift(obj: Any, depth: int = _LIFT_DEPTH) -> Any:
     return obj
 
 
+def _large_bytes_near(obj: Any) -> bool:
+    """Is there a large ``bytes`` or ``bytearray`` in ``obj``, or among the
+    first items of a tuple or list in it, two levels down (a job's ``(args,
+    kwargs)``: its arguments)? A look cheap enough for every push."""
+    t = type(obj)
+    if t is bytes or t is bytearray:
+        return len(obj) >= OOB_BYTES
+    if t is not tuple and t is not list:
+        return False
+    for item in obj[:8]:
+        u = type(item)
+        if u is bytes or u is bytearray:
+            if len(item) >= OOB_BYTES:
+                return True
+        elif u is tuple or u is list:
+            for inner in item[:8]:
+                if (type(inner) is bytes or type(inner) is bytearray) and len(inner) >= OOB_BYTES:
+                    return True
+    return False
+
+
 def dumps_oob(
     obj: Any, fallback: Callable[..., bytes], main_by_value: bool = False
 ) -> tuple[bytes, list[pickle.PickleBuffer]]:
@@ -111,6 +132,8 @@ def dumps_oob(
     ``bytes`` values, and pickled again only if it holds some."""
     buffers: list[pickle.PickleBuffer] = []
     how: Callable[..., bytes] = _dumps_plain
+    if _large_bytes_near(obj):  # lifted before the first pickle, not after a copy of them in band
+        obj = _lift(obj)
     try:
         data = pickle.dumps(obj, 5, buffer_callback=buffers.append)
     except Exception:
