@@ -530,3 +530,27 @@ def test_sqlite_sweeps_and_counts_search_the_ended_rows_never_the_whole_table(
             for sql in asked:
                 plan = " / ".join(row[-1] for row in check.execute(f"EXPLAIN QUERY PLAN {sql}"))
                 assert "SCAN procq_keys" not in plan, (sql, plan)
+
+
+def test_close_does_not_wait_for_the_leases_next_renewal(url: str) -> None:
+    """The queue's watcher waits for the store between lease renewals (a
+    third of the lease; on PostgreSQL, for a notification): closing the
+    queue ends that wait at once. With a 60 s lease, close() returned only at
+    the next renewal, up to 20 s later."""
+    import time
+
+    from procq import PostgresStore, SqliteStore
+
+    store = (
+        SqliteStore(url.removeprefix("sqlite:///"), lease=60)
+        if url.startswith("sqlite")
+        else PostgresStore(url, lease=60)
+    )
+    q = ProcQueue(1, store=store)
+    try:
+        assert q.push_and_wait(Job("k", store_jobs.echo, args=(1,)), timeout=WAIT) == 1
+    finally:
+        began = time.monotonic()
+        q.close()
+        took = time.monotonic() - began
+    assert took < 5, f"close() took {took:.1f} s"

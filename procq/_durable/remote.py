@@ -23,6 +23,7 @@ caller wants is the key's outcome.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -76,8 +77,11 @@ class Watcher(threading.Thread):
         self.store = core.store
         self.conn = core.store.connect()
         self._notified = getattr(self.conn, "notifies", False)
+        # Where its wait for a notification is ended when the queue closes
+        # (not at the lease's next third): a channel of its own, named from its holder.
+        self._own = "procq_stop_" + hashlib.blake2b(core.holder.encode(), digest_size=8).hexdigest()
         if self._notified:
-            self.conn.listen()  # type: ignore[attr-defined]
+            self.conn.listen(self._own)  # type: ignore[attr-defined]
         self._watched: dict[str, list[RemoteEntry]] = {}  # under _lock
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -114,6 +118,12 @@ class Watcher(threading.Thread):
     def stop(self) -> None:
         self._stopping = True
         self._wake.set()
+        if self._notified and self.is_alive():
+            try:
+                with self.core.db_lock:
+                    self.core.conn.nudge(self._own)  # type: ignore[attr-defined]
+            except StoreUnavailable:
+                pass  # (the store refuses: its wait ends at its timeout, a third of the lease at most)
         self.join()
         with self._lock:
             left = [e for entries in self._watched.values() for e in entries]

@@ -163,7 +163,7 @@ class PostgresConn:
         self._pg = _psycopg()
         self._errors = (self._pg.OperationalError, self._pg.InterfaceError)
         self.in_tx = False
-        self._listening = False
+        self._listening: tuple[str, ...] = ()  # the channels it listens on (again after a reconnect)
         self.db: Any = None
         self._cur: Any = None
         self._open()
@@ -192,9 +192,8 @@ class PostgresConn:
             # a cursor made per statement, and text parsed per value, cost
             # more client CPU than the round trip they wait on.
             self._cur = self.db.cursor(binary=True)
-            if self._listening:
-                self.db.execute("LISTEN procq_ended")
-                self.db.execute("LISTEN procq_wake")
+            for channel in self._listening:
+                self.db.execute(f"LISTEN {channel}")
         except self._errors as exc:
             self._drop()
             raise self._unavailable(exc) from exc
@@ -385,11 +384,16 @@ class PostgresConn:
     def release(self, holder: str) -> None:
         self._query("DELETE FROM procq_holders WHERE id = %s", (holder,))
 
-    def listen(self) -> None:
-        """Be told (``wait``) of every row that ends, and every wake, from now on."""
-        self._listening = True
-        self._exec("LISTEN procq_ended")
-        self._exec("LISTEN procq_wake")
+    def listen(self, own: str | None = None) -> None:
+        """Be told (``wait``) of every row that ends, and every wake, from now
+        on; and of ``nudge(own)``, a channel of this listener's own."""
+        self._listening = ("procq_ended", "procq_wake", *(() if own is None else (own,)))
+        for channel in self._listening:
+            self._exec(f"LISTEN {channel}")
+
+    def nudge(self, channel: str) -> None:
+        """End the ``wait`` of whoever listens on ``channel`` now."""
+        self._exec(f"NOTIFY {channel}")
 
     def wait(self, timeout: float) -> set[str]:
         """Up to ``timeout``, until notified; returns the channels that were."""
