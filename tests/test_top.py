@@ -140,3 +140,19 @@ def test_once_draws_one_screen(program: Program, env: dict[str, str]) -> None:
     assert done.returncode == 0, done.stderr
     for text in ("watched", "lanes", "cpu", "io", "workers", "held-job-key", "broken", "error"):
         assert text in done.stdout
+
+
+def test_once_into_a_pipe_draws_every_column_whole(program: Program, env: dict[str, str]) -> None:
+    """With no terminal and no COLUMNS, rich would draw 80 columns and cut
+    the headers ("wor…  wai…"): into a pipe the screen is as wide as it is."""
+    require("rich", "top")
+    piped = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
+    done = top(piped, "--once", "--pid", str(program.pid))
+    assert done.returncode == 0, done.stderr
+    headers = ("lane", "workers", "waiting", "sched", "running", "done/s", "fail/s", "done", "failed", "cached",
+               "joined", "avg run", "refused", "pid", "memory", "cpu", "jobs", "job", "running for")  # fmt: skip
+    lines = done.stdout.splitlines()
+    for header in headers:
+        assert any(header in line.split("  ") or f" {header} " in f" {line} " for line in lines), (header, done.stdout)
+    assert "…" not in done.stdout, done.stdout
+    assert "held-job-key" in done.stdout

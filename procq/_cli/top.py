@@ -30,6 +30,10 @@ __all__ = ["main"]
 Snapshot = dict[str, Any]
 
 
+#: The width ``--once`` draws at into a pipe: enough for any table, which takes its own width.
+_UNBOUNDED = 1000
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
@@ -82,10 +86,14 @@ def main(argv: list[str], prog: str = "procq top") -> int:
     except ImportError:
         print(f"{prog}: the screen needs rich: pip install 'procq[top]' (or use --once --json)", file=sys.stderr)
         return 2
-    view = View()
     if args.once:
-        Console().print(view.render(snaps))
+        # Into a pipe or a file, no width is known (rich would take 80 and cut
+        # the columns): the screen is drawn as wide as it is, unless COLUMNS says.
+        fit = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+        console = Console(width=_UNBOUNDED, soft_wrap=True) if fit else Console()
+        console.print(View(expand=not fit).render(snaps))
         return 0
+    view = View()
     return _live(view, args)
 
 
@@ -132,8 +140,9 @@ def _keys() -> Iterator[Any]:
 class View:
     """Draws snapshots, remembering the last one of each queue for rates and CPU shares."""
 
-    def __init__(self) -> None:
+    def __init__(self, expand: bool = True) -> None:
         self._last: dict[tuple[int, str], Snapshot] = {}
+        self._expand = expand  # the last failures' table fills the screen's width
 
     def render(self, snaps: list[Snapshot]) -> Any:
         from rich.console import Group
@@ -200,7 +209,7 @@ class View:
         parts: list[Any] = [title, lanes, workers]
         if snap["failures"]:
             failures = Table(
-                title="last failures", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=True
+                title="last failures", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, expand=self._expand
             )
             for col in ("at", "lane", "key", "kind"):
                 failures.add_column(col, no_wrap=True, max_width=32)
