@@ -244,28 +244,45 @@ def test_the_main_request_carries_what_spawn_would_pass() -> None:
 
 # A script that opens its queue outside the ``if __name__ == "__main__":``
 # guard: the forkserver's import of it must not start a queue there (nor hang
-# the program's), and its workers fail to start with the usual clear error.
+# the program's), and its workers end quietly as they start: the job fails
+# with one clear error, and nothing else is printed (multiprocessing's
+# bootstrapping RuntimeError was printed by every worker that started).
 UNGUARDED = textwrap.dedent(
     """
-    from procq import Job, JobFailed, ProcQueue
+    import sys
 
-    q = ProcQueue(lanes=1)
-    try:
-        q.push_and_wait(Job("a", abs, args=(-2,)), timeout=30)
-    except JobFailed as e:
-        print("FAILED", e.failure.kind)
-    q.close()
+    from procq import Executor, Job, JobFailed, ProcQueue
+
+    if sys.argv[1] == "executor":
+        with Executor(max_workers=1) as ex:
+            try:
+                ex.submit(abs, -2).result(timeout=30)
+            except Exception as e:
+                print("FAILED", e.failure.kind)
+                print(e.failure.message)
+    else:
+        q = ProcQueue(lanes=1, start_method=sys.argv[1])
+        try:
+            q.push_and_wait(Job("a", abs, args=(-2,)), timeout=30)
+        except JobFailed as e:
+            print("FAILED", e.failure.kind)
+            print(e.failure.message)
+        q.close()
     """
 )
 
 
-def test_a_script_that_opens_a_queue_unguarded_fails_clearly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["forkserver", "spawn", "executor"])
+def test_a_script_that_opens_a_queue_unguarded_fails_with_one_clear_error(tmp_path: Path, how: str) -> None:
     script = tmp_path / "unguarded.py"
     script.write_text(UNGUARDED)
-    proc = _run([sys.executable, str(script)], tmp_path)
+    proc = _run([sys.executable, str(script), how], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["FAILED crashed"]
-    assert "finished its bootstrapping phase" in proc.stderr
+    said = proc.stdout.splitlines()
+    assert said[0] == "FAILED crashed", proc.stdout
+    assert "opens a procq queue when it is imported" in said[1]
+    assert "if __name__ == '__main__':" in said[1]
+    assert proc.stderr == "", proc.stderr
 
 
 BY_REFERENCE = textwrap.dedent(

@@ -42,6 +42,7 @@ from procq._model.settings import check_descriptors
 from procq._model.values import Completed, Failed, Pending, Processing, QueueStats, State
 from procq._supervisor.loop import Supervisor
 from procq._system.sandbox import check as check_sandboxes
+from procq._worker import unguarded
 
 if TYPE_CHECKING:
     from procq._api.monitor import Monitor
@@ -116,6 +117,7 @@ class ProcQueue(MapFace, AsyncFace):
         name: str | None = None,
         monitor: bool = False,
     ) -> None:
+        unguarded.check()  # a worker importing an unguarded main script: it ends here, quietly
         parsed = parse_lanes(lanes)
         if any(lane.remote for lane in parsed.values()):
             import procq._cluster.channel  # noqa: F401  (registers the Dask lanes' channel)

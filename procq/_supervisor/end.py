@@ -148,7 +148,7 @@ class Endings:
             self._timers.retry_start(lane.name, self.clock() + delay)
             _log.backoff(lane, failures, delay, how, failures >= BOOT_FAILURES_TO_FAIL_JOBS)
             if failures >= BOOT_FAILURES_TO_FAIL_JOBS:
-                core.fail_waiting(lane, start_failure(lane, failures, how))
+                core.fail_waiting(lane, start_failure(lane, failures, how, exitcode))
 
     def terminate(self, worker: WorkerSlot) -> None:
         """End a worker's process tree: SIGTERM now (the job may clean up),

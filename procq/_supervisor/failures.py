@@ -14,6 +14,8 @@ from procq._core.entries import Entry, LaneState, WorkerSlot
 from procq._model.job import format_size
 from procq._model.values import Failure, FailureKind
 from procq._system.processes import describe_exit
+from procq._worker.unguarded import EXIT_CODE as UNGUARDED_EXIT
+from procq._worker.unguarded import message as unguarded_message
 
 __all__ = [
     "crash_failure",
@@ -98,10 +100,13 @@ def sandbox_memory_failure(worker: WorkerSlot, entry: Entry, exitcode: int) -> F
     )
 
 
-def start_failure(lane: LaneState, failures: int, how: str) -> Callable[[Entry], Failure]:
-    """The failure of a job waiting in a lane whose workers keep dying as they start."""
+def start_failure(lane: LaneState, failures: int, how: str, exitcode: int | None = None) -> Callable[[Entry], Failure]:
+    """The failure of a job waiting in a lane whose workers keep dying as they
+    start (``exitcode``: the last one's; ``unguarded.EXIT_CODE`` says why)."""
 
     def failure(entry: Entry) -> Failure:
+        if exitcode == UNGUARDED_EXIT:
+            return Failure("crashed", f"job {entry.key!r} could not run: {unguarded_message()}")
         return Failure(
             "crashed",
             f"job {entry.key!r} could not run: the workers of lane {lane.name!r} keep dying while "

@@ -20,6 +20,9 @@ as it can.
   replacements and spares fork from, which reaps them and reports their exits.
 - ``warm``: learned warm starts: the modules a lane's jobs needed, reported
   by its workers and imported by its template.
+- ``unguarded``: a queue opened while a worker imports the main module (no
+  ``if __name__ == "__main__":`` guard): the worker exits with a code of
+  its own, the supervisor says what to do.
 - ``thread_limits``: native libraries' thread pools limited with
   ``threadpoolctl`` (the joblib backend's ``inner_max_num_threads``).
 """

@@ -49,6 +49,9 @@ __all__ = ["MARK", "fallback"]
 #: (None: it was, or it was not asked for). Forked children inherit it.
 fallback: str | None = None
 
+#: True while the server imports the main module.
+importing = False
+
 #: A package, so that the import system asks the finder for names under it.
 __path__: list[str] = []
 
@@ -76,6 +79,8 @@ def _import_main(data: dict[str, Any]) -> None:
     util._close_stdin()  # type: ignore[attr-defined]
     current: Any = process.current_process()
     current._inheriting = True  # as in a spawned child: a script that starts processes unguarded is told so
+    global importing
+    importing = True  # (read by _worker.unguarded: a queue opened now raises, the server lives on)
     try:
         if data.get("file") is not None:
             spawn.import_main_path(data["file"])
@@ -86,6 +91,7 @@ def _import_main(data: dict[str, Any]) -> None:
         sys.modules.pop("__mp_main__", None)
         fallback = f"importing {what} raised {type(exc).__name__}: {_describe(exc)}"
     finally:
+        importing = False
         del current._inheriting
         # What the script printed must not be printed again by each child
         # that inherits the unflushed buffer.
