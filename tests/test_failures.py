@@ -47,3 +47,39 @@ def test_job_failed_carries_the_exception_and_the_childs_traceback(start_method:
     # JobFailed pickles (e.g. to be sent on from a process pool).
     copy = pickle.loads(pickle.dumps(error))
     assert (copy.key, copy.failure) == ("bad", failure)
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+def test_a_failed_jobs_traceback_starts_with_the_jobs_own_frames(trusted: bool) -> None:
+    """The worker's frames that called the job (its loop, its report) are not
+    the job's: the stored traceback starts at the job's function."""
+    from procq import Lane
+
+    with open_queue({"main": Lane(workers=1, trusted=trusted)}) as q, pytest.raises(JobFailed) as info:
+        q.push_and_wait(Job("bad", jobs.boom, args=("bad input",)), timeout=WAIT)
+    text = info.value.failure.traceback
+    assert text is not None
+    frames = [line for line in text.splitlines() if line.lstrip().startswith('File "')]
+    assert frames and "jobs.py" in frames[0] and "boom" in frames[0], text
+    assert not any(f"{os.sep}procq{os.sep}" in line for line in frames), text
+
+
+def test_public_errors_print_and_pickle_by_their_public_name() -> None:
+    """What a program catches it reads as procq.<Name> (a traceback's last
+    line, a log), and a pickle names it so: never a private module's path."""
+    import traceback
+
+    import procq
+
+    made = [
+        JobFailed("k", Failure("error", "x")), procq.QueueClosed("closed"), procq.LaneFull("full"),
+        procq.StoreUnavailable("gone"), procq.InitializerFailed("init"), procq.JobPicklingError("p"),
+        procq.KeyConflict("key k: another function", "k", "function"), procq.SandboxUnavailable("no", "network"),
+        procq.WrongProcess(1, 2),
+    ]  # fmt: skip
+    for error in made:
+        name = type(error).__name__
+        assert getattr(procq, name) is type(error)
+        assert "".join(traceback.format_exception_only(type(error), error)).startswith(f"procq.{name}: "), name
+        assert b"procq._" not in pickle.dumps(type(error)), name  # the class, by its public name
+        assert type(pickle.loads(pickle.dumps(error))) is type(error)

@@ -67,12 +67,16 @@ __all__ = [
 class ProcQueueError(Exception):
     """Base class of the errors procq raises about the queue itself."""
 
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
+
 
 class LaneFull(ProcQueueError, TimeoutError):
     """A push waited for room in a full lane longer than its ``timeout``.
 
     The key is left exactly as it was before the push.
     """
+
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
 
 
 class KeyConflict(ProcQueueError, ValueError):
@@ -83,6 +87,8 @@ class KeyConflict(ProcQueueError, ValueError):
     ``"arguments"``). Nothing changed: the key is left as it was. Raised with
     ``ProcQueue(on_mismatch="raise")``.
     """
+
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
 
     def __init__(self, message: str, key: str, differs: str) -> None:
         super().__init__(message)
@@ -96,9 +102,13 @@ class KeyConflict(ProcQueueError, ValueError):
 class KeyConflictWarning(UserWarning):
     """What ``KeyConflict`` says, as a warning: ``ProcQueue(on_mismatch="warn")``."""
 
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
+
 
 class QueueClosed(ProcQueueError):
     """The queue is closed (or closing) and takes no new pushes."""
+
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
 
 
 class SandboxUnavailable(ProcQueueError):
@@ -114,6 +124,8 @@ class SandboxUnavailable(ProcQueueError):
     tmpfs in) raises it too, with ``part`` naming the bound. A sandbox never
     runs weaker than asked without saying so.
     """
+
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
 
     def __init__(self, message: str, part: str) -> None:
         super().__init__(message)
@@ -134,6 +146,8 @@ class WrongProcess(ProcQueueError):
     ``owner_pid`` is the process that opened the queue, ``pid`` this one.
     """
 
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
+
     def __init__(self, owner_pid: int, pid: int) -> None:
         super().__init__(
             f"this ProcQueue belongs to process {owner_pid}, which opened it; process {pid} is a copy made "
@@ -153,6 +167,8 @@ class JobPicklingError(TypeError, pickle.PicklingError):
     Raised by a push, which leaves the key as it was. It is a ``TypeError`` (a
     bad argument) and a ``pickle.PicklingError``, so either ``except`` catches it.
     """
+
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
 
 
 class _RemoteTraceback(Exception):
@@ -181,6 +197,8 @@ class JobFailed(Exception):
     (``"item 2 ('boom')"``, or for a chunk ``"items 10-19 (...)"``), and
     starts the message; else it is None.
     """
+
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
 
     def __init__(self, key: str, failure: Failure, item: str | None = None) -> None:
         super().__init__(key, failure)

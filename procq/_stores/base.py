@@ -73,11 +73,15 @@ SCHEMA = 1
 class StoreError(ProcQueueError):
     """A store cannot be used as it is: a newer schema, a bad URL."""
 
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
+
 
 class StoreUnavailable(StoreError):
     """The store's database cannot be reached or written now (gone, locked,
     read-only, full). Nothing was pushed; running jobs go on, and their
     outcomes are written once it is back."""
+
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
 
 
 class Row(NamedTuple):

@@ -44,6 +44,8 @@ class InitializerFailed(BrokenProcessPool):
     initializer, though only this job failed.
     """
 
+    __module__ = "procq"  # its public name, printed and pickled as procq.<name>
+
 
 class WorkerInit:
     """``initializer(*initargs)``, for a worker to run as it starts."""

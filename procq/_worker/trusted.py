@@ -27,6 +27,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from procq._model.job import format_size
@@ -59,8 +60,23 @@ def _error_fields(exc: BaseException, exc_bytes: bytes | None, note: str = "") -
     message = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
     if note:
         message = f"{message} {note}"
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    tb = "".join(traceback.format_exception(type(exc), exc, _from_the_job(exc.__traceback__)))
     return (exc_bytes, type(exc).__qualname__, message, tb)
+
+
+#: The directory of procq's own modules: a traceback's frames there, above the job's, are not shown.
+_PROCQ_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def _from_the_job(tb: TracebackType | None) -> TracebackType | None:
+    """``tb`` from the first frame that is not procq's own (the worker's loop
+    that called the job): a failed job's traceback starts with the job's
+    frames. One that never left procq (an argument that would not
+    unpickle, say) is kept whole."""
+    first = tb
+    while first is not None and first.tb_frame.f_code.co_filename.startswith(_PROCQ_DIR):
+        first = first.tb_next
+    return tb if first is None else first
 
 
 def _pickle_exception(exc: BaseException) -> tuple[bytes | None, str]:
