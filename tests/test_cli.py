@@ -120,6 +120,35 @@ def test_failures_by_kind_from_stdin(capsys: pytest.CaptureFixture[str], monkeyp
     assert out[2]["failure"]["message"].startswith("input line 3 is not JSON: ")  # type: ignore[index]
     assert out[3]["key"] == out[0]["key"] and out[3]["output"] == out[0]["output"] and out[3]["cached"] is True
     assert re.search(r"^  failed +2   error 1, input 1$", captured.err, re.M), captured.err
+    # The summary names the failed items, by index and key, with what failed.
+    assert re.search(rf"^    #1 {re.escape(repr(out[1]['key']))}: error: TypeError: ", captured.err, re.M), captured.err
+    assert re.search(r"^    #2 '.*': input: input line 3 is not JSON: ", captured.err, re.M), captured.err
+
+
+def test_the_progress_line_gives_a_rate_and_the_time_left_and_the_summary_bounds_its_list() -> None:
+    """On a terminal: items a second and, when their number is known, the
+    time left at that rate; the summary names the first 10 failed items and
+    counts the rest."""
+    import io
+
+    from procq._cli.report import Tally
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    tally = Tally(screen, total=100, quiet=False)
+    tally.began -= 10.0  # (as if started 10 s ago: 25 items in 10 s)
+    for i in range(25):
+        tally.ended(None if i < 13 else "error", False, i, f"k{i}", "ValueError: bad")
+    tally.draw()
+    line = screen.getvalue().split("\r")[-1]
+    assert re.search(r"25/100 .* 2\.5/s  ETA 30s", line), line
+    tally.finish(interrupted=False)
+    summary = screen.getvalue()
+    assert "failed items (the first 10; 2 more in the output):" in summary, summary
+    assert "    #13 'k13': error: ValueError: bad" in summary and "#23 " not in summary, summary
 
 
 def test_text_items_timeout_and_output_that_is_not_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -262,7 +262,7 @@ def _run(fn: Callable[[Any], Any], items: Iterator[tuple[Any, str | None]], sink
         line, kind = _line(index, key, outcome, cached)
         sink.write(line + "\n")
         sink.flush()
-        tally.ended(kind, cached)
+        tally.ended(kind, cached, index, key, _message(outcome))
 
     def settle(block: bool) -> None:
         try:
@@ -336,6 +336,15 @@ def _line(
     assert isinstance(fields, dict)
     line = json.dumps({"index": index, "key": key, "state": "failed", "cached": cached, "failure": fields})
     return line, str(fields["kind"])
+
+
+def _message(outcome: Completed[Any] | Failed | dict[str, Any]) -> str:
+    """A failed item's message, for the summary ("" for one done)."""
+    if isinstance(outcome, Failed):
+        return outcome.failure.message
+    if isinstance(outcome, dict):
+        return str(outcome.get("message") or "")
+    return ""
 
 
 def _failure(kind: str, message: str) -> dict[str, Any]:
