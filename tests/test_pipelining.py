@@ -129,3 +129,32 @@ def test_a_late_sender_leaves_a_retired_workers_pipe_to_the_supervisor_until_it_
         worker.unwatched = True
         assert worker.sending == 1  # someone still sends: not the supervisor's to close
     assert core.sent(worker) is True  # the last sender closes it
+
+
+def test_a_jobs_run_is_read_as_the_cores_would_give_it_alone(monkeypatch: Any) -> None:
+    """With more jobs running than cores, each takes longer in wall time; the
+    lane's estimate of its jobs' service time counts their share of a core,
+    so short jobs on an oversubscribed machine are still sent ahead."""
+    import time
+
+    from procq._core import dispatch
+
+    monkeypatch.setattr(dispatch, "_CPUS", 1)
+    core = Core({"l": Lane(workers=4)}, check_payload=False, strict_payload=False)
+    lane = core.lanes["l"]
+    workers = [WorkerSlot(lane, _Channel()) for _ in range(4)]
+    for worker in workers:
+        core.add_worker(worker, lane, reserved=False)
+        assert core.worker_ready(worker) is None
+    entries = []
+    for key in "abcd":
+        entry, offered = _push(core, lane, key)
+        assert offered is not None
+        core.sent(offered)
+        entries.append(entry)
+    assert core.keys.processing == 4
+    first = entries[0].worker
+    assert first is not None
+    first.started = time.monotonic() - 0.008  # (8 ms in wall time, four jobs sharing one core)
+    _done(core, first, entries[0], 1)
+    assert lane.service is not None and 0.0015 < lane.service < 0.003, lane.service  # its quarter of 8 ms

@@ -22,6 +22,7 @@ behind one, so its limit counts from its real start.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -43,6 +44,8 @@ __all__ = ["PIPELINE_DEPTH", "PIPELINE_WINDOW", "UNSTARTED_DEATHS_TO_FAIL", "Dis
 #: A lane whose jobs run for less than this (on average, lately) has jobs sent
 #: ahead to its busy workers: enough to keep each busy for about this long.
 PIPELINE_WINDOW = 0.005
+#: The cores this process may run on (the share of them a running job gets: see ``reports``).
+_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 #: At most this many jobs in flight to one worker (the running one included).
 PIPELINE_DEPTH = 16
 #: A job given to this many workers in a row that each died before starting
@@ -260,7 +263,11 @@ class Dispatch:
                 status = Reported.UNEXPECTED
                 break
             taken += 1
-            ran = now - worker.started
+            # Its run as this machine's cores would give it alone: with more
+            # jobs running than cores, each takes that much longer in wall
+            # time, and read as such, short jobs would look long and stop
+            # being sent ahead just when the supervisor's turn is scarcest.
+            ran = (now - worker.started) * min(1.0, _CPUS / max(1, keys.processing))
             lane.service = ran if lane.service is None else 0.8 * lane.service + 0.2 * ran
             worker.entry = None
             if entry.kill_reason is not None:
