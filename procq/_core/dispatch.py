@@ -263,10 +263,9 @@ class Dispatch:
                 status = Reported.UNEXPECTED
                 break
             taken += 1
-            # Its run as this machine's cores would give it alone: with more
-            # jobs running than cores, each takes that much longer in wall
-            # time, and read as such, short jobs would look long and stop
-            # being sent ahead just when the supervisor's turn is scarcest.
+            # Its run at the share of a core it had: with more jobs running
+            # than cores, short jobs read in wall time would look long, and
+            # stop being sent ahead when the supervisor's turns are scarcest.
             ran = (now - worker.started) * min(1.0, _CPUS / max(1, keys.processing))
             lane.service = ran if lane.service is None else 0.8 * lane.service + 0.2 * ran
             worker.entry = None
