@@ -12,14 +12,13 @@ Target (issue: cost stays flat as the work grows): procq moves a 100 MB
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing
 import os
 import platform
 import statistics
-import sys
 import time
 
+from bench import standalone
 from bench.floor import RawPipes
 from procq import Job, Lane, ProcQueue
 
@@ -63,11 +62,7 @@ def run(quick: bool) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.bytes_args", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="three rounds")
-    args = parser.parse_args(argv)
-    print("\n".join(run(args.quick)))
-    sys.stdout.flush()
+    standalone.main("bytes_args", __doc__ or "", run, argv, "three rounds")
 
 
 if __name__ == "__main__":

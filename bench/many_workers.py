@@ -9,12 +9,11 @@ run no-op jobs at 0.8x or more of 2 workers.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
-import sys
 import time
 
+from bench import standalone
 from procq import Job, Lane, ProcQueue
 
 JOBS = 20_000
@@ -52,11 +51,7 @@ def run(quick: bool) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.many_workers", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 and 100 workers only")
-    args = parser.parse_args(argv)
-    print("\n".join(run(args.quick)))
-    sys.stdout.flush()
+    standalone.main("many_workers", __doc__ or "", run, argv, "2 and 100 workers only")
 
 
 if __name__ == "__main__":

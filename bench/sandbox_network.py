@@ -28,7 +28,6 @@ connection set-up
 
 from __future__ import annotations
 
-import argparse
 import http.server
 import os
 import platform
@@ -42,6 +41,7 @@ import threading
 import time
 from typing import Any
 
+from bench import standalone
 from procq import Job, Lane, ProcQueue, Sandbox
 from procq._system.egress_proxy import MAX_CONNECTIONS
 
@@ -237,11 +237,7 @@ def _held(echo_port: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.sandbox_network", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smaller download, fewer rounds")
-    args = parser.parse_args(argv)
-    print("\n".join(run(args.quick)))
-    sys.stdout.flush()
+    standalone.main("sandbox_network", __doc__ or "", run, argv, "a smaller download, fewer rounds")
 
 
 if __name__ == "__main__":

@@ -12,15 +12,14 @@ push takes 50 ms and ``q.stats()`` takes under 20 ms.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
 
+from bench import standalone
 from procq import Job, Lane, ProcQueue, Retention
 
 
@@ -93,11 +92,7 @@ def run(quick: bool) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.store_rows", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="two sizes only")
-    args = parser.parse_args(argv)
-    print("\n".join(run(args.quick)))
-    sys.stdout.flush()
+    standalone.main("store_rows", __doc__ or "", run, argv, "two sizes only")
 
 
 if __name__ == "__main__":

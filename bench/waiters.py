@@ -15,14 +15,13 @@ job's return.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import resource
-import sys
 import threading
 import time
 
+from bench import standalone
 from procq import Job, Lane, ProcQueue
 
 
@@ -104,11 +103,7 @@ def run(quick: bool) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.waiters", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer thread counts")
-    args = parser.parse_args(argv)
-    print("\n".join(run(args.quick)))
-    sys.stdout.flush()
+    standalone.main("waiters", __doc__ or "", run, argv, "fewer thread counts")
 
 
 if __name__ == "__main__":

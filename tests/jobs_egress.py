@@ -328,9 +328,14 @@ def exchange(data: str, then: str = "") -> list[str]:
                 got += more
             with contextlib.suppress(OSError):
                 sock.sendall(then.encode("latin-1"))
-        with contextlib.suppress(OSError):
-            while more := sock.recv(65536):
-                got += more
+        return _statuses(sock, got)
+
+
+def _statuses(sock: socket.socket, got: bytes) -> list[str]:
+    """The status lines of every answer in ``got`` and what ``sock`` brings until it closes."""
+    with contextlib.suppress(OSError):
+        while more := sock.recv(65536):
+            got += more
     return [line.decode() for line in got.split(b"\r\n") if line.startswith(b"HTTP/1.")]
 
 
@@ -349,7 +354,6 @@ def socks_http(host: str, port: int, *parts: str) -> list[str]:
     proxy closed the connection."""
     import time
 
-    got = b""
     with socket.create_connection(_proxy(), timeout=20) as sock:
         sock.sendall(b"\x05\x01\x00")
         sock.recv(2)
@@ -361,10 +365,7 @@ def socks_http(host: str, port: int, *parts: str) -> list[str]:
                 time.sleep(0.2)
             with contextlib.suppress(OSError):
                 sock.sendall(part.encode("latin-1"))
-        with contextlib.suppress(OSError):
-            while more := sock.recv(65536):
-                got += more
-    return [line.decode() for line in got.split(b"\r\n") if line.startswith(b"HTTP/1.")]
+        return _statuses(sock, b"")
 
 
 def hold_tunnels(host: str, port: int, n: int, hold: float) -> int:

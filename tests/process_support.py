@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 
@@ -88,3 +89,26 @@ def assert_all_gone(procs: list[psutil.Process], tag: str, what: str) -> None:
     assert [p.pid for p in alive] == [], f"{what} outlived its supervisor"
     _, alive = psutil.wait_procs(descendants_tagged(tag), timeout=5)
     assert [p.pid for p in alive] == [], "a process outlived its supervisor"
+
+
+def json_program(argv: list[str], timeout: float) -> dict[str, Any]:
+    """Run a test's program (in a session of its own, from ``/``) to its end:
+    the JSON object of its output's last line. Past ``timeout`` its whole
+    session is killed and the test fails with what it wrote to stderr; a
+    non-zero exit status fails it too."""
+    import json
+    import signal
+
+    import pytest
+
+    with subprocess.Popen(argv, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as program:  # fmt: skip
+        try:
+            out, err = program.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(program.pid, signal.SIGKILL)
+            out, err = program.communicate(timeout=10)
+            pytest.fail(f"the program did not finish within {timeout:g} s: {err[-3000:]}")
+    assert program.returncode == 0, err[-3000:]
+    said: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return said

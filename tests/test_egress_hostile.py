@@ -8,15 +8,13 @@ lane that kept answering. Each run is a program of its own
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from process_support import json_program
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
 
@@ -27,17 +25,7 @@ SECOND = "a second request on one connection: one request per connection"
 
 def _run(mode: str) -> dict[str, Any]:
     argv = [sys.executable, "-I", str(HERE / "egress_program.py"), mode, str(HERE), str(HERE.parent)]
-    with subprocess.Popen(argv, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as program:  # fmt: skip
-        try:
-            out, err = program.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            os.killpg(program.pid, signal.SIGKILL)
-            out, err = program.communicate(timeout=10)
-            pytest.fail(f"the program did not finish within 300 s: {err[-3000:]}")
-    assert program.returncode == 0, err[-3000:]
-    said: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return said
+    return json_program(argv, 300)
 
 
 @pytest.fixture(scope="module", params=["root", "nobody"])

@@ -5,11 +5,8 @@ unless the Sandbox relaxes them. Each scenario runs as a program of its own
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -17,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from process_support import json_program
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sandboxes are Linux's")
 
@@ -44,17 +42,7 @@ def shared() -> Iterator[str]:
 
 def _run(mode: str, directory: str) -> dict[str, Any]:
     argv = [sys.executable, "-I", str(HERE / "sandbox_program.py"), mode, directory, str(HERE), str(HERE.parent)]
-    with subprocess.Popen(argv, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as program:  # fmt: skip
-        try:
-            out, err = program.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(program.pid, signal.SIGKILL)
-            out, err = program.communicate(timeout=10)
-            pytest.fail(f"the program did not finish within 120 s: {err[-3000:]}")
-    assert program.returncode == 0, err[-3000:]
-    said: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
-    return said
+    return json_program(argv, 120)
 
 
 def _sandboxed(said: dict[str, Any], directory: str) -> None:

@@ -65,6 +65,8 @@ def _import_main(data: dict[str, Any]) -> None:
     global fallback
     from multiprocessing import process, spawn, util
 
+    from procq._worker.unguarded import flush_std
+
     main = sys.modules.get("__main__")
     what = data.get("file") or data.get("name")
     if data.get("file") is not None and getattr(main, "__file__", None) == data["file"]:
@@ -95,12 +97,7 @@ def _import_main(data: dict[str, Any]) -> None:
         del current._inheriting
         # What the script printed must not be printed again by each child
         # that inherits the unflushed buffer.
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:
-                    stream.flush()
-            except Exception:
-                pass
+        flush_std()
 
 
 def _describe(exc: BaseException) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["EXIT_CODE", "MainNotGuarded", "check", "message"]
+__all__ = ["EXIT_CODE", "MainNotGuarded", "check", "flush_std", "message"]
 
 #: A worker's exit code that says its main module opened a queue as it was imported.
 EXIT_CODE = 86
@@ -49,10 +49,16 @@ def check() -> None:
     server = sys.modules.get("procq._worker.forkserver_main")
     if server is not None and getattr(server, "importing", False):
         raise MainNotGuarded(message())
+    flush_std()
+    os._exit(EXIT_CODE)
+
+
+def flush_std() -> None:
+    """Flush ``sys.stdout`` and ``sys.stderr``, whatever they are (a child
+    about to exit, or to be forked from, must not leave buffered text)."""
     for stream in (sys.stdout, sys.stderr):
         try:
             if stream is not None:
                 stream.flush()
         except Exception:
             pass
-    os._exit(EXIT_CODE)

@@ -1,0 +1,18 @@
+"""The command line of a bench module run alone: ``python -m bench.<name>
+[--quick]`` prints the module's ``run(quick)`` lines (its table and targets)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+
+def main(
+    name: str, doc: str, run: Callable[[bool], list[str]], argv: list[str] | None, quick: str = "a shorter run"
+) -> None:
+    parser = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=doc.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help=quick)
+    args = parser.parse_args(argv)
+    print("\n".join(run(args.quick)))
+    sys.stdout.flush()
