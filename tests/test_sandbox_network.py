@@ -432,6 +432,17 @@ def test_a_request_with_a_body_is_carried_whole(queue: ProcQueue, servers: Serve
     assert handle.sandbox_refused() == ()
 
 
+def test_a_body_framed_against_its_head_is_refused_and_never_reaches_its_server(
+    queue: ProcQueue, servers: Servers
+) -> None:
+    head = f"POST http://127.0.0.2:{servers.keep}/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    handle = _handle(queue, je.exchange, head + "zz\r\nhello\r\n0\r\n\r\n")  # a chunk size that is no number
+    assert handle.result() == []  # no answer: the connection ended
+    refused = handle.sandbox_refused()
+    assert [r.what for r in refused] == ["malformed"] and "framed" in refused[0].why, refused
+    assert [path for _, path, _ in servers.seen] in ([], ["/"])  # (its head may have gone, never a body)
+
+
 @pytest.mark.parametrize(
     "head",
     [

@@ -213,7 +213,10 @@ class Connection:
         relay.upstream.sendall(head)
         data = b""
         while True:
-            out = forward.body(data)
+            try:
+                out = forward.body(data)
+            except Malformed as exc:  # (the connection ends with it: no answer could be read as the body's)
+                raise self._counted(Refusal("malformed", target[:200], str(exc))) from None
             if out:
                 relay.upstream.sendall(out)
             if forward.done:
