@@ -27,6 +27,7 @@ import asyncio
 import ctypes
 import os
 import random
+import shutil
 import signal
 import statistics
 import sys
@@ -210,6 +211,7 @@ def run(minutes: float, store: bool, seed: int) -> int:
         pids = q._worker_pids()
     finally:
         q.close()
+        shutil.rmtree(directory, ignore_errors=True)
     left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     segments = [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
     if left:
