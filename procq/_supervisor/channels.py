@@ -65,7 +65,7 @@ class ProcessChannel(WorkerChannel):
     """A worker that is a local process, on a duplex pipe of its own: sending
     RUN frames, signalling its tree and reaping it are the same for both kinds."""
 
-    COUNTS_FROM_START = True  # (see _from_start)
+    COUNTS_FROM_START = True  # (see _start_mark)
 
     #: A job frame larger than this is written from a thread of its own.
     inline_limit = 1 << 62
@@ -98,7 +98,7 @@ class ProcessChannel(WorkerChannel):
             fn_bytes: bytes | None = entry.fn_bytes
             if self.fns.touch(entry.fn_id):
                 fn_bytes = None
-            if entry.memory_limit is not None and not self._from_start():
+            if entry.memory_limit is not None and self._start_mark() is None:
                 entry.rss_base = self.memory_base()  # measured as job_memory measures the tree
             frame = pickle.dumps((RUN, entry.job_id, entry.fn_id, fn_bytes, entry.args_bytes, entry.memory_limit), -1)
             if len(frame) > self.inline_limit:
@@ -169,15 +169,14 @@ class ProcessChannel(WorkerChannel):
         """What of the tree is not ``entry``'s: what the worker said it held
         as the job started (``_wire.startmark``; None before), or else what
         it held as the job was sent."""
-        if self.mark is not None and self._from_start():
-            return self.mark.base(entry.job_id)
-        return entry.rss_base
+        mark = self._start_mark()
+        return entry.rss_base if mark is None else mark.base(entry.job_id)
 
-    def _from_start(self) -> bool:
-        """Does the worker say in its start mark what it held as a job with a
-        memory limit started? A trusted worker does (an untrusted job's
-        process unmaps the page before its job runs)."""
-        return self.mark is not None and self.COUNTS_FROM_START
+    def _start_mark(self) -> StartMark | None:
+        """The start mark in which the worker says what it held as a job with
+        a memory limit started: a trusted worker's (an untrusted job's
+        process unmaps the page before its job runs); else None."""
+        return self.mark if self.COUNTS_FROM_START else None
 
     def terminate(self) -> list[Any]:
         descendants = find_descendants(self.pid)
