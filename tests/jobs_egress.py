@@ -259,7 +259,10 @@ def trickle(head: str, interval: float, seconds: float) -> str:
                 return f"closed after {i} bytes"
             ready, _, _ = select.select([sock], [], [], interval)
             if ready:
-                got = sock.recv(4096)
+                try:
+                    got = sock.recv(4096)
+                except OSError:  # closed with bytes of ours unread: a reset
+                    got = b""
                 if not got:
                     return f"closed after {i + 1} bytes"
                 if got.startswith(b"HTTP/"):
