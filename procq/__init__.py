@@ -56,7 +56,7 @@ the I/O thread          the same under ``Core.lock``; alone: the selector, every
                         processes, closing a pipe once no thread may send on it
 any thread, no lock     a completed key's record, when no retention is set (a dict
                         read is atomic and records never change in place); a
-                        handle's stand-in (``Done``: its one change, the output
+                        handle's stand-in (``Face``: its one change, the output
                         written in place of the live entry, is a single store)
 a lane's decode thread  what its lane's reports left undecoded, with no lock held (it
                         may run the job's classes' code); then ``Core.decoded``, or

@@ -26,7 +26,8 @@ from procq import (
     Queued,
     Retention,
 )
-from procq._core.entries import Entry
+from procq._core.entries import Entry, Face
+from procq._core.retention import OUTPUT
 
 
 class Clock:
@@ -151,11 +152,11 @@ def test_a_kept_handle_does_not_keep_its_job_once_it_ended() -> None:
         assert q.push(Job("k", jobs.identity, args=([1, 2, 3],))) == Cached([1, 2, 3])
 
 
-def test_kept_handles_of_completed_jobs_keep_no_entry_only_the_keys_records(gates: Gates) -> None:
+def test_kept_handles_of_completed_jobs_keep_no_entry_only_a_stand_in(gates: Gates) -> None:
     # What a push loop that keeps its handles leaves per completed job: the
-    # handle and the key's record, which the handle reads its output from
-    # (fewer objects for every garbage collection to walk). The entries are
-    # freed as their jobs end; a joiner's handle shares the record.
+    # handle and its stand-in, which holds the output (fewer objects for every
+    # garbage collection to walk). The entries are freed as their jobs end; a
+    # joiner's handle shares the stand-in.
     gate = gates("joined")
     with open_queue(2) as q:
         handles = [q.push(Job(f"k{i}", jobs.identity, args=(i,))).handle for i in range(50)]
@@ -169,10 +170,36 @@ def test_kept_handles_of_completed_jobs_keep_no_entry_only_the_keys_records(gate
         keys = {f"k{i}" for i in range(50)} | {"j"}
         assert [o for o in gc.get_objects() if type(o) is Entry and o.key in keys] == []
         records = q._core.records
-        assert all(records.peek(h.key) is h._held for h in handles)
-        assert records.peek("j") is first.handle._held is joined.handle._held
+        assert all(type(h._held) is Face and records.peek(h.key)[OUTPUT] is h._held.output for h in handles)
+        assert first.handle._held is joined.handle._held and type(first.handle._held) is Face
         assert [h.state for h in handles[:2]] == [Completed(0), Completed(1)] and all(h.done() for h in handles)
         assert handles[3].exception(timeout=0) is None and handles[3].cancel() is False
+
+
+@pytest.mark.parametrize("retention", [None, Retention(ttl=3600), Retention(max_completed=100)])
+def test_kept_keys_with_plain_outputs_are_nothing_for_the_garbage_collector_to_walk(
+    retention: Retention | None,
+) -> None:
+    # A queue keeping many completed keys must not slow every full collection
+    # (which stops every thread of the supervisor): once collected, a record
+    # with a plain output, and the map of such records, are no longer tracked
+    # by the collector. A record with an output it tracks stays tracked.
+    with open_queue(2, retention=retention) as q:
+        for outcome in q.push_all([Job(f"k{i}", jobs.identity, args=(i,)) for i in range(40)]):
+            outcome.handle.result(timeout=WAIT)
+        q.push(Job("s", jobs.identity, args=(("text", b"bytes", 1.5, None),))).handle.result(timeout=WAIT)
+        q.push(Job("l", jobs.identity, args=([1, 2],))).handle.result(timeout=WAIT)
+        gc.collect()
+        gc.collect()  # (a tuple inside a tuple: one level each collection, as CPython untracks them)
+        records = q._core.records
+        plain = [records.peek(f"k{i}") for i in range(40)] + [records.peek("s")]
+        assert [rec for rec in plain if rec is None or gc.is_tracked(rec)] == []
+        assert gc.is_tracked(records.peek("l"))
+        q.forget("l")
+        gc.collect()
+        assert not gc.is_tracked(records._records)
+        assert q.push(Job("k7", jobs.identity, args=(7,))) == Cached(7)
+        assert q.state("s") == Completed(("text", b"bytes", 1.5, None)) and len(q.keys()) == 41
 
 
 @pytest.mark.parametrize("retention", [None, Retention(ttl=3600), Retention(max_completed=1)])

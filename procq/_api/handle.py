@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from procq._core.entries import Entry
-from procq._core.retention import Done
+from procq._core.entries import Entry, Face, Held
 from procq._model.errors import JobFailed, _RemoteTraceback
 from procq._model.job import check_wait
 from procq._model.values import Completed, State
@@ -43,17 +42,17 @@ class JobHandle(Generic[T]):
 
     def __init__(self, core: Core, entry: Entry | Ended, owner: ProcQueue | None = None) -> None:
         self._core = core
-        held: Entry | Ended | Done = entry
+        held: Held = entry
         if type(entry) is Entry:
             # Not the entry itself but its stand-in, shared by every handle on
             # the claim: once the job completes, a kept handle holds one small
-            # record, and the entry is freed (see _core.retention.Done). Made
+            # object, and the entry is freed (see _core.entries.Face). Made
             # without the lock: a handle made as its job ends, or beside
             # another thread's, may find its stand-in never completed, and
             # reads the entry through it for good, which is as correct.
             face = entry.face
             if face is None:
-                face = entry.face = Done.standing_for(entry)
+                face = entry.face = Face(entry)
                 if entry.outcome is not None:  # it ended meanwhile: see StateMap._ended
                     entry.face = None
             held = face
@@ -62,10 +61,10 @@ class JobHandle(Generic[T]):
         self._owner = owner
 
     @property
-    def _entry(self) -> Entry | Ended | Done:
+    def _entry(self) -> Held:
         """The live entry, or what stands for it once the job ended (read by the Core's waits)."""
         held = self._held
-        if type(held) is Done:
+        if type(held) is Face:
             output = held.output  # the live entry, until the job's output replaces it
             return output if type(output) is Entry else held
         return held
@@ -97,7 +96,7 @@ class JobHandle(Generic[T]):
         not ended within ``timeout`` (the job keeps running).
         """
         held = self._held
-        if type(held) is Done:
+        if type(held) is Face:
             done: T = held.output
             if type(done) is not Entry:  # completed, and given out: its output, read without a call
                 return done
@@ -213,8 +212,8 @@ class JobHandle(Generic[T]):
         return f"<JobHandle key={self.key!r} state={self.state!r}>"
 
 
-def _unwrap(entry: Entry | Ended | Done) -> Any:  # the T of the handle it serves
-    if type(entry) is Done:  # a completed job's stand-in (see JobHandle.__init__)
+def _unwrap(entry: Held) -> Any:  # the T of the handle it serves
+    if type(entry) is Face:  # a completed job's stand-in (see JobHandle.__init__)
         return entry.output
     outcome = entry.outcome
     if type(outcome) is Completed:

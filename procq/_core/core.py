@@ -37,11 +37,21 @@ from typing import Any
 
 from procq._core.answers import Offer, Offered, Reported, Unblocked
 from procq._core.dispatch import Dispatch
-from procq._core.entries import ABANDONED, PENDING, Ended, Entry, LaneState, Wakeup, WorkerLife, WorkerSlot, run_wakeups
+from procq._core.entries import (
+    ABANDONED,
+    PENDING,
+    Ended,
+    Entry,
+    Held,
+    LaneState,
+    Wakeup,
+    WorkerLife,
+    WorkerSlot,
+    run_wakeups,
+)
 from procq._core.records import KeyRecords, MemoryRecords
-from procq._core.retention import Done
 from procq._core.spares import wanted
-from procq._core.statemap import CACHED, Claim, ClaimKind, StateMap, conflict, new_claim
+from procq._core.statemap import Claim, ClaimKind, StateMap
 from procq._core.stopping import Stopping
 from procq._core.timers import Timers
 from procq._model.job import Job, Lane
@@ -119,22 +129,11 @@ class Core:
         job itself: a store's claim of a completed key needs no fingerprint."""
         fp = job_fingerprint(job) if self.check_payload else None
         keys = self.keys
-        records = self.records
-        if not records.expires and not keys.closing:
-            # A completed key, with no retention to consult or update: its record never
-            # changes in place, and the store's read is atomic, so it answers without the
-            # lock (the read is the push's moment): threads pushing cached keys never queue.
-            rec = records.peek(job.key)
-            if type(rec) is Done and (job.reuse or keys.reuse) != "always":
-                held = rec.fp
-                differs = None if held == fp or held is None or fp is None else conflict(held, fp, None)
-                if differs is None or not self.strict_payload:  # (else the push raises: no answer to count)
-                    lane.count_cached()  # (atomic without the lock: see _metrics)
-                return new_claim(Claim, (CACHED, rec.output, differs))
+        if not self.records.expires and not keys.closing and (cached := keys.cached(job, lane, fp)) is not None:
+            return cached  # (without the lock: see StateMap.cached)
         now = self.clock()
         with self.lock:
-            if records.timed:
-                records.sweep(now)
+            keys.sweep(now)
             return keys.claim(job, lane, fp, due, now)
 
     def claim_all(self, items: list[Item]) -> tuple[list[Claim], int | None]:
@@ -446,7 +445,7 @@ class Core:
 
     # --- waiting on an entry ----------------------------------------------------
 
-    def settled(self, entry: Entry | Ended | Done) -> bool:
+    def settled(self, entry: Held) -> bool:
         """May ``entry``'s outcome be given out? (A store's waits for it to be durable.)"""
         return entry.outcome is not None
 

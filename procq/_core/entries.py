@@ -1,7 +1,8 @@
-"""The core's bookkeeping objects: a claim (``Entry``) and its ``Status``, a
-worker (``WorkerSlot``) and its ``WorkerLife``, a lane (``LaneState``). The
-core's parts (``_core.py`` and the modules it is composed of) change them under
-``Core.lock``; nothing here takes a lock or does I/O.
+"""The core's bookkeeping objects: a claim (``Entry``) and its ``Status``, what
+its handles hold (``Face``), a worker (``WorkerSlot``) and its ``WorkerLife``,
+a lane (``LaneState``). The core's parts (``_core.py`` and the modules it is
+composed of) change them under ``Core.lock``; nothing here takes a lock or
+does I/O.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from procq._system.sandbox import enforced
 
 if TYPE_CHECKING:
     from procq._core.channel import WorkerChannel
-    from procq._core.retention import Done, Record
+    from procq._core.retention import Record
     from procq._wire.shm import Segment
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "PROCESSING",
     "Ended",
     "Entry",
+    "Face",
+    "Held",
     "LaneState",
     "Status",
     "WorkerLife",
@@ -188,9 +191,9 @@ class Entry:
         self.pid: int | None = None
         # What this claim's handles hold (made with the first): it stands for
         # the entry, so that once the job completes the entry can be freed
-        # (see ``_core.retention.Done``). Written without the lock by the
-        # thread making the handle, read under it when the job ends.
-        self.face: Done | None = None
+        # (see ``Face``). Written without the lock by the thread making the
+        # handle, read under it when the job ends.
+        self.face: Face | None = None
 
     def state(self) -> State:
         if self.outcome is not None:
@@ -219,6 +222,45 @@ class Ended:
 
     def state(self) -> State:
         return self.outcome
+
+
+class Face:
+    """What the handles on a claim hold (``Entry.face``, made with its first
+    handle): it stands for the live entry until the job completes, then holds
+    its output, and the entry is freed.
+
+    While the job runs, ``output`` holds the entry itself (``JobHandle._entry``
+    tells them apart): the in-memory store's one write of the job's output at
+    its completion is the switch, so a handle reading without the lock sees
+    the entry or the output, never neither. A program that keeps its handles
+    then keeps two objects per completed job (the handle and this), not the
+    handle, the entry and its ``Completed``: fewer objects for the garbage
+    collector to walk at every collection. A job that fails or is abandoned
+    leaves the entry there (handles read the failure from the entry), and so
+    does every job of a store whose outcomes wait for a commit before they
+    are given out.
+    """
+
+    __slots__ = ("key", "output")
+
+    #: Read like an ended entry's (``Entry.status``) by whoever a handle gives it to.
+    status = DONE
+
+    def __init__(self, entry: Entry) -> None:
+        self.key = entry.key
+        self.output: Any = entry
+
+    @property
+    def outcome(self) -> Completed[Any]:
+        """As an ended entry's ``outcome`` (a handle gives a completed ``Face`` where it gave the entry)."""
+        return Completed(self.output)
+
+    def state(self) -> Completed[Any]:
+        return Completed(self.output)
+
+
+#: What a handle reads its job from: the live entry, its stand-in, or a record's ``Ended``.
+Held = Entry | Ended | Face
 
 
 class WorkerSlot:

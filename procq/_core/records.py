@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from procq._core.retention import NO_TIME, Done, Fell, Keeper, Record
+from procq._core.entries import Face
+from procq._core.retention import AT, KEY, NO_TIME, Fell, Keeper, Record
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed
 
@@ -63,13 +64,12 @@ class KeyRecords(Protocol):
         """The claim that took ``rec`` went ahead: ``rec`` is gone for good."""
 
     def record(
-        self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Done | None = None
+        self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Face | None = None
     ) -> None:
         """Record how a key ended, at ``now``, with its job's fingerprint (no
         record answers for the key now). ``face``: what the job's handles
         hold (``Entry.face``); a store whose outcomes are given out at once
-        completes it when the job completed (``MemoryRecords.record``), and
-        may keep it as the record."""
+        completes it when the job completed (``MemoryRecords.record``)."""
 
     def drop(self, rec: Record) -> None:
         """Forget ``rec``'s key: as if it had never been pushed."""
@@ -92,7 +92,7 @@ class MemoryRecords:
 
     def __init__(self, retention: Retention) -> None:
         self._records: dict[str, Record] = {}
-        self._keeper = Keeper(retention, self._alive)
+        self._keeper = Keeper(retention, self._current)
         self.completed = 0
         self.failed = 0
         self.expires = self._keeper.active
@@ -104,11 +104,12 @@ class MemoryRecords:
     def __len__(self) -> int:
         return len(self._records)
 
-    def _alive(self, rec: Record) -> bool:
-        return self._records.get(rec.key) is rec
+    def _current(self, key: str, at: float) -> Record | None:
+        rec = self._records.get(key)
+        return rec if rec is not None and rec[AT] == at else None
 
     def _count(self, rec: Record, n: int) -> None:
-        if type(rec) is Done:
+        if type(rec) is tuple:
             self.completed += n
         else:
             self.failed += n
@@ -124,7 +125,7 @@ class MemoryRecords:
         self._keeper.used(rec)
 
     def take(self, rec: Record) -> None:
-        del self._records[rec.key]
+        del self._records[rec[KEY]]
         self._count(rec, -1)
         self._keeper.detached(rec)
 
@@ -132,7 +133,7 @@ class MemoryRecords:
         if self._keeper.expired(rec, now):
             self._keeper.dropped(rec)
             return
-        self._records[rec.key] = rec
+        self._records[rec[KEY]] = rec
         self._count(rec, 1)
         for old in self._keeper.restored(rec):
             self.drop(old)
@@ -141,20 +142,15 @@ class MemoryRecords:
         self._keeper.dropped(rec)
 
     def record(
-        self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Done | None = None
+        self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Face | None = None
     ) -> None:
         at = now if self.timed else NO_TIME
         rec: Record
         if type(outcome) is Completed:
             output = outcome.output
-            if face is None:
-                rec = Done(key, output, fp, at)
-            else:
-                face.fp, face.at = fp, at
-                face.output = output  # last (see Done): from now on the handles read this, not the entry
-                # Retention may drop a record's output (``Keeper.dropped``): the
-                # handles' own stand-in is the record only where nothing changes it.
-                rec = face if not self.expires else Done(key, output, fp, at)
+            rec = (key, output, fp, at)
+            if face is not None:
+                face.output = output  # (see Face): from now on the handles read this, not the entry
             self.completed += 1
         else:
             rec = Fell(key, outcome.failure, fp, at)  # type: ignore[union-attr]
@@ -165,8 +161,8 @@ class MemoryRecords:
                 self.drop(old)
 
     def drop(self, rec: Record) -> None:
-        if self._records.get(rec.key) is rec:
-            del self._records[rec.key]
+        if self._records.get(rec[KEY]) is rec:
+            del self._records[rec[KEY]]
             self._count(rec, -1)
         self._keeper.dropped(rec)
 
@@ -182,7 +178,7 @@ class MemoryRecords:
                 continue
             if self.expires and self._keeper.expired(rec, now):
                 expired.append(rec)
-            elif completed if type(rec) is Done else failed:
+            elif completed if type(rec) is tuple else failed:
                 found.append(rec)
         for rec in expired:
             self.drop(rec)
@@ -191,8 +187,8 @@ class MemoryRecords:
     def check(self) -> None:
         completed = failed = 0
         for key, rec in self._records.items():
-            assert rec.key == key, (key, rec)
-            if type(rec) is Done:
+            assert rec[KEY] == key, (key, rec)
+            if type(rec) is tuple:
                 completed += 1
             else:
                 assert type(rec) is Fell, (key, rec)

@@ -1,19 +1,23 @@
 """What the state map keeps of a key that ended, and for how long.
 
 A key that ended is stored as a small record: ``Done`` (its output) or
-``Fell`` (its failure), with the job's fingerprint and the time it ended.
-Records hold the output itself, not a ``Completed`` value, and have slots:
-with a million kept keys every object per key counts (``bench/memory.py``
-measures it).
+``Fell`` (its failure), with the job's fingerprint and the time it ended,
+in that order, so that ``rec[KEY]``, ``rec[FP]`` and ``rec[AT]`` read either.
 
-A ``Done`` is also what the handles on a job hold (``_api.handle``): made
-with the job's first handle, it stands for the live entry until the job
-completes, then holds its output, and the in-memory store keeps that same
-object as the key's record when no retention may change it. A program that
-keeps its handles then keeps two objects per completed job (the handle and
-this record), not the handle, the entry, its ``Completed`` and a record:
-fewer objects for the garbage collector to walk at every collection (in a
-push loop of short jobs, the collector took a fifth of the supervisor's time).
+A ``Done`` is a plain tuple, ``(key, output, fp, at)``, and not an object of
+a class of its own, because of the garbage collector: the collector stops
+tracking a tuple that holds only untracked values (strings, numbers, bytes,
+None, such tuples), and then a dict that holds only such tuples. A queue
+that keeps a million completed keys with plain outputs is then a million
+objects the collector never walks, where records of a class were a million
+it walked at every full collection (300,000 kept keys: 130 ms a collection,
+stopping every supervisor thread; ``bench/gc_keys.py`` measures it). An
+output the collector does track (a list, an object) keeps its record
+tracked: the output itself is walked either way. A ``Fell`` holds a
+``Failure`` (always tracked), so it is a named tuple, read by name.
+
+The handles on a job hold neither: they hold the entry's stand-in
+(``_core.entries.Face``), which the store completes with the output.
 
 ``Keeper`` is the retention bookkeeping of the in-memory record store
 (``_core.records.MemoryRecords``). It owns no key: it tells the store which records
@@ -21,17 +25,18 @@ are due to go, and the store drops them (every method runs under
 ``Core.lock``; times are given, read from ``Core.clock``). Three orders are
 kept, each only when its limit is set:
 
-- ``_ttl``: completed records in the order they completed. With one ``ttl``
-  per queue that is also the order they expire in, so expired records are
-  popped from the front: amortised O(1) per key, no scan, no thread.
-- ``_failed``: failed records likewise, for ``failed_ttl``.
+- ``_ttl``: completed keys in the order they completed, as ``(at, key)``.
+  With one ``ttl`` per queue that is also the order they expire in, so
+  expired records are popped from the front: amortised O(1) per key, no
+  scan, no thread.
+- ``_failed``: failed keys likewise, for ``failed_ttl``.
 - ``_lru``: completed records from least to most recently used, for
   ``max_completed``.
 
 An entry in ``_ttl`` / ``_failed`` may be stale: its key was claimed again,
-forgotten or evicted. ``alive(rec)`` (the map still holds that very record)
-tells; a stale one is skipped when it reaches the front. An evicted record
-lets go of its output at once, so a stale entry costs a few bytes until its
+forgotten or evicted. The store's ``current(key, at)`` (the record it holds
+for the key, if it ended at that time) tells; a stale one is skipped when it
+reaches the front. It holds no output, so it costs a few bytes until its
 time comes.
 
 Correctness never waits for a sweep: the store checks a record's own time
@@ -42,142 +47,107 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Final, NamedTuple
 
-from procq._core.entries import DONE
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed, Failure
-
-if TYPE_CHECKING:
-    from procq._core.entries import Entry
 
 #: The time of a record kept by a store without time limits (one shared float).
 NO_TIME = 0.0
 
-__all__ = ["NO_TIME", "Done", "Fell", "Keeper", "Record"]
+__all__ = ["AT", "FP", "KEY", "NO_TIME", "OUTPUT", "Done", "Fell", "Keeper", "Record", "record_state"]
+
+#: A completed key's record: ``(key, output, fp, at)``, an exact tuple (see the module docstring).
+Done = tuple[str, Any, "bytes | None", float]
+#: Where a record holds its key, its job's fingerprint and when it ended (``Done`` and ``Fell``
+#: alike), and a ``Done`` its output.
+KEY: Final = 0
+OUTPUT: Final = 1
+FP: Final = 2
+AT: Final = 3
 
 
-class Done:
-    """A completed key's record; the stand-in its job's handles hold (see the module docstring).
-
-    While it stands for a live entry, ``output`` holds the entry itself
-    (``JobHandle._entry`` tells them apart): the store's one write of the
-    job's output at its completion is the switch, so a handle reading without
-    the lock sees the entry or the output, never neither, and a record keeps
-    its four slots (``bench/memory.py``). A job that fails or is abandoned leaves the entry
-    there (handles read the failure from the entry), and so does every job
-    of a store whose outcomes wait for a commit before they are given out.
-    """
-
-    __slots__ = ("at", "fp", "key", "output")
-
-    #: Read like an ended entry's (``Entry.status``) by whoever a handle gives it to.
-    status = DONE
-
-    def __init__(self, key: str, output: Any, fp: bytes | None, at: float) -> None:
-        self.key = key
-        self.output = output
-        self.fp = fp
-        self.at = at
-
-    @classmethod
-    def standing_for(cls, entry: Entry) -> Done:
-        """The stand-in of a live entry, for its handles."""
-        return cls(entry.key, entry, None, NO_TIME)
-
-    @property
-    def outcome(self) -> Completed[Any]:
-        """As an ended entry's ``outcome`` (a handle gives a completed ``Done`` where it gave the entry)."""
-        return Completed(self.output)
-
-    def state(self) -> Completed[Any]:
-        return Completed(self.output)
-
-
-class Fell:
+class Fell(NamedTuple):
     """A failed key's record."""
 
-    __slots__ = ("at", "failure", "fp", "key")
-
-    def __init__(self, key: str, failure: Failure, fp: bytes | None, at: float) -> None:
-        self.key = key
-        self.failure = failure
-        self.fp = fp
-        self.at = at
-
-    def state(self) -> Failed:
-        return Failed(self.failure)
+    key: str
+    failure: Failure
+    fp: bytes | None
+    at: float
 
 
 Record = Done | Fell
 
 
+def record_state(rec: Record) -> Completed[Any] | Failed:
+    """The key's state, as its record tells it."""
+    if type(rec) is tuple:
+        return Completed(rec[OUTPUT])
+    return Failed(rec.failure)  # type: ignore[union-attr]
+
+
 class Keeper:
     """Retention bookkeeping for one queue (see the module docstring)."""
 
-    def __init__(self, retention: Retention, alive: Callable[[Record], bool]) -> None:
+    def __init__(self, retention: Retention, current: Callable[[str, float], Record | None]) -> None:
         self.retention = retention
         self.ttl = retention.ttl
         self.failed_ttl = retention.failed_ttl
         self.max_completed = retention.max_completed
         self.timed = self.ttl is not None or self.failed_ttl is not None
         self.active = retention.bounded
-        self._alive = alive
-        self._ttl: deque[Done] = deque()
-        self._failed: deque[Fell] = deque()
+        self._current = current
+        self._ttl: deque[tuple[float, str]] = deque()
+        self._failed: deque[tuple[float, str]] = deque()
         self._lru: OrderedDict[str, Done] = OrderedDict()
 
     def expired(self, rec: Record, now: float) -> bool:
         """Has ``rec`` outlived its limit? (Checked on every read of a key.)"""
-        if type(rec) is Done:
-            return self.ttl is not None and now - rec.at >= self.ttl
-        return self.failed_ttl is not None and now - rec.at >= self.failed_ttl
+        limit = self.ttl if type(rec) is tuple else self.failed_ttl
+        return limit is not None and now - rec[AT] >= limit
 
     def added(self, rec: Record) -> list[Record]:
         """``rec`` was stored. Returns records now beyond ``max_completed``,
         least recently used first, for the caller to drop."""
         if type(rec) is Fell:
             if self.failed_ttl is not None:
-                self._failed.append(rec)
+                self._failed.append((rec.at, rec.key))
             return []
-        assert type(rec) is Done
         if self.ttl is not None:
-            self._ttl.append(rec)
+            self._ttl.append((rec[AT], rec[KEY]))
         return self._remember(rec)
 
     def used(self, rec: Record) -> None:
         """A read of ``rec`` (a push answered from it, a ``state()``)."""
-        if type(rec) is Done and self.max_completed is not None and rec.key in self._lru:
-            self._lru.move_to_end(rec.key)
+        if type(rec) is tuple and self.max_completed is not None and rec[KEY] in self._lru:
+            self._lru.move_to_end(rec[KEY])
 
     def detached(self, rec: Record) -> None:
         """A claim took ``rec``'s key; ``rec`` may come back (``restored``)
         if the claim is abandoned before it runs."""
-        if type(rec) is Done and self.max_completed is not None and self._lru.get(rec.key) is rec:
-            del self._lru[rec.key]
+        if type(rec) is tuple and self.max_completed is not None and self._lru.get(rec[KEY]) is rec:
+            del self._lru[rec[KEY]]
 
     def dropped(self, rec: Record) -> None:
         """``rec`` left the map for good (replaced, forgotten, expired, evicted)."""
         self.detached(rec)
-        if type(rec) is Done and self.ttl is not None:
-            rec.output = None  # it may wait in _ttl until its time: keep that small
 
     def restored(self, rec: Record) -> list[Record]:
         """``rec`` is back in the map (an abandoned claim gave the key back).
         Returns records now beyond ``max_completed``, for the caller to drop."""
-        if isinstance(rec, Fell):
+        if type(rec) is Fell:
             if self.failed_ttl is not None:
-                _insort(self._failed, rec)
+                _insort(self._failed, (rec.at, rec.key))
             return []
         if self.ttl is not None:
-            _insort(self._ttl, rec)  # may now be in twice: due() drops it once
+            _insort(self._ttl, (rec[AT], rec[KEY]))  # may now be in twice: due() drops it once
         return self._remember(rec)
 
     def _remember(self, rec: Done) -> list[Record]:
         if self.max_completed is None:
             return []
-        self._lru[rec.key] = rec
-        self._lru.move_to_end(rec.key)
+        self._lru[rec[KEY]] = rec
+        self._lru.move_to_end(rec[KEY])
         evicted: list[Record] = []
         while len(self._lru) > self.max_completed:
             _, old = self._lru.popitem(last=False)
@@ -188,18 +158,19 @@ class Keeper:
         """Drop (through ``drop``, at once) the records whose time is up, from
         the fronts of the time orders; stale entries met on the way are
         discarded."""
-        if self.ttl is not None:
-            ttl, q = self.ttl, self._ttl
-            while q and now - q[0].at >= ttl:
-                rec = q.popleft()
-                if self._alive(rec):
-                    drop(rec)
-        if self.failed_ttl is not None:
-            fttl, fq = self.failed_ttl, self._failed
-            while fq and now - fq[0].at >= fttl:
-                frec = fq.popleft()
-                if self._alive(frec):
-                    drop(frec)
+        current = self._current
+        kinds: tuple[tuple[float | None, deque[tuple[float, str]], type], ...] = (
+            (self.ttl, self._ttl, tuple),
+            (self.failed_ttl, self._failed, Fell),
+        )
+        for limit, q, kind in kinds:
+            if limit is None:
+                continue
+            while q and now - q[0][0] >= limit:
+                at, key = q.popleft()
+                rec = current(key, at)
+                if type(rec) is kind:
+                    drop(rec)  # type: ignore[arg-type]
 
     def check(self, completed: int) -> None:
         """Invariants (for ``Core._check_invariants``); ``completed`` is the
@@ -207,18 +178,18 @@ class Keeper:
         if self.max_completed is not None:
             assert len(self._lru) == completed <= self.max_completed, (len(self._lru), completed)
             for key, rec in self._lru.items():
-                assert rec.key == key and self._alive(rec), key
+                assert rec[KEY] == key and self._current(key, rec[AT]) is rec, key
         if self.ttl is not None:
-            live = {id(r) for r in self._ttl if self._alive(r)}
+            live = {key for at, key in self._ttl if type(self._current(key, at)) is tuple}
             assert len(live) == completed, (len(live), completed)
-            assert all(a.at <= b.at for a, b in zip(self._ttl, list(self._ttl)[1:], strict=False))
+            assert all(a[0] <= b[0] for a, b in zip(self._ttl, list(self._ttl)[1:], strict=False))
         if self.failed_ttl is not None:
-            assert all(a.at <= b.at for a, b in zip(self._failed, list(self._failed)[1:], strict=False))
+            assert all(a[0] <= b[0] for a, b in zip(self._failed, list(self._failed)[1:], strict=False))
 
 
-def _insort(q: deque[Any], rec: Record) -> None:
-    """Put ``rec`` back in time order (from the right: it is usually recent)."""
+def _insort(q: deque[tuple[float, str]], item: tuple[float, str]) -> None:
+    """Put ``item`` back in time order (from the right: it is usually recent)."""
     i = len(q)
-    while i > 0 and q[i - 1].at > rec.at:
+    while i > 0 and q[i - 1][0] > item[0]:
         i -= 1
-    q.insert(i, rec)
+    q.insert(i, item)

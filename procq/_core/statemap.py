@@ -61,7 +61,7 @@ from procq._core.entries import (
 )
 from procq._core.metrics import RECENT_FAILURES
 from procq._core.records import KeyRecords
-from procq._core.retention import Done, Record
+from procq._core.retention import FP, KEY, OUTPUT, Record, record_state
 from procq._core.timers import Timers
 from procq._model.errors import QueueClosed
 from procq._model.job import Job
@@ -162,6 +162,21 @@ class StateMap:
 
     # --- claiming ---------------------------------------------------------------
 
+    def cached(self, job: Job[Any], lane: LaneState, fp: bytes | None) -> Claim | None:
+        """The answer to a push of a completed key, from its record, without the
+        lock; None where it takes the lock (``claim``). Only where no retention
+        may change a record (``records.expires`` false) and the door is open:
+        a record never changes in place then, and the store's read is atomic,
+        so the read is the push's moment: threads pushing cached keys never queue."""
+        rec = self.records.peek(job.key)
+        if type(rec) is not tuple or (job.reuse or self.reuse) == "always":  # (a tuple: a Done)
+            return None
+        held = rec[FP]
+        differs = None if held == fp or held is None or fp is None else conflict(held, fp, None)
+        if differs is None or not self.strict_payload:  # (else the push raises: no answer to count)
+            lane.count_cached()  # (atomic without the lock: see _metrics)
+        return new_claim(Claim, (CACHED, rec[OUTPUT], differs))
+
     def claim(self, job: Job[Any], lane: LaneState, fp: bytes | None, due: float | None, now: float) -> Claim:
         """Check and claim ``job.key``: join its live entry, answer from its
         record, or make a new PENDING entry, in no lane yet."""
@@ -183,15 +198,15 @@ class StateMap:
         rec = records.lookup(key, now)
         if rec is not None:
             reuse = job.reuse or self.reuse
-            if type(rec) is Done:
+            if type(rec) is tuple:  # completed (a Done: see _core.retention)
                 if reuse != "always":
-                    differs = conflict(rec.fp, fp, None)
+                    differs = conflict(rec[FP], fp, None)
                     if differs is None or not self.strict_payload:
                         records.used(rec)
                         lane.tally.cached += 1
-                    return new_claim(Claim, (CACHED, rec.output, differs))
+                    return new_claim(Claim, (CACHED, rec[OUTPUT], differs))
             elif reuse == "never":
-                return new_claim(Claim, (FAILED, rec.failure, conflict(rec.fp, fp, None)))  # type: ignore[union-attr]
+                return new_claim(Claim, (FAILED, rec.failure, conflict(rec[FP], fp, None)))  # type: ignore[union-attr]
             records.take(rec)
         entry = Entry(job, lane, next(self._ids), rec)  # born PENDING
         entry.fp = fp if self.check_payload else None
@@ -410,7 +425,8 @@ class StateMap:
         completed = kinds is None or Completed in kinds
         failed = kinds is None or Failed in kinds
         if completed or failed:
-            found.extend(Ended(rec.key, rec.state()) for rec in self.records.scan(prefix, now, completed, failed))
+            ended = self.records.scan(prefix, now, completed, failed)
+            found.extend(Ended(rec[KEY], record_state(rec)) for rec in ended)
         found.sort(key=lambda e: e.key)
         return found
 
@@ -419,9 +435,10 @@ class StateMap:
         current = self.lookup(key, now)
         if current is None:
             return None
-        if type(current) is not Entry:
-            self.records.used(current)  # type: ignore[arg-type]
-        return current.state()
+        if type(current) is Entry:
+            return current.state()
+        self.records.used(current)  # type: ignore[arg-type]
+        return record_state(current)  # type: ignore[arg-type]
 
     def check(self) -> None:
         """Assert the map's invariants (for ``Core._check_invariants``)."""

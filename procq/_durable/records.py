@@ -15,8 +15,8 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from procq._core.entries import ABANDONED, Entry
-from procq._core.retention import Done, Fell, Record
+from procq._core.entries import ABANDONED, Entry, Face
+from procq._core.retention import KEY, Fell, Record
 from procq._durable.commit import Write
 from procq._model.policies import Retention
 from procq._model.values import Completed, Failed, Failure
@@ -104,17 +104,17 @@ class StoreRecords:
         pass
 
     def give_back(self, rec: Record, now: float) -> None:
-        held = self.held.pop(rec.key, None)
+        held = self.held.pop(rec[KEY], None)
         if held is not None:
-            self._core.commits.add(rec.key, _restore(held))
+            self._core.commits.add(rec[KEY], _restore(held))
 
     def release(self, rec: Record) -> None:
-        held = self.held.get(rec.key)
+        held = self.held.get(rec[KEY])
         if held is not None:
             held.prev = None
 
     def record(
-        self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Done | None = None
+        self, key: str, outcome: Completed[Any] | Failed, fp: bytes | None, now: float, face: Face | None = None
     ) -> None:
         # ``face`` is left as it is: an outcome is given out once its row is committed
         # (``StoreCore.settled`` knows the entry, not its stand-in), so handles keep the entry.
@@ -197,7 +197,7 @@ def as_record(row: Row | None) -> Record | None:
         return None
     outcome = row.outcome()
     if type(outcome) is Completed:
-        return Done(row.key, outcome.output, row.fp, 0.0)
+        return (row.key, outcome.output, row.fp, 0.0)
     return Fell(row.key, outcome.failure, row.fp, 0.0)  # type: ignore[union-attr]
 
 
