@@ -52,7 +52,7 @@ def with_keys(n: int, keep_handles: bool) -> tuple[float, int]:
                 handle.result(timeout=120)
             if keep_handles:
                 kept.extend(handles)
-        del handles
+        del batch, handles
         assert q.stats().completed == n
         took = full_collection()
         tracked = len(gc.get_objects())
