@@ -47,3 +47,9 @@ def stamped(log: str, key: str, work: float) -> str:
     if work:
         time.sleep(work)  # the job's work, not a wait for anything
     return run
+
+
+def sized(size: int) -> bytes:
+    """``size`` bytes that differ along their length (a piece out of place shows)."""
+    counting = b"".join(i.to_bytes(4, "little") for i in range(size // 4 + 1))
+    return counting[:size]

@@ -46,12 +46,13 @@ from procq._core.core import Core, Item
 from procq._core.entries import Entry, LaneState, Wakeup, run_wakeups
 from procq._core.statemap import CACHED, FAILED, INFLIGHT, Claim, conflict, new_claim
 from procq._durable.commit import Commits, Committer, Fresh, commit_claims, commit_writes, run_writes
+from procq._durable.outputs import Outputs
 from procq._durable.read import forget_key, read_snapshot, read_state
 from procq._durable.records import Held, StoreRecords, as_record, row_expired
 from procq._durable.remote import RemoteEntry, Watcher
 from procq._model.job import Job, Lane
 from procq._model.policies import Retention
-from procq._model.values import State
+from procq._model.values import Completed, Failed, State
 from procq._stores.base import (
     Conn,
     Found,
@@ -101,6 +102,7 @@ class StoreCore(Core):
             super().__init__(lanes, retention, reuse, check_payload, strict_payload, records=self.records_)
             self.watcher = Watcher(self)
             self.committer = Committer(self)
+            self.outputs = Outputs(self)
         except BaseException:
             self.conn.close()
             raise
@@ -399,6 +401,12 @@ class StoreCore(Core):
             self.records_.rolled_back(entries)
         super().abandon_all(entries, why)
 
+    def decoded(self, entry: Entry, outcome: Completed[Any] | Failed) -> None:
+        # (A decode thread's, no lock held: the output is readied for its row first.)
+        if type(outcome) is Completed and self.decoding(entry):
+            self.outputs.prepare(entry, outcome)
+        super().decoded(entry, outcome)
+
     # --- waking a held key --------------------------------------------------------------
 
     def wake(self, entry: Any, target: float) -> Any:
@@ -475,6 +483,7 @@ class StoreCore(Core):
     def close_store(self) -> None:
         """The queue closed: commit what is left, give up the lease, let go of the database."""
         self.watcher.stop()
+        self.outputs.close()
         self.committer.stop()
         with self.db_lock:
             wakeups = self.commit()

@@ -71,7 +71,7 @@ def forget_key(core: StoreCore, key: str) -> bool:
             if key in core.keys.live:
                 return core.keys.forget(key, core.clock())  # raises: a live key
         wakeups = core._settle_keys([key])
-        row = core.conn.read(key)
+        row = core.conn.read(key, whole=False)  # (its state and run: not its output)
         if row is None:
             forgotten = False
         else:

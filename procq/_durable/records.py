@@ -31,13 +31,16 @@ __all__ = ["Held", "StoreRecords", "as_record", "row_expired", "sweep_rows"]
 class Held:
     """What this queue's claim of a key needs to write the key's row later."""
 
-    __slots__ = ("entry", "live", "prev", "trusted")
+    __slots__ = ("encoded", "entry", "live", "prev", "trusted")
 
     def __init__(self, live: Row, prev: Row | None, trusted: bool) -> None:
         self.live = live  # the claim's live row
         self.prev = prev  # the row the claim replaced, put back if it is abandoned
         self.trusted = trusted
         self.entry: Entry | None = None
+        # The job's outcome and its row's (state, output, encoding, failure),
+        # readied off the lock (``_durable.outputs``), or None.
+        self.encoded: tuple[Completed[Any], tuple[str, bytes | None, str | None, str | None]] | None = None
 
 
 class StoreRecords:
@@ -126,7 +129,11 @@ class StoreRecords:
         del self.held[key]
         attempts = held.entry.attempt if held.entry is not None else 1
         try:
-            state, output, encoding, failure = encode_outcome(outcome, held.trusted)
+            ready = held.encoded
+            if ready is not None and ready[0] is outcome:
+                state, output, encoding, failure = ready[1]
+            else:
+                state, output, encoding, failure = encode_outcome(outcome, held.trusted)
         except Exception as exc:  # an output that cannot be stored: the row says why
             why = Failure("error", f"job {key!r}: its output could not be stored: {exc!r}", exc_type=type(exc).__name__)
             state, output, encoding, failure = encode_outcome(Failed(why), True)

@@ -159,6 +159,8 @@ class Watcher(threading.Thread):
                     self.conn.renew(core.holder, lease)
                     renew_at = time.monotonic() + lease / 3
                     sweep_rows(core, self.conn)
+                    if core.store.spill_over is not None:
+                        self.conn.drop_orphans()
                 if watching:
                     self._poll()
                 if scheduled and (not self._notified or not told or "procq_wake" in told):

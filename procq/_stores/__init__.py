@@ -8,5 +8,6 @@ without a store.
 - ``base``: the ``Store`` interface, the rows and how a claim is decided on
   them, ``StoreError`` / ``StoreUnavailable``.
 - ``sqlite`` and ``postgres``: the two databases.
+- ``sqlite_spill``: large outputs in a SQLite file, written in pieces.
 - ``urls``: a store from a path or URL (the caller picks the implementation).
 """

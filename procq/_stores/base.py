@@ -180,7 +180,10 @@ class Conn(Protocol):
     def scheduled(self, holder: str) -> dict[str, float]:
         """The not_before of every live row ``holder`` holds that has one."""
 
-    def read(self, key: str) -> Row | None: ...
+    def read(self, key: str, whole: bool = True) -> Row | None:
+        """The key's row; ``whole=False``: its output as the row holds it (a
+        spilled output's stub: see ``spill``)."""
+
     def read_done(self, key: str) -> tuple[bytes, str | None, bytes | None, float] | None:
         """(output, encoding, fp, ended) of the key's row if it is done."""
 
@@ -204,6 +207,15 @@ class Conn(Protocol):
     def raw(self) -> Any:
         """The DB-API connection underneath, for a caller's own statements."""
 
+    def spill(self, key: str, run: str, output: bytes, encoding: str) -> tuple[bytes, str] | None:
+        """Write a large encoded ``output`` of the claim ``run`` of ``key`` in
+        pieces, each in a transaction of its own (where ``Store.spill_over``);
+        the output and encoding its ended row holds instead, or None if the
+        claim's live row is not there."""
+
+    def drop_orphans(self) -> int:
+        """Delete the pieces of spilled outputs that no row needs; how many."""
+
     def close(self) -> None: ...
 
 
@@ -223,6 +235,9 @@ class Store:
     defers_claims = False
     #: A batch's claims are made in one statement (``Conn.claim_held``).
     claims_batches = False
+    #: An output longer than this (bytes, encoded) is written in pieces
+    #: before its row (``Conn.spill``); None: never.
+    spill_over: int | None = None
 
     def __init__(self, lease: float = 10.0, poll: float = 0.01) -> None:
         if not lease > 0 or not poll > 0:

@@ -318,12 +318,18 @@ class PostgresConn:
         sql = "SELECT key, not_before FROM procq_keys WHERE holder = %s AND state = 'live' AND not_before IS NOT NULL"
         return dict(self._query(sql, (holder,)))
 
+    def spill(self, key: str, run: str, output: bytes, encoding: str) -> tuple[bytes, str] | None:
+        return None  # (PostgreSQL writes a large row without stopping other writers: no pieces)
+
+    def drop_orphans(self) -> int:
+        return 0
+
     def raw(self) -> Any:
         if self.db is None:
             self._exec("SELECT 1")
         return self.db
 
-    def read(self, key: str) -> Row | None:
+    def read(self, key: str, whole: bool = True) -> Row | None:
         found = self._query(f"SELECT {COLUMNS} FROM procq_keys WHERE key = %s", (key,))
         return _row(found[0]) if found else None
 

@@ -30,11 +30,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
+from procq._stores import sqlite_spill as spill
 from procq._stores.base import COLUMNS, SCHEMA, Row, Store, StoreError, StoreUnavailable, Taken
 
 __all__ = ["SqliteStore"]
 
-_READ_DONE = "SELECT output, encoding, fp, ended FROM procq_keys WHERE key = ? AND state = 'done'"
+_READ_DONE = "SELECT output, encoding, fp, ended, run FROM procq_keys WHERE key = ? AND state = 'done'"
 _BATCH = 500  # rows a retention sweep deletes per transaction
 
 _DDL = [
@@ -49,6 +50,7 @@ _DDL = [
     "CREATE INDEX IF NOT EXISTS procq_keys_ended ON procq_keys (state, ended) WHERE state != 'live'",
     "CREATE TABLE IF NOT EXISTS procq_holders (id TEXT PRIMARY KEY, pid INTEGER, host TEXT, expires REAL NOT NULL)",
     "CREATE TABLE IF NOT EXISTS procq_meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    spill.DDL,
 ]
 
 
@@ -142,6 +144,7 @@ class SqliteStore(Store):
 
     read_first = True  # a read takes no lock: a done key is answered without the write lock
     defers_claims = True  # the group transaction holds SQLite's one write lock: every key
+    spill_over = spill.SPILL_OVER  # large outputs are written in pieces (``_stores.sqlite_spill``)
 
     def __init__(
         self, path: str | os.PathLike[str], lease: float = 10.0, poll: float = 0.01, busy: float = 30.0
@@ -174,6 +177,7 @@ class SqliteConn:
         self.in_tx = False
         self._ended = 0.0  # when this connection's last write transaction ended (monotonic)
         self._waited = float("-inf")  # when it last waited for another's write lock (monotonic)
+        self._spilled = False  # the file is marked as holding spilled outputs (see spill)
         try:
             db = sqlite3.connect(path, timeout=busy, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
@@ -191,10 +195,10 @@ class SqliteConn:
                 found = db.execute("SELECT value FROM procq_meta WHERE name = 'schema'").fetchone()
                 if found is None:
                     db.execute("INSERT INTO procq_meta VALUES ('schema', ?)", (str(SCHEMA),))
-                elif int(found[0]) > SCHEMA:
+                elif int(found[0]) > spill.SPILL_SCHEMA:
                     raise StoreError(
                         f"the store {path!r} was written by a newer procq (schema {found[0]}); this procq reads "
-                        f"schema {SCHEMA} and older: upgrade procq to use it"
+                        f"schema {spill.SPILL_SCHEMA} and older: upgrade procq to use it"
                     )
         except BaseException:
             self.db.close()
@@ -273,7 +277,7 @@ class SqliteConn:
         if taken:
             return Taken.INSERTED
         found = self._write(_GET_WITH_HOLDER, (time.time(), row.key)).fetchone()
-        return Row(*found[:-1]), bool(found[-1])
+        return self._whole(Row(*found[:-1])), bool(found[-1])
 
     def lock_all(self, keys: list[str]) -> None:
         pass  # the write lock holds every key
@@ -344,30 +348,64 @@ class SqliteConn:
         except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
 
-    def read(self, key: str) -> Row | None:
+    def read(self, key: str, whole: bool = True) -> Row | None:
         found = self._query(f"SELECT {COLUMNS} FROM procq_keys WHERE key = ?", (key,))
-        return Row(*found[0]) if found else None
+        return (self._whole(Row(*found[0])) if whole else Row(*found[0])) if found else None
 
     def read_done(self, key: str) -> tuple[bytes, str | None, bytes | None, float] | None:
         try:
-            found: tuple[bytes, str | None, bytes | None, float] | None = self._reads.execute(
-                _READ_DONE, (key,)
-            ).fetchone()
+            found = self._reads.execute(_READ_DONE, (key,)).fetchone()
+            if found is None:
+                return None
+            output, encoding, fp, ended, run = found
+            if encoding is not None and encoding.startswith(spill.SPILLED):
+                output, encoding = spill.whole_output(self.db, key, run, output, encoding)
         except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
-        return found
+        return output, encoding, fp, ended
 
     def rows(self, keys: list[str]) -> dict[str, Row]:
         marks = ",".join("?" * len(keys))
         sql = f"SELECT {COLUMNS} FROM procq_keys WHERE key IN ({marks})"
-        return {r[0]: Row(*r) for r in self._query(sql, tuple(keys))}
+        return {r[0]: self._whole(Row(*r)) for r in self._query(sql, tuple(keys))}
 
     def scan(self, prefix: str | None) -> list[Row]:
         if prefix is None:
-            return [Row(*r) for r in self._query(f"SELECT {COLUMNS} FROM procq_keys")]
+            return [self._whole(Row(*r)) for r in self._query(f"SELECT {COLUMNS} FROM procq_keys")]
         # substr, not LIKE: a prefix may hold % and _.
         sql = f"SELECT {COLUMNS} FROM procq_keys WHERE substr(key, 1, ?) = ?"
-        return [Row(*r) for r in self._query(sql, (len(prefix), prefix))]
+        return [self._whole(Row(*r)) for r in self._query(sql, (len(prefix), prefix))]
+
+    def _whole(self, row: Row) -> Row:
+        """``row`` with its output whole (see ``_stores.sqlite_spill``)."""
+        if row.encoding is None or not row.encoding.startswith(spill.SPILLED):
+            return row
+        try:
+            return spill.whole(self.db, row)
+        except sqlite3.Error as exc:
+            raise _unavailable(self.path, exc) from exc
+
+    def spill(self, key: str, run: str, output: bytes, encoding: str) -> tuple[bytes, str] | None:
+        # Each piece a transaction of its own: the write lock is never held for long.
+        if not self._spilled:
+            with self._tx() as db:
+                db.execute("UPDATE procq_meta SET value = ? WHERE name = 'schema' AND CAST(value AS INTEGER) < ?",
+                           (str(spill.SPILL_SCHEMA), spill.SPILL_SCHEMA))  # fmt: skip
+            self._spilled = True
+        for seq, piece in enumerate(spill.pieces(output)):
+            with self._tx() as db:
+                if not db.execute(spill.ADD_PIECE, (key, run, seq, piece, key, run)).rowcount:
+                    return None  # the claim's row is not there (not yet written, or taken over)
+        return spill.stub(output), spill.SPILLED + encoding
+
+    def drop_orphans(self) -> int:
+        dropped = 0
+        while True:
+            with self._tx() as db:
+                n = db.execute(spill.DROP_ORPHANS).rowcount
+            dropped += n
+            if n < 256:
+                return dropped
 
     def dead_holders(self) -> set[str]:
         sql = (

@@ -1,0 +1,95 @@
+"""Large outputs in a SQLite store, written in pieces.
+
+SQLite has one write lock per file, and a transaction holds it until it
+commits. A row holding a 30 MB output took 150-450 ms to write, and every
+other write of the file waited that long: the next push's claim, the small
+outcomes committed after it (and so the answers waiting for them), other
+programs' writes. So an output longer than ``SPILL_OVER`` is *spilled*:
+before its row is written, it goes into ``procq_pieces``, ``PIECE`` bytes a
+row, each piece a transaction of its own on a connection of its own
+(``SqliteConn.spill``), so the lock is never held for more than one piece,
+and other writes take their turns between pieces. The key's ended row then
+holds a stub (how many pieces, how many bytes) and the encoding prefixed with
+``SPILLED``; every read of a row puts the output back together (``whole``),
+so nothing above the store sees pieces.
+
+A piece is written only while its claim's live row is there (the insert says
+so), so pieces never outlive the claim they were spilled for by more than a
+sweep: ``DROP_ORPHANS``, run with every lease renewal, deletes the pieces of
+a key whose row is gone, or ended without them (forgotten, swept by
+retention, replaced by a later run, or written whole after a spill that
+failed half-way). The pieces of a key that is live again are kept: an
+abandoned claim puts back the row it replaced, pieces and all.
+
+A file with spilled rows is marked schema 2 in ``procq_meta``: an older
+procq, which would read a stub as the output, refuses it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from procq._stores.base import Row, StoreError
+
+__all__ = ["DDL", "DROP_ORPHANS", "PIECE", "SPILLED", "SPILL_OVER", "pieces", "whole", "whole_output"]
+
+#: An output longer than this (bytes, as encoded) is spilled in pieces.
+SPILL_OVER = 1 << 20
+#: The bytes of one piece (one transaction).
+PIECE = 1 << 20
+#: The prefix of a spilled row's encoding.
+SPILLED = "pieces:"
+#: The schema a file with spilled rows is marked with.
+SPILL_SCHEMA = 2
+
+DDL = (
+    "CREATE TABLE IF NOT EXISTS procq_pieces ("
+    "key TEXT NOT NULL, run TEXT NOT NULL, seq INTEGER NOT NULL, data BLOB NOT NULL, PRIMARY KEY (run, seq))"
+)
+#: One piece, written only while the claim's live row is there.
+ADD_PIECE = (
+    "INSERT OR REPLACE INTO procq_pieces (key, run, seq, data) SELECT ?, ?, ?, ? "
+    "WHERE EXISTS (SELECT 1 FROM procq_keys WHERE key = ? AND run = ? AND state = 'live')"
+)
+#: Pieces no row needs, a batch at a time (see the module docstring).
+DROP_ORPHANS = (
+    "DELETE FROM procq_pieces WHERE rowid IN (SELECT p.rowid FROM procq_pieces p WHERE NOT EXISTS ("
+    "SELECT 1 FROM procq_keys k WHERE k.key = p.key AND (k.state = 'live' OR (k.run = p.run AND k.encoding LIKE "
+    f"'{SPILLED}%'))) LIMIT 256)"
+)
+_READ = "SELECT data FROM procq_pieces WHERE run = ? ORDER BY seq"
+
+
+def pieces(output: bytes) -> list[memoryview]:
+    """``output`` cut in pieces of ``PIECE`` bytes (views: no copy)."""
+    view = memoryview(output)
+    return [view[i : i + PIECE] for i in range(0, len(output), PIECE)]
+
+
+def stub(output: bytes) -> bytes:
+    """What a spilled row holds in place of ``output``: its pieces and length."""
+    return f"{-(-len(output) // PIECE)} {len(output)}".encode()
+
+
+def whole_output(db: sqlite3.Connection, key: str, run: str, output: Any, encoding: str | None) -> tuple[Any, Any]:
+    """A row's (output, encoding), its pieces put back together if it was spilled."""
+    if encoding is None or not encoding.startswith(SPILLED):
+        return output, encoding
+    count, length = (int(n) for n in bytes(output).split())
+    parts = [r[0] for r in db.execute(_READ, (run,)).fetchall()]
+    data = b"".join(parts)
+    if len(parts) != count or len(data) != length:
+        raise StoreError(
+            f"the store's output of key {key!r} is incomplete ({len(parts)} of {count} pieces, {len(data):,} of "
+            f"{length:,} bytes): forget the key (q.forget) to run it again"
+        )
+    return data, encoding[len(SPILLED) :]
+
+
+def whole(db: sqlite3.Connection, row: Row) -> Row:
+    """``row``, its output put back together if it was spilled."""
+    if row.encoding is None or not row.encoding.startswith(SPILLED):
+        return row
+    output, encoding = whole_output(db, row.key, row.run, row.output, row.encoding)
+    return row._replace(output=output, encoding=encoding)
