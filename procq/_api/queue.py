@@ -124,7 +124,7 @@ class ProcQueue(MapFace, AsyncFace):
         check_monitor(name, monitor)
         number = next(_names)
         self.name = f"procq-{number}" if name is None else name
-        check_descriptors(parsed)
+        check_descriptors(sum(lane.workers for lane in parsed.values()))
         check_policies(retention, reuse, on_mismatch)
         check_sandboxes(parsed)
         self.start_method, context = worker_context(start_method, parsed)

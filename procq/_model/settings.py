@@ -16,10 +16,6 @@ import os
 import re
 import resource
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from procq._model.job import Lane
 
 __all__ = [
     "FDS_PER_WORKER",
@@ -194,11 +190,10 @@ def check_cwd(cwd: str | os.PathLike[str]) -> str:
     return path
 
 
-def check_descriptors(lanes: Mapping[str, Lane]) -> None:
-    """The queue's workers in all must fit this process's limit of open file
-    descriptors, with those already open and some to spare; else the queue
-    would fail part-way through starting them (or later, at a replacement)."""
-    total = sum(lane.workers for lane in lanes.values())
+def check_descriptors(total: int) -> None:
+    """The queue's workers in all (``total``) must fit this process's limit of
+    open file descriptors, with those already open and some to spare; else the
+    queue would fail part-way through starting them (or later, at a replacement)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return

@@ -3,7 +3,10 @@ its own: the handshake it speaks (HTTP forward proxy, ``CONNECT``, SOCKS5;
 see ``_system.egress_proxy`` for what each is allowed), the decision on its
 destination (``_model.network.AllowList``), the connection out, the TLS
 ClientHello check of a tunnel, and the relay both ways.
-Whatever it refuses it raises as ``Refusal``, which its gate counts.
+Whatever it refuses it raises as ``Refusal``, which its gate counts. A job's
+use of the proxy (its connections, bytes and refusals) is a ``Job``; what a
+connection needs of its gate and proxy is said here as protocols
+(``Gate``, ``Proxy``), which ``_system.egress_proxy`` fulfils.
 """
 
 from __future__ import annotations
@@ -13,8 +16,9 @@ import ipaddress
 import socket
 import struct
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, NoReturn
+from typing import NoReturn, Protocol
 
 from procq._model.network import AllowList, host_name
 from procq._system.egress_relay import Relay, shut
@@ -31,10 +35,7 @@ from procq._system.egress_wire import (
     split_authority,
 )
 
-if TYPE_CHECKING:
-    from procq._system.egress_proxy import Gate, Job
-
-__all__ = ["HANDSHAKE_TIMEOUT", "Connection", "Refusal"]
+__all__ = ["HANDSHAKE_TIMEOUT", "Connection", "Gate", "Job", "Refusal"]
 
 HANDSHAKE_TIMEOUT = 10.0
 _HOP_BY_HOP = {"connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "upgrade"}
@@ -47,6 +48,42 @@ class Refusal(Exception):
         super().__init__(f"{target} ({why})")
         self.what, self.target, self.why = what, target, why
         self.counted = False
+
+
+class Job:
+    """One job's use of the proxy (under its gate's lock)."""
+
+    __slots__ = ("conns", "key", "moved", "refused", "upstreams")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.moved = 0  # bytes relayed, both ways
+        self.refused: Counter[tuple[str, str, str]] = Counter()
+        self.conns: set[socket.socket] = set()  # from the job (their number is limited)
+        self.upstreams: set[socket.socket] = set()  # to where they lead
+
+
+class Proxy(Protocol):
+    """What a connection reads of the proxy (``_system.egress_proxy.EgressProxy``)."""
+
+    @property
+    def allow(self) -> AllowList: ...
+
+    @property
+    def idle_timeout(self) -> float: ...
+
+
+class Gate(Protocol):
+    """What a connection needs of its worker's gate (``_system.egress_proxy.Gate``)."""
+
+    @property
+    def proxy(self) -> Proxy: ...
+
+    def hold(self, job: Job, upstream: socket.socket, held: bool = True) -> None: ...
+
+    def spend(self, job: Job, n: int) -> bool: ...
+
+    def refuse(self, job: Job, refusal: Refusal) -> None: ...
 
 
 class Connection:

@@ -41,10 +41,9 @@ import contextlib
 import selectors
 import socket
 import threading
-from collections import Counter
 
 from procq._model.network import AllowList, Refused
-from procq._system.egress_conn import Connection, Refusal
+from procq._system.egress_conn import Connection, Job, Refusal
 from procq._system.egress_relay import shut
 
 __all__ = ["IDLE_TIMEOUT", "MAX_CONNECTIONS", "MAX_RECORDS", "EgressProxy", "Gate", "Job"]
@@ -55,19 +54,6 @@ MAX_CONNECTIONS = 64
 #: rest are counted by kind alone. Each record's words are cut at RECORD_CHARS.
 MAX_RECORDS = 32
 RECORD_CHARS = 200
-
-
-class Job:
-    """One job's use of the proxy (under its gate's lock)."""
-
-    __slots__ = ("conns", "key", "moved", "refused", "upstreams")
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.moved = 0  # bytes relayed, both ways
-        self.refused: Counter[tuple[str, str, str]] = Counter()
-        self.conns: set[socket.socket] = set()  # from the job (their number is limited)
-        self.upstreams: set[socket.socket] = set()  # to where they lead
 
 
 class Gate:
