@@ -35,7 +35,7 @@ from procq._stores.base import Row, StoreError
 __all__ = ["DDL", "DROP_ORPHANS", "PIECE", "SPILLED", "SPILL_OVER", "pieces", "whole", "whole_output"]
 
 #: An output longer than this (bytes, as encoded) is spilled in pieces.
-SPILL_OVER = 1 << 20
+SPILL_OVER = 2 << 20
 #: The bytes of one piece (one transaction).
 PIECE = 1 << 20
 #: The prefix of a spilled row's encoding.
