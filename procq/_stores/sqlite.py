@@ -392,20 +392,22 @@ class SqliteConn:
                 db.execute("UPDATE procq_meta SET value = ? WHERE name = 'schema' AND CAST(value AS INTEGER) < ?",
                            (str(spill.SPILL_SCHEMA), spill.SPILL_SCHEMA))  # fmt: skip
             self._spilled = True
-        for seq, piece in enumerate(spill.pieces(output)):
-            with self._tx() as db:
-                if not db.execute(spill.ADD_PIECE, (key, run, seq, piece, key, run)).rowcount:
-                    return None  # the claim's row is not there (not yet written, or taken over)
+        try:
+            for seq, piece in enumerate(spill.pieces(output)):
+                with self._tx() as db:
+                    if not db.execute(spill.ADD_PIECE, (key, run, seq, piece, key, run)).rowcount:
+                        return None  # the claim's row is not there (not yet written, or taken over)
+                self.db.execute("PRAGMA wal_checkpoint(PASSIVE)")  # (see _stores.sqlite_spill)
+        except sqlite3.Error as exc:
+            raise _unavailable(self.path, exc) from exc
         return spill.stub(output), spill.SPILLED + encoding
 
     def drop_orphans(self) -> int:
         dropped = 0
-        while True:
+        for run, seq in self._query(spill.ORPHANS):  # (a read: no lock; then a piece a transaction)
             with self._tx() as db:
-                n = db.execute(spill.DROP_ORPHANS).rowcount
-            dropped += n
-            if n < 256:
-                return dropped
+                dropped += db.execute(spill.DROP_ORPHAN, (run, seq)).rowcount
+        return dropped
 
     def dead_holders(self) -> set[str]:
         sql = (

@@ -15,11 +15,19 @@ so nothing above the store sees pieces.
 
 A piece is written only while its claim's live row is there (the insert says
 so), so pieces never outlive the claim they were spilled for by more than a
-sweep: ``DROP_ORPHANS``, run with every lease renewal, deletes the pieces of
-a key whose row is gone, or ended without them (forgotten, swept by
-retention, replaced by a later run, or written whole after a spill that
-failed half-way). The pieces of a key that is live again are kept: an
-abandoned claim puts back the row it replaced, pieces and all.
+sweep: with every lease renewal, the pieces of a key whose row is gone, or
+ended without them (forgotten, swept by retention, replaced by a later run,
+or written whole after a spill that failed half-way) are found by a read
+(``ORPHANS``), then deleted a piece a transaction (``DROP_ORPHAN``: freeing
+a piece's pages is work too, and a sweep that deleted 256 pieces at once
+held the lock for a second). The pieces of a key that is live again are
+kept: an abandoned claim puts back the row it replaced, pieces and all.
+
+Checkpoints: the pieces pass through the write-ahead log, and SQLite copies
+the log into the file (a checkpoint) in the commit that finds it long, on
+whichever connection that is: a queue's commit of a small outcome took 650
+ms copying pieces. The spilling connection checkpoints after each piece, so
+what a later commit finds left to copy is its own.
 
 A file with spilled rows is marked schema 2 in ``procq_meta``: an older
 procq, which would read a stub as the output, refuses it.
@@ -32,7 +40,7 @@ from typing import Any
 
 from procq._stores.base import Row, StoreError
 
-__all__ = ["DDL", "DROP_ORPHANS", "PIECE", "SPILLED", "SPILL_OVER", "pieces", "whole", "whole_output"]
+__all__ = ["DDL", "DROP_ORPHAN", "ORPHANS", "PIECE", "SPILLED", "SPILL_OVER", "pieces", "whole", "whole_output"]
 
 #: An output longer than this (bytes, as encoded) is spilled in pieces.
 SPILL_OVER = 2 << 20
@@ -52,12 +60,15 @@ ADD_PIECE = (
     "INSERT OR REPLACE INTO procq_pieces (key, run, seq, data) SELECT ?, ?, ?, ? "
     "WHERE EXISTS (SELECT 1 FROM procq_keys WHERE key = ? AND run = ? AND state = 'live')"
 )
-#: Pieces no row needs, a batch at a time (see the module docstring).
-DROP_ORPHANS = (
-    "DELETE FROM procq_pieces WHERE rowid IN (SELECT p.rowid FROM procq_pieces p WHERE NOT EXISTS ("
-    "SELECT 1 FROM procq_keys k WHERE k.key = p.key AND (k.state = 'live' OR (k.run = p.run AND k.encoding LIKE "
-    f"'{SPILLED}%'))) LIMIT 256)"
+#: No row needs the piece (see the module docstring).
+_UNNEEDED = (
+    "NOT EXISTS (SELECT 1 FROM procq_keys k WHERE k.key = procq_pieces.key AND (k.state = 'live' OR "
+    f"(k.run = procq_pieces.run AND k.encoding LIKE '{SPILLED}%')))"
 )
+#: Pieces no row needs, a batch at a time, found by a read (no lock).
+ORPHANS = f"SELECT run, seq FROM procq_pieces WHERE {_UNNEEDED} LIMIT 256"
+#: One of them deleted, if no row needs it still.
+DROP_ORPHAN = f"DELETE FROM procq_pieces WHERE run = ? AND seq = ? AND {_UNNEEDED}"
 _READ = "SELECT data FROM procq_pieces WHERE run = ? ORDER BY seq"
 
 
