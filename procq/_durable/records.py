@@ -129,7 +129,7 @@ class StoreRecords:
         del self.held[key]
         attempts = held.entry.attempt if held.entry is not None else 1
         try:
-            ready = held.encoded
+            ready, held.encoded = held.encoded, None
             if ready is not None and ready[0] is outcome:
                 state, output, encoding, failure = ready[1]
             else:
