@@ -26,6 +26,7 @@ from procq import (
     StoreError,
     StoreUnavailable,
 )
+from procq._durable.outputs import Outputs
 from procq._stores import sqlite_spill
 from procq._stores.sqlite import SqliteConn
 
@@ -161,3 +162,17 @@ def test_other_jobs_are_answered_while_a_large_output_is_written(
         assert not big.done() and q.state("canary4") == Completed(4)
         go.set()
         assert big.result(timeout=WAIT) == store_jobs.sized(SIZE)
+
+
+def test_a_spill_that_breaks_leaves_the_job_to_end_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Readying an output runs on the lane's decode thread, which must end the
+    # job whatever goes wrong there: the output is then encoded with the row.
+    def broken(self: object, key: str, run: str, output: bytes, encoding: str) -> None:
+        raise RuntimeError("a bug in the spill (a test's)")
+
+    monkeypatch.setattr(Outputs, "_spill", broken)
+    db = tmp_path / "run.db"
+    with ProcQueue(1, store=str(db)) as q:
+        assert q.push_and_wait(big_job(), timeout=WAIT) == store_jobs.sized(SIZE)
+        assert q.push_and_wait(Job("after", store_jobs.echo, args=(1,)), timeout=WAIT) == 1
+    assert pieces_of(db) == 0

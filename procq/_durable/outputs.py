@@ -51,7 +51,14 @@ class Outputs:
 
     def prepare(self, entry: Entry, outcome: Completed[Any]) -> None:
         """Encode ``entry``'s output for its row (and spill it, if large), for
-        ``StoreRecords.record`` to take (``Held.encoded``). On a decode thread."""
+        ``StoreRecords.record`` to take (``Held.encoded``). On a decode thread,
+        whose job must end whatever happens here: nothing is raised."""
+        try:
+            self._prepare(entry, outcome)
+        except Exception:  # (record() encodes it under the lock, as without this)
+            log.exception("procq store %s: the output of %r could not be readied", self._core.store.url, entry.key)
+
+    def _prepare(self, entry: Entry, outcome: Completed[Any]) -> None:
         core = self._core
         held = core.records_.held.get(entry.key)
         if held is None or held.entry is not entry:
