@@ -115,16 +115,26 @@ def test_an_output_with_a_piece_missing_is_refused_by_name(tmp_path: Path) -> No
         assert q.push_and_wait(big_job(), timeout=WAIT) == store_jobs.sized(SIZE)
 
 
-def test_a_spill_the_store_refuses_writes_the_row_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(self: SqliteConn, key: str, run: str, output: bytes, encoding: str) -> None:
-        raise StoreUnavailable("the disk is full (a test's)")
+@pytest.mark.parametrize(
+    "where, error",
+    [(SqliteConn, StoreUnavailable("the disk is full (a test's)")), (Outputs, RuntimeError("a bug (a test's)"))],
+    ids=["the store refuses", "a bug"],
+)
+def test_a_spill_that_fails_writes_the_row_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: type, error: Exception
+) -> None:
+    # Readying an output runs on the lane's decode thread, which must end the
+    # job whatever goes wrong there: the output is then written with its row.
+    def fail(*args: object) -> None:
+        raise error
 
-    monkeypatch.setattr(SqliteConn, "spill", refuse)
+    monkeypatch.setattr(where, "spill" if where is SqliteConn else "_spill", fail)
     db = tmp_path / "run.db"
     with ProcQueue(1, store=str(db)) as q:
         assert q.push_and_wait(big_job(), timeout=WAIT) == store_jobs.sized(SIZE)
+        assert q.push_and_wait(Job("after", store_jobs.echo, args=(1,)), timeout=WAIT) == 1
     with sqlite3.connect(db) as con:
-        assert con.execute("SELECT encoding FROM procq_keys").fetchall() == [("pickle",)]
+        assert con.execute("SELECT encoding FROM procq_keys ORDER BY key").fetchall() == [("pickle",), ("pickle",)]
     assert pieces_of(db) == 0
 
 
@@ -162,17 +172,3 @@ def test_other_jobs_are_answered_while_a_large_output_is_written(
         assert not big.done() and q.state("canary4") == Completed(4)
         go.set()
         assert big.result(timeout=WAIT) == store_jobs.sized(SIZE)
-
-
-def test_a_spill_that_breaks_leaves_the_job_to_end_as_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Readying an output runs on the lane's decode thread, which must end the
-    # job whatever goes wrong there: the output is then encoded with the row.
-    def broken(self: object, key: str, run: str, output: bytes, encoding: str) -> None:
-        raise RuntimeError("a bug in the spill (a test's)")
-
-    monkeypatch.setattr(Outputs, "_spill", broken)
-    db = tmp_path / "run.db"
-    with ProcQueue(1, store=str(db)) as q:
-        assert q.push_and_wait(big_job(), timeout=WAIT) == store_jobs.sized(SIZE)
-        assert q.push_and_wait(Job("after", store_jobs.echo, args=(1,)), timeout=WAIT) == 1
-    assert pieces_of(db) == 0
