@@ -151,6 +151,22 @@ def test_the_progress_line_gives_a_rate_and_the_time_left_and_the_summary_bounds
     assert "    #13 'k13': error: ValueError: bad" in summary and "#23 " not in summary, summary
 
 
+def test_the_summary_writes_a_jobs_control_characters_as_escapes() -> None:
+    # A failed job's message is the job's to write: on the terminal, the
+    # summary shows its escapes rather than obeying them.
+    import io
+
+    from procq._cli.report import Tally
+
+    screen = io.StringIO()
+    tally = Tally(screen, total=1, quiet=False)
+    tally.ended("error", False, 0, "k\x1b", "ValueError: \x1b[2J\x1b]0;owned\x07 gone\r")
+    tally.finish(interrupted=False)
+    summary = screen.getvalue()
+    assert "\x1b" not in summary and "\x07" not in summary, repr(summary)
+    assert "    #0 'k\\x1b': error: ValueError: \\x1b[2J\\x1b]0;owned\\x07 gone" in summary, summary
+
+
 def test_text_items_timeout_and_output_that_is_not_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "stage_text.py").write_text(
         "import time\n"

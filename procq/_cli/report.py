@@ -70,7 +70,7 @@ class Tally:
             if len(self.named) < NAMED:
                 first = why.strip().splitlines()[0] if why.strip() else ""
                 said = f"{kind}: {first}" if first else kind
-                self.named.append(f"#{index} {key!r}: {said[:160]}")
+                self.named.append(f"#{index} {key!r}: {_printable(said[:160])}")
         elif cached:
             self.cached += 1
         else:
@@ -119,6 +119,13 @@ class Tally:
             lines += [f"    {item}" for item in self.named]
         self.stream.write("\n".join(lines) + "\n")
         self.stream.flush()
+
+
+def _printable(text: str) -> str:
+    """``text`` with its control characters written as escapes: a job's message
+    is the job's to write, and a terminal obeys the escapes it is sent (to
+    clear the screen, set the title, move the cursor)."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def _duration(seconds: float) -> str:
