@@ -387,12 +387,12 @@ class SqliteConn:
 
     def spill(self, key: str, run: str, output: bytes, encoding: str) -> tuple[bytes, str] | None:
         # Each piece a transaction of its own: the write lock is never held for long.
-        if not self._spilled:
-            with self._tx() as db:
-                db.execute("UPDATE procq_meta SET value = ? WHERE name = 'schema' AND CAST(value AS INTEGER) < ?",
-                           (str(spill.SPILL_SCHEMA), spill.SPILL_SCHEMA))  # fmt: skip
-            self._spilled = True
         try:
+            if not self._spilled:
+                with self._tx() as db:
+                    db.execute("UPDATE procq_meta SET value = ? WHERE name = 'schema' AND CAST(value AS INTEGER) < ?",
+                               (str(spill.SPILL_SCHEMA), spill.SPILL_SCHEMA))  # fmt: skip
+                self._spilled = True
             for seq, piece in enumerate(spill.pieces(output)):
                 with self._tx() as db:
                     if not db.execute(spill.ADD_PIECE, (key, run, seq, piece, key, run)).rowcount:
