@@ -381,9 +381,10 @@ class SqliteConn:
         if row.encoding is None or not row.encoding.startswith(spill.SPILLED):
             return row
         try:
-            return spill.whole(self.db, row)
+            output, encoding = spill.whole_output(self.db, row.key, row.run, row.output, row.encoding)
         except sqlite3.Error as exc:
             raise _unavailable(self.path, exc) from exc
+        return row._replace(output=output, encoding=encoding)
 
     def spill(self, key: str, run: str, output: bytes, encoding: str) -> tuple[bytes, str] | None:
         # Each piece a transaction of its own: the write lock is never held for long.

@@ -10,8 +10,8 @@ row, each piece a transaction of its own on a connection of its own
 (``SqliteConn.spill``), so the lock is never held for more than one piece,
 and other writes take their turns between pieces. The key's ended row then
 holds a stub (how many pieces, how many bytes) and the encoding prefixed with
-``SPILLED``; every read of a row puts the output back together (``whole``),
-so nothing above the store sees pieces.
+``SPILLED``; every read of a row puts the output back together
+(``whole_output``), so nothing above the store sees pieces.
 
 A piece is written only while its claim's live row is there (the insert says
 so), so pieces never outlive the claim they were spilled for by more than a
@@ -38,9 +38,9 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
-from procq._stores.base import Row, StoreError
+from procq._stores.base import StoreError
 
-__all__ = ["DDL", "DROP_ORPHAN", "ORPHANS", "PIECE", "SPILLED", "SPILL_OVER", "pieces", "whole", "whole_output"]
+__all__ = ["DDL", "DROP_ORPHAN", "ORPHANS", "PIECE", "SPILLED", "SPILL_OVER", "pieces", "whole_output"]
 
 #: An output longer than this (bytes, as encoded) is spilled in pieces.
 SPILL_OVER = 2 << 20
@@ -83,10 +83,9 @@ def stub(output: bytes) -> bytes:
     return f"{-(-len(output) // PIECE)} {len(output)}".encode()
 
 
-def whole_output(db: sqlite3.Connection, key: str, run: str, output: Any, encoding: str | None) -> tuple[Any, Any]:
-    """A row's (output, encoding), its pieces put back together if it was spilled."""
-    if encoding is None or not encoding.startswith(SPILLED):
-        return output, encoding
+def whole_output(db: sqlite3.Connection, key: str, run: str, output: Any, encoding: str) -> tuple[bytes, str]:
+    """A spilled row's (output, encoding), its pieces put back together (the
+    caller has seen ``encoding`` start with ``SPILLED``)."""
     count, length = (int(n) for n in bytes(output).split())
     parts = [r[0] for r in db.execute(_READ, (run,)).fetchall()]
     data = b"".join(parts)
@@ -96,11 +95,3 @@ def whole_output(db: sqlite3.Connection, key: str, run: str, output: Any, encodi
             f"{length:,} bytes): forget the key (q.forget) to run it again"
         )
     return data, encoding[len(SPILLED) :]
-
-
-def whole(db: sqlite3.Connection, row: Row) -> Row:
-    """``row``, its output put back together if it was spilled."""
-    if row.encoding is None or not row.encoding.startswith(SPILLED):
-        return row
-    output, encoding = whole_output(db, row.key, row.run, row.output, row.encoding)
-    return row._replace(output=output, encoding=encoding)
