@@ -56,8 +56,11 @@ def run(quick: bool) -> list[str]:
         "|---|---:|---|",
         *(f"| {name} | {statistics.median(r):.2f} | {' '.join(f'{x:.2f}' for x in r)} |" for name, r in rates.items()),
         "",
-        f"[{'MET' if procq >= pipe else 'MISSED'}] a 100 MB bytes argument at least as fast as the raw pipe: "
-        f"procq {procq:.2f} GB/s vs {pipe:.2f} (x{procq / pipe:.2f})",
+        standalone.verdict(
+            procq >= pipe,
+            f"a 100 MB bytes argument at least as fast as the raw pipe: "
+            f"procq {procq:.2f} GB/s vs {pipe:.2f} (x{procq / pipe:.2f})",
+        ),
     ]
 
 

@@ -46,7 +46,7 @@ def run(quick: bool) -> list[str]:
         "",
     ]
     ratio = rates[100] / rates[2]
-    lines.append(f"[{'MET' if ratio >= 0.8 else 'MISSED'}] 100 workers at 0.8x or more of 2: {ratio:.2f}x")
+    lines.append(standalone.verdict(ratio >= 0.8, f"100 workers at 0.8x or more of 2: {ratio:.2f}x"))
     return lines
 
 

@@ -1,11 +1,17 @@
 """The command line of a bench module run alone: ``python -m bench.<name>
-[--quick]`` prints the module's ``run(quick)`` lines (its table and targets)."""
+[--quick]`` prints the module's ``run(quick)`` lines (its table and targets,
+each target's line made by ``verdict``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Callable
+
+
+def verdict(met: bool, what: str) -> str:
+    """A target's line in a module's report: ``[MET]`` or ``[MISSED]``, then what was measured."""
+    return f"[{'MET' if met else 'MISSED'}] {what}"
 
 
 def main(

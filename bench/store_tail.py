@@ -88,8 +88,9 @@ def run(quick: bool) -> list[str]:
         lines.append(f"| {mib} | {cells[0]} | {rate:.1f} | {cells[1]} | {memory_rate:.1f} |")
     lines += [
         "",
-        f"[{'MET' if worst < 50 else 'MISSED'}] the canary's p99 under 50 ms while large outputs commit to "
-        f"SQLite: {worst:.1f} ms at worst",
+        standalone.verdict(
+            worst < 50, f"the canary's p99 under 50 ms while large outputs commit to SQLite: {worst:.1f} ms at worst"
+        ),
     ]
     return lines
 
